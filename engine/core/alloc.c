@@ -1,0 +1,173 @@
+/* alloc.c — CPU memory: a caching pool of 64-byte aligned blocks, and storage objects.
+ *
+ * Blocks are rounded up to a size class (64-byte steps up to 4 KiB, then four classes per
+ * power of two, at most 25% slack) and kept on a free list per class when released, so a
+ * training loop that allocates the same shapes every step stops calling malloc after step 1.
+ */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NCLASSES 256
+#define SMALL 4096
+
+typedef struct block { struct block *next; } block;
+
+static struct {
+  pthread_mutex_t lock;
+  block *free_list[NCLASSES];
+  size_t allocated, cached, peak, cache_cap;
+  void (*hook)(size_t, void *);
+  void *hook_ud;
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t physical_memory(void) {
+  static size_t mem;
+  if (!mem) mem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+  return mem;
+}
+
+/* size class index and rounded size */
+static int size_class(size_t n, size_t *rounded) {
+  if (n == 0) n = 1;
+  if (n <= SMALL) {
+    *rounded = (n + 63) & ~(size_t)63;
+    return (int)(*rounded / 64);
+  }
+  int e = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^e < n <= 2^(e+1) */
+  size_t step = (size_t)1 << (e - 2);                        /* four classes per octave */
+  size_t k = (n + step - 1) / step;                          /* 5 .. 8 */
+  *rounded = k * step;
+  int idx = 65 + (e - 12) * 4 + (int)(k - 5);
+  return idx < NCLASSES ? idx : -1;
+}
+
+void kg_memory_set_alloc_hook(void (*hook)(size_t, void *), void *ud) {
+  pool.hook = hook;
+  pool.hook_ud = ud;
+}
+
+void *kg_cpu_alloc(size_t nbytes, size_t *rounded) {
+  int c = size_class(nbytes, rounded);
+  if (*rounded > physical_memory()) return NULL; /* Linux overcommits: refuse the impossible */
+  void *p = NULL;
+  pthread_mutex_lock(&pool.lock);
+  if (c >= 0 && pool.free_list[c]) {
+    block *b = pool.free_list[c];
+    pool.free_list[c] = b->next;
+    pool.cached -= *rounded;
+    p = b;
+  }
+  pthread_mutex_unlock(&pool.lock);
+  if (!p) {
+    p = aligned_alloc(64, *rounded);
+    if (!p) {
+      kg_memory_empty_cache(KG_CPU);
+      p = aligned_alloc(64, *rounded);
+    }
+    if (!p) return NULL;
+  }
+  pthread_mutex_lock(&pool.lock);
+  pool.allocated += *rounded;
+  if (pool.allocated > pool.peak) pool.peak = pool.allocated;
+  pthread_mutex_unlock(&pool.lock);
+  if (pool.hook) pool.hook(*rounded, pool.hook_ud);
+  return p;
+}
+
+void kg_cpu_free(void *p, size_t rounded) {
+  if (!p) return;
+  size_t r;
+  int c = size_class(rounded, &r);
+  pthread_mutex_lock(&pool.lock);
+  pool.allocated -= rounded;
+  if (!pool.cache_cap) pool.cache_cap = physical_memory() / 4;
+  if (c >= 0 && pool.cached + rounded <= pool.cache_cap) {
+    block *b = p;
+    b->next = pool.free_list[c];
+    pool.free_list[c] = b;
+    pool.cached += rounded;
+    p = NULL;
+  }
+  pthread_mutex_unlock(&pool.lock);
+  free(p);
+}
+
+void kg_memory_empty_cache(kg_device d) {
+  if (d.type != KG_DEV_CPU) return;
+  pthread_mutex_lock(&pool.lock);
+  for (int c = 0; c < NCLASSES; c++) {
+    for (block *b = pool.free_list[c]; b;) {
+      block *next = b->next;
+      free(b);
+      b = next;
+    }
+    pool.free_list[c] = NULL;
+  }
+  pool.cached = 0;
+  pthread_mutex_unlock(&pool.lock);
+}
+
+kg_memory_stats kg_memory_get_stats(kg_device d) {
+  kg_memory_stats s = {0};
+  if (d.type != KG_DEV_CPU) return s;
+  pthread_mutex_lock(&pool.lock);
+  s.allocated = pool.allocated;
+  s.cached = pool.cached;
+  s.peak = pool.peak;
+  pthread_mutex_unlock(&pool.lock);
+  return s;
+}
+
+/* ---- storage ------------------------------------------------------------------------------- */
+
+static void release_cpu(kg_storage *s) { kg_cpu_free(s->data, (size_t)(uintptr_t)s->owner); }
+static void release_cuda(kg_storage *s) { kg_cuda_free(s->data, s->device.index); }
+
+kg_status kg_storage_new(kg_storage **out, size_t nbytes, kg_device dev) {
+  kg_storage *s = calloc(1, sizeof *s);
+  if (!s) return kg_error(KG_ERR_OOM, "alloc", "out of memory allocating a storage header");
+  s->refcount = 1;
+  s->nbytes = nbytes;
+  s->device = dev;
+  if (dev.type == KG_DEV_CPU) {
+    size_t rounded;
+    s->data = kg_cpu_alloc(nbytes, &rounded);
+    if (!s->data) {
+      free(s);
+      kg_memory_stats st = kg_memory_get_stats(KG_CPU);
+      return kg_error(KG_ERR_OOM, "alloc", "out of memory: asked %zu bytes on cpu, pool holds %zu (%zu cached)",
+                      nbytes, st.allocated, st.cached);
+    }
+    s->owner = (void *)(uintptr_t)rounded;
+    s->release = release_cpu;
+  } else if (dev.type == KG_DEV_CUDA) {
+    s->data = kg_cuda_malloc(nbytes ? nbytes : 1, dev.index);
+    if (!s->data) {
+      free(s);
+      kg_memory_stats st = kg_memory_get_stats(dev);
+      char e[1024];
+      snprintf(e, sizeof e, "%s", kg_last_error());
+      return kg_error(KG_ERR_OOM, "alloc", "out of memory: asked %zu bytes on cuda:%d, pool holds %zu (%s)", nbytes,
+                      dev.index, st.allocated, e);
+    }
+    s->release = release_cuda;
+  }
+  *out = s;
+  return KG_OK;
+}
+
+kg_storage *kg_storage_retain(kg_storage *s) {
+  __atomic_add_fetch(&s->refcount, 1, __ATOMIC_RELAXED);
+  return s;
+}
+
+void kg_storage_release(kg_storage *s) {
+  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  if (s->release) s->release(s);
+  free(s);
+}

@@ -1,0 +1,23 @@
+/* cuda_stub.c — the CUDA runtime entry points when keng is built without CUDA. */
+#include "internal.h"
+
+bool kg_cuda_available(void) { return false; }
+int kg_cuda_device_count(void) { return 0; }
+void *kg_cuda_malloc(size_t nbytes, int device) {
+  (void)nbytes;
+  (void)device;
+  kg_error(KG_ERR_DEVICE, "cuda", "keng was built without CUDA");
+  return NULL;
+}
+void kg_cuda_free(void *p, int device) {
+  (void)p;
+  (void)device;
+}
+kg_status kg_cuda_memcpy(void *dst, kg_device ddev, const void *src, kg_device sdev, size_t n) {
+  (void)dst; (void)ddev; (void)src; (void)sdev; (void)n;
+  return kg_error(KG_ERR_DEVICE, "cuda", "keng was built without CUDA");
+}
+kg_status kg_cuda_sync(int device) {
+  (void)device;
+  return KG_OK;
+}

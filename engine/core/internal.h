@@ -1,0 +1,54 @@
+/* internal.h — engine-private helpers shared by engine/core, engine/ops and engine/cpu. */
+#ifndef KENG_INTERNAL_H
+#define KENG_INTERNAL_H
+
+#include <keng/keng.h>
+
+/* storage */
+kg_status kg_storage_new(kg_storage **out, size_t nbytes, kg_device dev);
+kg_storage *kg_storage_retain(kg_storage *s);
+void kg_storage_release(kg_storage *s);
+
+/* CPU pool: 64-byte aligned blocks, cached by size class. */
+void *kg_cpu_alloc(size_t nbytes, size_t *rounded);
+void kg_cpu_free(void *p, size_t rounded);
+
+/* CUDA runtime entry points (engine/cuda/runtime.cu, or stubs when built without CUDA). */
+void *kg_cuda_malloc(size_t nbytes, int device);
+void kg_cuda_free(void *p, int device);
+/* Copies n bytes between any two of cpu and cuda memory, ordered on the compute stream. */
+kg_status kg_cuda_memcpy(void *dst, kg_device ddev, const void *src, kg_device sdev, size_t n);
+kg_status kg_cuda_sync(int device);
+
+/* A new contiguous output with x's device. */
+static inline kg_status kg_new_like(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape,
+                                    kg_dtype dt) {
+  return kg_tensor_empty(out, ndim, shape, dt, x->device);
+}
+
+/* Checks that every tensor in ts (NULLs skipped) lives on the device of ts[0]. */
+kg_status kg_check_same_device(const char *op, int n, const kg_tensor *const *ts);
+/* Fails with KG_ERR_TYPE unless x is floating. */
+kg_status kg_check_float(const char *op, const kg_tensor *x, const char *what);
+kg_status kg_check_integer(const char *op, const kg_tensor *x, const char *what);
+
+/* One element at element offset `off` from base, as double (slow paths only). */
+double kg_load_as_double(const void *base, kg_dtype dt, int64_t off);
+void kg_store_from_double(void *base, kg_dtype dt, int64_t off, double v);
+
+/* Output shape of reducing x over the dims in mask (KG_DIMS_ALL = all). */
+kg_status kg_reduce_shape(const char *op, const kg_tensor *x, uint32_t mask, bool keepdim, int *nd, int64_t *shape);
+
+/* Releases each non-NULL tensor in a list. */
+void kg_release_all(int n, kg_tensor **ts);
+
+#define KG_TRY(expr)                 \
+  do {                               \
+    kg_status kg_try_s_ = (expr);    \
+    if (kg_try_s_ != KG_OK) return kg_try_s_; \
+  } while (0)
+
+/* shape string temporaries for error messages */
+#define KG_SHAPE(t, buf) kg_shape_str(buf, (t)->ndim, (t)->shape)
+
+#endif

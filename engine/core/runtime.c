@@ -1,0 +1,47 @@
+/* runtime.c — threads, the random generator state, device queries. */
+#include "internal.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+extern void openblas_set_num_threads(int);
+
+static int num_threads;
+
+int kg_num_threads(void) {
+  if (!num_threads) {
+    const char *e = getenv("KENG_NUM_THREADS");
+    int n = e ? atoi(e) : 0;
+    if (n <= 0) n = omp_get_num_procs();
+    kg_set_num_threads(n);
+  }
+  return num_threads;
+}
+
+void kg_set_num_threads(int n) {
+  if (n < 1) n = 1;
+  num_threads = n;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n); /* the OpenMP build of OpenBLAS shares this pool */
+}
+
+/* ---- Philox stream position ------------------------------------------------------------- */
+
+static kg_philox_state rng = {0x853c49e6748fea9bULL, 0};
+
+void kg_manual_seed(uint64_t seed) {
+  rng.seed = seed;
+  rng.offset = 0;
+}
+
+kg_philox_state kg_rng_reserve(uint64_t n) {
+  kg_philox_state s = rng;
+  rng.offset += (n + 3) & ~(uint64_t)3; /* keep each op's draw aligned to a Philox block */
+  return s;
+}
+
+kg_status kg_device_synchronize(kg_device d) {
+  if (d.type == KG_DEV_CUDA) return kg_cuda_sync(d.index);
+  return KG_OK;
+}

@@ -1,0 +1,221 @@
+/* tensor.c — tensor headers: creation, views, refcounts, shape helpers. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int64_t kg_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t n = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    if (stride) stride[i] = n;
+    n *= shape[i];
+  }
+  return n;
+}
+
+static kg_status check_shape(const char *op, int ndim, const int64_t *shape) {
+  char b[KG_SHAPE_STR_MAX];
+  if (ndim < 0 || ndim > KG_MAX_DIMS)
+    return kg_error(KG_ERR_VALUE, op, "%d dims; at most %d are supported", ndim, KG_MAX_DIMS);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return kg_error(KG_ERR_VALUE, op, "negative size in shape %s", kg_shape_str(b, ndim, shape));
+    if (shape[i] && n > INT64_MAX / 16 / shape[i])
+      return kg_error(KG_ERR_VALUE, op, "shape %s is too large", kg_shape_str(b, ndim, shape));
+    n *= shape[i];
+  }
+  return KG_OK;
+}
+
+static kg_tensor *header(int ndim, const int64_t *shape, kg_dtype dt, kg_device dev) {
+  kg_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->refcount = 1;
+  t->ndim = ndim;
+  if (ndim) memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  kg_contiguous_strides(ndim, t->shape, t->stride);
+  t->dtype = dt;
+  t->device = dev;
+  return t;
+}
+
+kg_status kg_tensor_empty(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev) {
+  KG_TRY(check_shape("empty", ndim, shape));
+  if ((unsigned)dt >= KG_DTYPE_COUNT) return kg_error(KG_ERR_TYPE, "empty", "bad dtype %d", (int)dt);
+  if (dev.type == KG_DEV_CUDA && !kg_cuda_available())
+    return kg_error(KG_ERR_DEVICE, "empty", "cuda:%d requested but no CUDA device is available", dev.index);
+  kg_tensor *t = header(ndim, shape, dt, dev);
+  if (!t) return kg_error(KG_ERR_OOM, "empty", "out of memory allocating a tensor header");
+  size_t nbytes = (size_t)kg_numel(t) * (size_t)kg_dtype_info[dt].size;
+  kg_status s = kg_storage_new(&t->storage, nbytes, dev);
+  if (s) {
+    free(t);
+    return s;
+  }
+  *out = t;
+  return KG_OK;
+}
+
+kg_status kg_tensor_from_blob(kg_tensor **out, void *data, int ndim, const int64_t *shape, kg_dtype dt,
+                              kg_device dev, void *owner, void (*release)(kg_storage *)) {
+  KG_TRY(check_shape("from_blob", ndim, shape));
+  kg_tensor *t = header(ndim, shape, dt, dev);
+  kg_storage *s = calloc(1, sizeof *s);
+  if (!t || !s) {
+    free(t);
+    free(s);
+    return kg_error(KG_ERR_OOM, "from_blob", "out of memory allocating a tensor header");
+  }
+  s->refcount = 1;
+  s->data = data;
+  s->nbytes = (size_t)kg_numel(t) * (size_t)kg_dtype_info[dt].size;
+  s->device = dev;
+  s->owner = owner;
+  s->release = release;
+  t->storage = s;
+  *out = t;
+  return KG_OK;
+}
+
+kg_status kg_tensor_view_raw(kg_tensor **out, const kg_tensor *src, int ndim, const int64_t *shape,
+                             const int64_t *stride, int64_t offset) {
+  kg_tensor *t = header(ndim, shape, src->dtype, src->device);
+  if (!t) return kg_error(KG_ERR_OOM, "view", "out of memory allocating a tensor header");
+  if (ndim) memcpy(t->stride, stride, sizeof(int64_t) * (size_t)ndim);
+  t->offset = offset;
+  t->storage = kg_storage_retain(src->storage);
+  *out = t;
+  return KG_OK;
+}
+
+kg_tensor *kg_tensor_retain(kg_tensor *t) {
+  if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+  return t;
+}
+
+void kg_tensor_release(kg_tensor *t) {
+  if (!t || __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  kg_tensor_release(t->grad);
+  if (t->grad_fn) kg_node_release(t->grad_fn);
+  kg_storage_release(t->storage);
+  free(t);
+}
+
+void kg_release_all(int n, kg_tensor **ts) {
+  for (int i = 0; i < n; i++) kg_tensor_release(ts[i]);
+}
+
+int64_t kg_numel(const kg_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+bool kg_is_contiguous(const kg_tensor *t) {
+  int64_t expect = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != expect) return false;
+    expect *= t->shape[i];
+  }
+  return true;
+}
+
+bool kg_same_shape(const kg_tensor *a, const kg_tensor *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return false;
+  return true;
+}
+
+bool kg_wrap_dim(int *dim, int ndim) {
+  int d = *dim < 0 ? *dim + ndim : *dim;
+  if (d < 0 || d >= (ndim ? ndim : 1)) return false;
+  *dim = d;
+  return true;
+}
+
+bool kg_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int64_t da = i < n - na ? 1 : a[i - (n - na)];
+    int64_t db = i < n - nb ? 1 : b[i - (n - nb)];
+    if (da != db && da != 1 && db != 1) return false;
+    out[i] = da == 1 ? db : da;
+  }
+  *nout = n;
+  return true;
+}
+
+kg_status kg_check_same_device(const char *op, int n, const kg_tensor *const *ts) {
+  for (int i = 1; i < n; i++) {
+    if (ts[i] && !kg_device_eq(ts[i]->device, ts[0]->device)) {
+      char a[16], b[16];
+      return kg_error(KG_ERR_DEVICE, op, "expected all tensors on one device, got %s and %s",
+                      kg_device_name(ts[0]->device, a), kg_device_name(ts[i]->device, b));
+    }
+  }
+  return KG_OK;
+}
+
+kg_status kg_check_float(const char *op, const kg_tensor *x, const char *what) {
+  if (kg_dtype_info[x->dtype].is_float) return KG_OK;
+  return kg_error(KG_ERR_TYPE, op, "%s must be floating point, got %s", what, kg_dtype_info[x->dtype].name);
+}
+
+kg_status kg_check_integer(const char *op, const kg_tensor *x, const char *what) {
+  if (x->dtype == KG_I32 || x->dtype == KG_I64 || x->dtype == KG_U8) return KG_OK;
+  return kg_error(KG_ERR_TYPE, op, "%s must be an integer tensor (i32 or i64), got %s", what,
+                  kg_dtype_info[x->dtype].name);
+}
+
+/* ---- slow element access (printing, tolist, tests) ----------------------------------------- */
+
+#include <keng/scalar.h>
+
+static int64_t flat_to_offset(const kg_tensor *t, int64_t i) {
+  int64_t off = t->offset;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    int64_t n = t->shape[d];
+    off += (i % n) * t->stride[d];
+    i /= n;
+  }
+  return off;
+}
+
+double kg_load_as_double(const void *base, kg_dtype dt, int64_t off) {
+  switch (dt) {
+  case KG_F32: return ((const float *)base)[off];
+  case KG_F64: return ((const double *)base)[off];
+  case KG_BF16: return kg_bf16_to_f32(((const uint16_t *)base)[off]);
+  case KG_F16: return kg_f16_to_f32(((const uint16_t *)base)[off]);
+  case KG_I32: return ((const int32_t *)base)[off];
+  case KG_I64: return (double)((const int64_t *)base)[off];
+  case KG_BOOL: case KG_U8: return ((const uint8_t *)base)[off];
+  default: return 0;
+  }
+}
+
+void kg_store_from_double(void *base, kg_dtype dt, int64_t off, double v) {
+  switch (dt) {
+  case KG_F32: ((float *)base)[off] = (float)v; break;
+  case KG_F64: ((double *)base)[off] = v; break;
+  case KG_BF16: ((uint16_t *)base)[off] = kg_f32_to_bf16((float)v); break;
+  case KG_F16: ((uint16_t *)base)[off] = kg_f32_to_f16((float)v); break;
+  case KG_I32: ((int32_t *)base)[off] = (int32_t)v; break;
+  case KG_I64: ((int64_t *)base)[off] = (int64_t)v; break;
+  case KG_BOOL: ((uint8_t *)base)[off] = v != 0; break;
+  case KG_U8: ((uint8_t *)base)[off] = (uint8_t)v; break;
+  default: break;
+  }
+}
+
+double kg_get_flat(const kg_tensor *t, int64_t i) {
+  if (!t->storage->data || t->device.type != KG_DEV_CPU) return 0;
+  return kg_load_as_double(t->storage->data, t->dtype, flat_to_offset(t, i));
+}
+
+void kg_set_flat(kg_tensor *t, int64_t i, double v) {
+  if (!t->storage->data || t->device.type != KG_DEV_CPU) return;
+  kg_store_from_double(t->storage->data, t->dtype, flat_to_offset(t, i), v);
+}

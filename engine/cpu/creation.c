@@ -1,0 +1,116 @@
+/* creation.c (cpu) — fill, arange, Philox random tensors, tril/triu. */
+#include "cpu.h"
+
+#include <keng/scalar.h>
+#include <math.h>
+
+typedef struct { double v; } fill_ctx;
+
+static void fill_run(void *ctx, char *const *ptr, const int64_t *stride, int64_t n, kg_dtype dt) {
+  double buf[KG_CHUNK];
+  double v = ((fill_ctx *)ctx)->v;
+  for (int64_t i = 0; i < KG_CHUNK; i++) buf[i] = v;
+  for (int64_t i = 0; i < n; i += KG_CHUNK) {
+    int64_t m = n - i < KG_CHUNK ? n - i : KG_CHUNK;
+    kg_cpu_store_f64(ptr[0] + i * stride[0] * kg_dtype_info[dt].size, dt, stride[0], buf, m);
+  }
+}
+
+#define DT_TRAMPOLINE(name, fn)                                                                \
+  typedef struct { kg_dtype dt; void *inner; } name##_ctx;                                     \
+  static void name(void *ctx, char *const *ptr, const int64_t *stride, int64_t n) {            \
+    name##_ctx *c = ctx;                                                                       \
+    fn(c->inner, ptr, stride, n, c->dt);                                                       \
+  }
+DT_TRAMPOLINE(fill_tramp, fill_run)
+
+kg_status kg_cpu_fill(const kg_op_call *c) {
+  kg_tensor *t = c->out[0];
+  fill_ctx f = {((const kg_fill_params *)c->params)->value};
+  fill_tramp_ctx ctx = {t->dtype, &f};
+  kg_iter it;
+  const kg_tensor *ts[1] = {t};
+  kg_iter_init(&it, 1, ts);
+  kg_iter_run(&it, fill_tramp, &ctx);
+  return KG_OK;
+}
+
+kg_status kg_cpu_arange(const kg_op_call *c) {
+  const kg_arange_params *p = c->params;
+  kg_tensor *t = c->out[0];
+  int64_t n = kg_numel(t);
+  char *d = kg_data(t);
+  for (int64_t i = 0; i < n; i++) kg_store_from_double(d, t->dtype, i, p->start + (double)i * p->step);
+  return KG_OK;
+}
+
+/* Each element i draws words 2i and 2i+1 of the stream: the CUDA kernel does the same. */
+static kg_status random_fill(const kg_op_call *c) {
+  const kg_random_params *p = c->params;
+  kg_tensor *t = c->out[0];
+  int64_t n = kg_numel(t);
+  char *d = kg_data(t);
+  kg_dtype dt = t->dtype;
+  int es = kg_dtype_info[dt].size;
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (int64_t b = 0; b < n; b += KG_CHUNK) {
+    double buf[KG_CHUNK];
+    int64_t m = n - b < KG_CHUNK ? n - b : KG_CHUNK;
+    for (int64_t j = 0; j < m; j++) {
+      uint64_t i = (uint64_t)(b + j);
+      uint32_t w0 = kg_philox_word(p->rng.seed, p->rng.offset, 2 * i);
+      uint32_t w1 = kg_philox_word(p->rng.seed, p->rng.offset, 2 * i + 1);
+      double u = kg_u32x2_to_unit(w0, w1), v;
+      if (c->op == KG_OP_RANDN) { /* Box-Muller on the pair, first branch */
+        double u1 = kg_u32_to_unit(w0), u2 = kg_u32_to_unit(w1);
+        if (u1 < 1e-12) u1 = 1e-12;
+        v = p->a + p->b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+      } else if (c->op == KG_OP_RANDINT) {
+        v = p->a + floor(u * (p->b - p->a));
+      } else {
+        v = p->a + u * (p->b - p->a);
+      }
+      buf[j] = v;
+    }
+    kg_cpu_store_f64(d + b * es, dt, 1, buf, m);
+    if (c->op == KG_OP_RAND && dt != KG_F64) /* rounding to f32 must stay in [a, b) */
+      for (int64_t j = 0; j < m; j++)
+        if (kg_load_as_double(d, dt, b + j) >= p->b) kg_store_from_double(d, dt, b + j, p->a);
+  }
+  return KG_OK;
+}
+kg_status kg_cpu_rand(const kg_op_call *c) { return random_fill(c); }
+kg_status kg_cpu_randn(const kg_op_call *c) { return random_fill(c); }
+kg_status kg_cpu_randint(const kg_op_call *c) { return random_fill(c); }
+
+/* out = x where (col - row <= k) for tril, (col - row >= k) for triu, else 0 */
+static kg_status tri(const kg_op_call *c, bool lower) {
+  const kg_tensor *x = c->in[0];
+  kg_tensor *o = c->out[0];
+  int64_t k = ((const kg_tri_params *)c->params)->k;
+  int nd = x->ndim;
+  int64_t R = x->shape[nd - 2], C = x->shape[nd - 1], batch = R * C > 0 ? kg_numel(x) / (R * C) : 0;
+  if (!R || !C) return KG_OK;
+  int64_t idx[KG_MAX_DIMS] = {0};
+  for (int64_t bi = 0; bi < batch; bi++) {
+    int64_t rem = bi, xoff = 0, ooff = 0;
+    for (int d = nd - 3; d >= 0; d--) {
+      idx[d] = rem % x->shape[d];
+      rem /= x->shape[d];
+      xoff += idx[d] * x->stride[d];
+      ooff += idx[d] * o->stride[d];
+    }
+    for (int64_t r = 0; r < R; r++) {
+      const char *src = (const char *)kg_data(x) + (xoff + r * x->stride[nd - 2]) * (int64_t)kg_elem_size(x);
+      char *dst = (char *)kg_data(o) + (ooff + r * o->stride[nd - 2]) * (int64_t)kg_elem_size(o);
+      for (int64_t col = 0; col < C; col++) {
+        bool keep = lower ? col - r <= k : col - r >= k;
+        double v = keep ? kg_load_as_double(src, x->dtype, col * x->stride[nd - 1]) : 0.0;
+        kg_store_from_double(dst, o->dtype, col * o->stride[nd - 1], v);
+      }
+    }
+  }
+  return KG_OK;
+}
+kg_status kg_cpu_tril(const kg_op_call *c) { return tri(c, true); }
+kg_status kg_cpu_triu(const kg_op_call *c) { return tri(c, false); }

@@ -1,0 +1,307 @@
+/* keng.h — the engine's public C API: dtypes, devices, tensors, the op table, autograd.
+ *
+ * Conventions (STYLE.md): every function returns kg_status; on failure kg_last_error() names
+ * the op and the shapes. Outputs come first and are marked [out]; a returned tensor is owned
+ * by the caller (release with kg_tensor_release). Dimensions and indices are 0-based here;
+ * the Lua binding converts 1-based positions. Nothing here knows about Lua.
+ */
+#ifndef KENG_H
+#define KENG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KENG_VERSION "0.1.0"
+#define KG_MAX_DIMS 8
+
+/* ---- status and errors ---------------------------------------------------------------- */
+
+typedef enum {
+  KG_OK = 0,
+  KG_ERR_VALUE,       /* bad argument value (negative size, bad dim, bad name) */
+  KG_ERR_SHAPE,       /* shapes do not fit the op */
+  KG_ERR_TYPE,        /* dtype not supported by the op */
+  KG_ERR_DEVICE,      /* tensors on different devices, or no kernel for a device */
+  KG_ERR_OOM,         /* allocation failed; message says asked and held bytes */
+  KG_ERR_AUTOGRAD,    /* graph misuse: in-place on a saved tensor, backward twice */
+  KG_ERR_IO,          /* file errors */
+  KG_ERR_INTERRUPTED, /* kg_interrupt() was called during a long op */
+} kg_status;
+
+/* The thread-local message of the last failure, "op: what went wrong". */
+const char *kg_last_error(void);
+/* Sets the message (printf-style) and returns `code`, so callers can `return kg_error(...)`. */
+kg_status kg_error(kg_status code, const char *op, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Formats a shape as "[2,3,4]" into buf (at least 8*21+3 bytes); returns buf. */
+char *kg_shape_str(char *buf, int ndim, const int64_t *shape);
+#define KG_SHAPE_STR_MAX 200
+
+/* Requests that a running op stop at its next check (signal-safe); the op returns
+ * KG_ERR_INTERRUPTED. kg_interrupted() polls and clears the flag. */
+void kg_interrupt(void);
+bool kg_interrupted(void);
+
+/* ---- dtypes --------------------------------------------------------------------------- */
+
+/* X(ENUM, name, C storage type, size in bytes, is_float) */
+#define KG_DTYPES(X)                         \
+  X(F32, "f32", float, 4, 1)                 \
+  X(F64, "f64", double, 8, 1)                \
+  X(BF16, "bf16", uint16_t, 2, 1)            \
+  X(F16, "f16", uint16_t, 2, 1)              \
+  X(I32, "i32", int32_t, 4, 0)               \
+  X(I64, "i64", int64_t, 8, 0)               \
+  X(BOOL, "bool", uint8_t, 1, 0)             \
+  X(U8, "u8", uint8_t, 1, 0)
+
+typedef enum {
+#define X(e, n, t, s, f) KG_##e,
+  KG_DTYPES(X)
+#undef X
+      KG_DTYPE_COUNT
+} kg_dtype;
+
+typedef struct {
+  const char *name;
+  int size;
+  bool is_float;
+} kg_dtype_facts;
+extern const kg_dtype_facts kg_dtype_info[KG_DTYPE_COUNT];
+
+/* Parses "f32", "float32", "bfloat16"...; returns false on an unknown name. */
+bool kg_dtype_from_name(const char *name, kg_dtype *out);
+/* The dtype of a binary op's result (float wins over int, wider wins; bf16+f16 -> f32). */
+kg_dtype kg_dtype_promote(kg_dtype a, kg_dtype b);
+
+/* ---- devices -------------------------------------------------------------------------- */
+
+typedef enum { KG_DEV_CPU = 0, KG_DEV_CUDA = 1, KG_DEV_META = 2, KG_DEVICE_TYPES = 3 } kg_device_type;
+typedef struct {
+  int8_t type;  /* kg_device_type */
+  int8_t index; /* cuda ordinal; 0 otherwise */
+} kg_device;
+
+#define KG_CPU ((kg_device){KG_DEV_CPU, 0})
+#define KG_META ((kg_device){KG_DEV_META, 0})
+bool kg_device_from_name(const char *name, kg_device *out); /* "cpu", "cuda", "cuda:1", "meta" */
+const char *kg_device_name(kg_device d, char buf[16]);
+static inline bool kg_device_eq(kg_device a, kg_device b) { return a.type == b.type && a.index == b.index; }
+bool kg_cuda_available(void);
+int kg_cuda_device_count(void);
+/* Waits for all queued work on a device (no-op on cpu/meta). */
+kg_status kg_device_synchronize(kg_device d);
+
+/* ---- storage and tensors -------------------------------------------------------------- */
+
+typedef struct kg_storage {
+  int refcount;
+  void *data;        /* NULL on meta */
+  size_t nbytes;
+  kg_device device;
+  uint64_t version;  /* bumped by every in-place write; autograd checks it */
+  void (*release)(struct kg_storage *); /* frees data (pool, cuda, munmap) */
+  void *owner;       /* for external memory (mmap) */
+} kg_storage;
+
+struct kg_node;
+
+typedef struct kg_tensor {
+  int refcount;
+  int ndim;
+  int64_t shape[KG_MAX_DIMS];
+  int64_t stride[KG_MAX_DIMS]; /* in elements */
+  int64_t offset;              /* in elements */
+  kg_dtype dtype;
+  kg_device device;
+  kg_storage *storage;
+  bool requires_grad;          /* leaf flag; non-leaf tensors have grad_fn */
+  struct kg_tensor *grad;      /* accumulated gradient of a leaf */
+  struct kg_node *grad_fn;     /* the node that made this tensor, NULL for leaves */
+  int output_nr;               /* which output of grad_fn this is */
+} kg_tensor;
+
+/* A fresh contiguous tensor (uninitialised memory). shape may be NULL when ndim is 0. */
+kg_status kg_tensor_empty(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev);
+/* A tensor over memory the caller keeps alive through `owner`/`release` (mmap, foreign). */
+kg_status kg_tensor_from_blob(kg_tensor **out, void *data, int ndim, const int64_t *shape, kg_dtype dt,
+                              kg_device dev, void *owner, void (*release)(kg_storage *));
+/* A view header sharing storage; shape/stride/offset given (no checks beyond bounds). */
+kg_status kg_tensor_view_raw(kg_tensor **out, const kg_tensor *src, int ndim, const int64_t *shape,
+                             const int64_t *stride, int64_t offset);
+kg_tensor *kg_tensor_retain(kg_tensor *t);
+void kg_tensor_release(kg_tensor *t);
+
+int64_t kg_numel(const kg_tensor *t);
+bool kg_is_contiguous(const kg_tensor *t);
+static inline size_t kg_elem_size(const kg_tensor *t) { return (size_t)kg_dtype_info[t->dtype].size; }
+/* Address of element 0 of the view (storage data + offset). */
+static inline void *kg_data(const kg_tensor *t) {
+  return t->storage->data ? (char *)t->storage->data + t->offset * (int64_t)kg_elem_size(t) : NULL;
+}
+bool kg_same_shape(const kg_tensor *a, const kg_tensor *b);
+/* Marks an in-place write (bumps the storage version). */
+static inline void kg_tensor_bump_version(kg_tensor *t) { t->storage->version++; }
+/* Contiguous strides for a shape; returns numel. */
+int64_t kg_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+/* Normalises a 0-based dim that may be negative (-1 = last); false if out of range. */
+bool kg_wrap_dim(int *dim, int ndim);
+/* Broadcast shapes a and b into out (NumPy rules); returns false if incompatible. */
+bool kg_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
+
+/* Reads element i (in row-major order of the view) as double; slow, for printing/tests. */
+double kg_get_flat(const kg_tensor *t, int64_t i);
+void kg_set_flat(kg_tensor *t, int64_t i, double v);
+
+/* ---- memory --------------------------------------------------------------------------- */
+
+typedef struct {
+  size_t allocated; /* bytes in live tensors */
+  size_t cached;    /* bytes held by the pool for reuse */
+  size_t peak;
+} kg_memory_stats;
+kg_memory_stats kg_memory_get_stats(kg_device d);
+/* Returns cached blocks to the system. */
+void kg_memory_empty_cache(kg_device d);
+/* Called with the byte count of each new allocation (the Lua binding steps its collector). */
+void kg_memory_set_alloc_hook(void (*hook)(size_t nbytes, void *ud), void *ud);
+
+/* ---- the op table --------------------------------------------------------------------- */
+
+typedef enum {
+#define KG_OP(id, name, kind, saves, grad) KG_OP_##id,
+#include "../../ops/ops.def"
+#undef KG_OP
+  KG_OP_COUNT
+} kg_op;
+
+typedef enum { KG_KIND_KERNEL, KG_KIND_UNARY, KG_KIND_BINARY, KG_KIND_VIEW, KG_KIND_COMPOSITE, KG_KIND_INTERNAL } kg_op_kind;
+
+/* One call of an op: what kernels and backward functions receive. */
+typedef struct kg_op_call {
+  kg_op op;
+  int nin, nout;
+  const kg_tensor *const *in;
+  kg_tensor *const *out;
+  const void *params; /* the op's params struct, or NULL */
+} kg_op_call;
+typedef kg_status (*kg_kernel_fn)(const kg_op_call *call);
+
+struct kg_node;
+/* Backward: dout[j] is the gradient of output j (NULL if none flowed); sets din[i] for each
+ * input i with kg_node_needs_grad(node, i). din[i] may have a broadcast shape or a different
+ * dtype: the engine sums it down to the input's shape and casts it. */
+typedef kg_status (*kg_backward_fn)(struct kg_node *node, kg_tensor *const *dout, kg_tensor **din);
+
+typedef struct {
+  const char *name;
+  kg_op_kind kind;
+  unsigned saves;
+  bool differentiable;
+  kg_kernel_fn kernel[KG_DEVICE_TYPES]; /* [cpu, cuda, meta]; NULL = none */
+  kg_backward_fn backward;
+} kg_op_facts;
+extern const kg_op_facts kg_op_info[KG_OP_COUNT];
+const char *kg_kind_name(kg_op_kind k);
+
+/* The `saves` bits of ops.def: input i is bit i, output j is bit 16 + j. */
+#define KG_SAVES_IN(i) (1u << (i))
+#define KG_SAVES_OUT(j) (1u << (16 + (j)))
+
+/* Runs op `op` on inputs -> outputs (outputs already allocated by the caller), dispatching on
+ * the device of the first output, and records an autograd node when grad mode is on and an
+ * input requires grad. params_size bytes of params are copied into the node. */
+kg_status kg_op_run(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in,
+                    const void *params, size_t params_size);
+/* Dispatch only: no autograd (for in-place writes and kernels called by backward passes). */
+kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in,
+                         const void *params);
+/* Records a node for outputs computed without kg_op_run (views, composites with a fused path). */
+kg_status kg_op_record(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in,
+                       const void *params, size_t params_size);
+
+/* ---- autograd ------------------------------------------------------------------------- */
+
+typedef struct kg_edge {
+  struct kg_node *fn; /* producer node of the input, or NULL */
+  kg_tensor *leaf;    /* the input itself if it is a leaf that requires grad, or NULL */
+  int output_nr;
+} kg_edge;
+
+typedef struct kg_tensor_meta {
+  int ndim;
+  int64_t shape[KG_MAX_DIMS];
+  kg_dtype dtype;
+  kg_device device;
+} kg_tensor_meta;
+
+typedef struct kg_node {
+  int refcount;
+  kg_op op;
+  uint64_t seq;          /* creation order: a valid topological order */
+  int nin, nout;
+  kg_edge *next;         /* [nin] */
+  kg_tensor_meta *in_meta;  /* [nin] */
+  kg_tensor_meta *out_meta; /* [nout] */
+  kg_tensor **saved_in;  /* [nin], NULL where not saved (detached views) */
+  kg_tensor **saved_out; /* [nout] */
+  uint64_t *saved_in_version, *saved_out_version;
+  void *params;
+  bool released;         /* saved tensors freed after the node ran */
+  uint64_t visit;        /* backward pass bookkeeping */
+  kg_tensor **grad_buf;  /* [nout] gradients gathered during backward */
+} kg_node;
+
+static inline bool kg_node_needs_grad(const kg_node *n, int i) { return n->next[i].fn || n->next[i].leaf; }
+void kg_node_release(kg_node *n);
+
+bool kg_grad_enabled(void);
+/* Sets grad mode; returns the previous one (for no_grad scopes). */
+bool kg_set_grad_enabled(bool on);
+/* True if t is a leaf with requires_grad or has a grad_fn. */
+static inline bool kg_requires_grad(const kg_tensor *t) { return t->requires_grad || t->grad_fn; }
+/* Backpropagates from `root` (gradient `grad`, or ones if NULL and root has one element),
+ * accumulating into leaves' .grad. Frees saved tensors unless retain_graph. */
+kg_status kg_backward(kg_tensor *root, const kg_tensor *grad, bool retain_graph);
+/* Reduces g (a broadcast of `shape`) to `shape` by summing; casts to dt. Returns new ref. */
+kg_status kg_sum_to(kg_tensor **out, kg_tensor *g, int ndim, const int64_t *shape, kg_dtype dt);
+/* Fails if a tensor about to be written in place requires grad under grad mode. */
+kg_status kg_check_inplace(const char *op, const kg_tensor *t);
+
+/* ---- random numbers ------------------------------------------------------------------- */
+
+/* One counter-based generator (Philox4x32-10) per process: the seed plus an offset that every
+ * random op advances by the number of 32-bit words it consumes, on any device. */
+void kg_manual_seed(uint64_t seed);
+typedef struct {
+  uint64_t seed, offset;
+} kg_philox_state;
+/* Reserves n 32-bit words of the stream and returns where they start. */
+kg_philox_state kg_rng_reserve(uint64_t n);
+
+/* ---- runtime -------------------------------------------------------------------------- */
+
+/* Thread count for kernels and BLAS (KENG_NUM_THREADS or the available cores). */
+int kg_num_threads(void);
+void kg_set_num_threads(int n);
+/* KENG_DEBUG level (0 = off): 1 logs each op with shapes, dtype, device and time. */
+int kg_debug_level(void);
+void kg_log(const char *fmt, ...);
+/* FLOPs counted by matmul, convolution and attention since start (for the benchmarks). */
+uint64_t kg_flop_count(void);
+void kg_flop_add(uint64_t n);
+
+#include "ops_api.h"
+
+#ifdef __cplusplus
+}
+#endif
+#endif

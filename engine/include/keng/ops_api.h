@@ -1,0 +1,195 @@
+/* ops_api.h — the public op functions, by family, and their params structs.
+ *
+ * Each kg_<op>() validates dtypes, devices and shapes, allocates its outputs, records the
+ * autograd node and dispatches (describe, then run). All dims are 0-based here and may be
+ * negative (-1 = last). Shape letters: B batch, T/S query/key length, H heads, D head dim,
+ * C channels or classes, N rows, K reduction.
+ */
+#ifndef KENG_OPS_API_H
+#define KENG_OPS_API_H
+
+/* ---- creation (engine/ops/creation.c) ---------------------------------------------------- */
+
+typedef struct { double value; } kg_fill_params;
+typedef struct { double start, step; } kg_arange_params;
+/* rand: uniform [a, b); randn: normal mean a, std b; randint: integers in [a, b). */
+typedef struct { kg_philox_state rng; double a, b; } kg_random_params;
+typedef struct { int64_t k; } kg_tri_params; /* diagonal offset */
+
+kg_status kg_full(kg_tensor **out, int ndim, const int64_t *shape, double value, kg_dtype dt, kg_device dev);
+kg_status kg_fill_(kg_tensor *t, double value); /* in place, any view */
+kg_status kg_arange(kg_tensor **out, double start, double end, double step, kg_dtype dt, kg_device dev);
+kg_status kg_rand(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev);
+kg_status kg_randn(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev);
+kg_status kg_randint(kg_tensor **out, int64_t lo, int64_t hi, int ndim, const int64_t *shape, kg_dtype dt,
+                     kg_device dev);
+kg_status kg_tril(kg_tensor **out, const kg_tensor *x, int64_t k); /* x: [..., N, M] */
+kg_status kg_triu(kg_tensor **out, const kg_tensor *x, int64_t k);
+
+/* ---- copies and casts (engine/ops/copy.c) ------------------------------------------------ */
+
+/* dst <- src, broadcasting src to dst's shape and converting dtype; any device pair. In place,
+ * not recorded by autograd. */
+kg_status kg_copy_(kg_tensor *dst, const kg_tensor *src);
+/* x converted to dtype/device (x itself, retained, if nothing changes). Differentiable. */
+kg_status kg_to(kg_tensor **out, const kg_tensor *x, kg_dtype dt, kg_device dev);
+kg_status kg_contiguous(kg_tensor **out, const kg_tensor *x); /* x retained if contiguous */
+kg_status kg_clone(kg_tensor **out, const kg_tensor *x);
+kg_status kg_detach(kg_tensor **out, const kg_tensor *x); /* shares storage, no grad */
+
+/* ---- views (engine/ops/view.c) ----------------------------------------------------------- */
+
+typedef struct { int ndim; int64_t shape[KG_MAX_DIMS]; } kg_view_params;
+typedef struct { int perm[KG_MAX_DIMS]; } kg_permute_params;
+typedef struct { int dim; int64_t start, length; } kg_narrow_params;
+typedef struct { int dim; int64_t index; } kg_select_params;
+
+kg_status kg_view(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape);    /* one -1 */
+kg_status kg_reshape(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape); /* copies if needed */
+kg_status kg_permute(kg_tensor **out, const kg_tensor *x, const int *perm);
+kg_status kg_transpose(kg_tensor **out, const kg_tensor *x, int d0, int d1);
+kg_status kg_expand(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape); /* -1 keeps */
+kg_status kg_narrow(kg_tensor **out, const kg_tensor *x, int dim, int64_t start, int64_t length);
+kg_status kg_select(kg_tensor **out, const kg_tensor *x, int dim, int64_t index); /* index may be < 0 */
+kg_status kg_squeeze(kg_tensor **out, const kg_tensor *x, int dim); /* dim KG_ALL_DIMS: all size-1 dims */
+kg_status kg_unsqueeze(kg_tensor **out, const kg_tensor *x, int dim);
+kg_status kg_flatten(kg_tensor **out, const kg_tensor *x); /* reshape to [numel] */
+#define KG_ALL_DIMS 0x7fffffff
+
+/* ---- elementwise (engine/ops/elementwise.c) --------------------------------------------- */
+
+typedef struct { double lo, hi; } kg_clamp_params; /* NAN = no bound */
+/* din = dout * f'(x) for unary op `op` in one pass; x is the op's saved input or output */
+typedef struct { kg_op op; double lo, hi; } kg_unary_backward_params;
+
+kg_status kg_unary(kg_tensor **out, kg_op op, const kg_tensor *x);
+kg_status kg_binary(kg_tensor **out, kg_op op, const kg_tensor *a, const kg_tensor *b);
+/* a <op> s (or s <op> a when scalar_first); s takes a's dtype when a is floating. */
+kg_status kg_binary_scalar(kg_tensor **out, kg_op op, const kg_tensor *a, double s, bool scalar_first);
+/* a <- a <op> b in place (b broadcast to a); not recorded. */
+kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b);
+kg_status kg_clamp(kg_tensor **out, const kg_tensor *x, double lo, double hi);
+kg_status kg_where(kg_tensor **out, const kg_tensor *cond, const kg_tensor *a, const kg_tensor *b);
+/* A 0-d tensor holding v. */
+kg_status kg_scalar(kg_tensor **out, double v, kg_dtype dt, kg_device dev);
+
+/* ---- reductions (engine/ops/reduce.c) ---------------------------------------------------- */
+
+/* dims as a bit mask over 0-based dims; KG_DIMS_ALL reduces everything. */
+typedef struct { uint32_t mask; bool keepdim; int correction; } kg_reduce_params;
+typedef struct { int dim; bool keepdim; } kg_dim_params;
+typedef struct { int64_t k; int dim; bool largest, sorted; } kg_topk_params;
+#define KG_DIMS_ALL 0xffffffffu
+
+kg_status kg_sum(kg_tensor **out, const kg_tensor *x, uint32_t mask, bool keepdim);
+kg_status kg_mean(kg_tensor **out, const kg_tensor *x, uint32_t mask, bool keepdim);
+kg_status kg_var(kg_tensor **out, const kg_tensor *x, uint32_t mask, bool keepdim, int correction);
+/* values and 0-based i64 indices along dim (indices may be NULL). */
+kg_status kg_max(kg_tensor **values, kg_tensor **indices, const kg_tensor *x, int dim, bool keepdim);
+kg_status kg_min(kg_tensor **values, kg_tensor **indices, const kg_tensor *x, int dim, bool keepdim);
+kg_status kg_argmax(kg_tensor **out, const kg_tensor *x, int dim, bool keepdim);
+kg_status kg_argmin(kg_tensor **out, const kg_tensor *x, int dim, bool keepdim);
+kg_status kg_cumsum(kg_tensor **out, const kg_tensor *x, int dim);
+kg_status kg_topk(kg_tensor **values, kg_tensor **indices, const kg_tensor *x, int64_t k, int dim, bool largest,
+                  bool sorted);
+kg_status kg_softmax(kg_tensor **out, const kg_tensor *x, int dim);
+kg_status kg_log_softmax(kg_tensor **out, const kg_tensor *x, int dim);
+
+/* ---- indexing and layout (engine/ops/index.c) ------------------------------------------- */
+
+typedef struct { int dim; } kg_cat_params;
+typedef struct { int npad; int64_t pad[2 * KG_MAX_DIMS]; double value; } kg_pad_params;
+typedef struct { int dim; } kg_index_params;
+
+kg_status kg_cat(kg_tensor **out, int n, const kg_tensor *const *xs, int dim);
+kg_status kg_stack(kg_tensor **out, int n, const kg_tensor *const *xs, int dim);
+/* pad = {left, right} for the last dim, then {top, bottom} for the one before, ... (as F.pad). */
+kg_status kg_pad(kg_tensor **out, const kg_tensor *x, int npad, const int64_t *pad, double value);
+kg_status kg_gather(kg_tensor **out, const kg_tensor *x, int dim, const kg_tensor *idx);
+kg_status kg_index_select(kg_tensor **out, const kg_tensor *x, int dim, const kg_tensor *idx);
+/* ids: [...] integer, 0-based; table: [V, C]  ->  out: [..., C] */
+kg_status kg_embedding(kg_tensor **out, const kg_tensor *ids, const kg_tensor *table);
+/* dst[.., idx[i,j], ..] += src[i,j,..] along dim (in place). */
+kg_status kg_scatter_add_(kg_tensor *dst, int dim, const kg_tensor *idx, const kg_tensor *src);
+/* dst.select(dim, idx[i]) += src.select(dim, i) (in place). */
+kg_status kg_index_add_(kg_tensor *dst, int dim, const kg_tensor *idx, const kg_tensor *src);
+kg_status kg_repeat_interleave(kg_tensor **out, const kg_tensor *x, int64_t n, int dim);
+
+/* ---- linear algebra (engine/ops/matmul.c) ------------------------------------------------ */
+
+/* a: [..., N, K] @ b: [..., K, M] -> [..., N, M]; leading dims broadcast; 1-D as in PyTorch. */
+kg_status kg_matmul(kg_tensor **out, const kg_tensor *a, const kg_tensor *b);
+/* x: [..., K] · w: [M, K]ᵀ + b: [M] (b may be NULL) -> [..., M] */
+kg_status kg_linear(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b);
+
+/* ---- normalisation (engine/ops/norm.c) --------------------------------------------------- */
+
+typedef struct { double eps; bool unit_offset; int groups; } kg_norm_params;
+
+/* Over the last dim. x: [..., C], w, b: [C] or NULL. */
+kg_status kg_layer_norm(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, double eps);
+/* y = x * rsqrt(mean(x²) + eps) * (unit_offset ? 1 + w : w); reduces in f32. */
+kg_status kg_rms_norm(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, double eps, bool unit_offset);
+/* x: [B, C, *], w, b: [C] or NULL. */
+kg_status kg_group_norm(kg_tensor **out, const kg_tensor *x, int groups, const kg_tensor *w, const kg_tensor *b,
+                        double eps);
+
+/* ---- convolution and resampling, NCHW (engine/ops/conv.c) --------------------------------- */
+
+typedef struct {
+  int stride[2], padding[2], dilation[2], output_padding[2];
+  int groups;
+} kg_conv2d_params;
+typedef struct { int64_t out_h, out_w; } kg_interpolate_params;
+
+/* x: [B, Cin, H, W], w: [Cout, Cin/groups, kh, kw], b: [Cout] or NULL */
+kg_status kg_conv2d(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b,
+                    const kg_conv2d_params *p);
+/* x: [B, Cin, H, W], w: [Cin, Cout/groups, kh, kw], b: [Cout] or NULL */
+kg_status kg_conv_transpose2d(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b,
+                              const kg_conv2d_params *p);
+/* nearest-neighbour resize of x: [B, C, H, W] to [B, C, out_h, out_w] */
+kg_status kg_interpolate_nearest(kg_tensor **out, const kg_tensor *x, int64_t out_h, int64_t out_w);
+
+/* ---- randomness in models (engine/ops/random.c) ------------------------------------------- */
+
+typedef struct { kg_philox_state rng; double p; } kg_dropout_params;
+typedef struct { kg_philox_state rng; int64_t n; bool replacement; } kg_multinomial_params;
+
+/* Inverted dropout: zeroes with probability p, scales the rest by 1/(1-p); identity when
+ * !training or p == 0. */
+kg_status kg_dropout(kg_tensor **out, const kg_tensor *x, double p, bool training);
+/* probs: [V] or [B, V] (non-negative, need not sum to 1) -> i64 [n] or [B, n], 0-based. */
+kg_status kg_multinomial(kg_tensor **out, const kg_tensor *probs, int64_t n, bool replacement);
+
+/* ---- transformer blocks (engine/ops/attention.c) ------------------------------------------ */
+
+typedef struct { double base; } kg_rope_params;
+typedef struct {
+  double scale;   /* 0 = 1/sqrt(D) */
+  bool causal;    /* query i sees keys j <= i + (S - T) (aligned bottom-right, as a KV cache) */
+  int64_t window; /* > 0: also j > i + (S - T) - window (sliding window) */
+} kg_sdpa_params;
+
+/* x: [..., T, D] rotated pairwise over halves (x[:D/2], x[D/2:]) as Hugging Face's
+ * rotate_half; positions: [T] or [B, T] integer (0-based) broadcast over x's leading dims. */
+kg_status kg_rope(kg_tensor **out, const kg_tensor *x, const kg_tensor *positions, double base);
+/* q: [B, H, T, D], k, v: [B, Hkv, S, D] with H % Hkv == 0; mask: NULL, bool (true = attend)
+ * or float (added to scores), broadcastable to [B, H, T, S]. out: [B, H, T, D]. Never
+ * materialises [B, H, T, S] in f32. */
+kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
+                  const kg_sdpa_params *p);
+
+/* ---- losses (engine/ops/loss.c) ------------------------------------------------------------ */
+
+typedef enum { KG_REDUCE_MEAN, KG_REDUCE_SUM, KG_REDUCE_NONE } kg_reduction;
+typedef struct { kg_reduction reduction; int64_t ignore_index; bool has_ignore; } kg_loss_params;
+
+/* logits: [N, C] or [..., C]; targets: integer [N] or [...], 0-based class ids. Fused
+ * log-softmax + NLL, reduced in f32; rows whose target is ignore_index count for nothing
+ * (mean divides by the rows kept). Output f32: scalar, or [N] with KG_REDUCE_NONE. */
+kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_tensor *targets,
+                           const kg_loss_params *p);
+kg_status kg_mse_loss(kg_tensor **out, const kg_tensor *a, const kg_tensor *b, kg_reduction reduction);
+
+#endif

@@ -1,0 +1,255 @@
+/* elementwise.c — unary, binary (broadcasting), clamp, where; their backward passes.
+ * Activation derivatives run as one fused UNARY_BACKWARD kernel whose formulas live in
+ * keng/scalar.h next to the forward ones. */
+#include "../core/internal.h"
+
+#include <math.h>
+
+/* output dtype of a unary op */
+static kg_dtype unary_dtype(kg_op op, kg_dtype in) {
+  if (op == KG_OP_LOGICAL_NOT) return KG_BOOL;
+  if (op == KG_OP_NEG || op == KG_OP_ABS || op == KG_OP_RELU) return in == KG_BOOL ? KG_U8 : in;
+  return kg_dtype_info[in].is_float ? in : KG_F32;
+}
+
+static bool is_compare(kg_op op) { return op >= KG_OP_EQ && op <= KG_OP_GE; }
+
+kg_status kg_unary(kg_tensor **out, kg_op op, const kg_tensor *x) {
+  if (kg_op_info[op].kind != KG_KIND_UNARY) return kg_error(KG_ERR_VALUE, kg_op_info[op].name, "not a unary op");
+  KG_TRY(kg_new_like(out, x, x->ndim, x->shape, unary_dtype(op, x->dtype)));
+  kg_status s = kg_op_run(op, 1, out, 1, &x, NULL, 0);
+  if (s) kg_tensor_release(*out);
+  return s;
+}
+
+static kg_status binary_shape(kg_op op, const kg_tensor *a, const kg_tensor *b, int *nd, int64_t *shape) {
+  char x[KG_SHAPE_STR_MAX], y[KG_SHAPE_STR_MAX];
+  const kg_tensor *ts[2] = {a, b};
+  KG_TRY(kg_check_same_device(kg_op_info[op].name, 2, ts));
+  if (!kg_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, nd, shape))
+    return kg_error(KG_ERR_SHAPE, kg_op_info[op].name, "shapes %s and %s cannot be broadcast", KG_SHAPE(a, x),
+                    KG_SHAPE(b, y));
+  return KG_OK;
+}
+
+kg_status kg_binary(kg_tensor **out, kg_op op, const kg_tensor *a, const kg_tensor *b) {
+  if (kg_op_info[op].kind != KG_KIND_BINARY) return kg_error(KG_ERR_VALUE, kg_op_info[op].name, "not a binary op");
+  int nd;
+  int64_t shape[KG_MAX_DIMS];
+  KG_TRY(binary_shape(op, a, b, &nd, shape));
+  kg_dtype dt = kg_dtype_promote(a->dtype, b->dtype);
+  if (is_compare(op)) dt = KG_BOOL;
+  else if ((op == KG_OP_DIV || op == KG_OP_POW) && !kg_dtype_info[dt].is_float) dt = op == KG_OP_DIV ? KG_F32 : dt;
+  else if (dt == KG_BOOL && op != KG_OP_MAXIMUM && op != KG_OP_MINIMUM && op != KG_OP_MUL) dt = KG_U8;
+  KG_TRY(kg_new_like(out, a, nd, shape, dt));
+  const kg_tensor *in[2] = {a, b};
+  kg_status s = kg_op_run(op, 1, out, 2, in, NULL, 0);
+  if (s) kg_tensor_release(*out);
+  return s;
+}
+
+kg_status kg_binary_scalar(kg_tensor **out, kg_op op, const kg_tensor *a, double v, bool scalar_first) {
+  /* a number takes the tensor's dtype, unless it needs a float and the tensor is integral */
+  kg_dtype dt = a->dtype;
+  if (!kg_dtype_info[dt].is_float && (v != floor(v) || !isfinite(v))) dt = KG_F32;
+  if (dt == KG_BOOL && v != 0 && v != 1) dt = KG_I64;
+  kg_tensor *s;
+  KG_TRY(kg_scalar(&s, v, dt, a->device));
+  kg_status st = scalar_first ? kg_binary(out, op, s, a) : kg_binary(out, op, a, s);
+  kg_tensor_release(s);
+  return st;
+}
+
+kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b) {
+  int nd;
+  int64_t shape[KG_MAX_DIMS];
+  char x[KG_SHAPE_STR_MAX], y[KG_SHAPE_STR_MAX];
+  KG_TRY(kg_check_inplace(kg_op_info[op].name, a));
+  KG_TRY(binary_shape(op, a, b, &nd, shape));
+  bool fits = nd == a->ndim;
+  for (int i = 0; fits && i < nd; i++) fits = shape[i] == a->shape[i];
+  if (!fits)
+    return kg_error(KG_ERR_SHAPE, kg_op_info[op].name, "in-place result %s would not fit the destination %s",
+                    kg_shape_str(y, nd, shape), KG_SHAPE(a, x));
+  kg_tensor_bump_version(a);
+  const kg_tensor *in[2] = {a, b};
+  return kg_op_dispatch(op, 1, &a, 2, in, NULL);
+}
+
+kg_status kg_clamp(kg_tensor **out, const kg_tensor *x, double lo, double hi) {
+  if (!isnan(lo) && !isnan(hi) && lo > hi)
+    return kg_error(KG_ERR_VALUE, "clamp", "min %g is greater than max %g", lo, hi);
+  KG_TRY(kg_new_like(out, x, x->ndim, x->shape, x->dtype));
+  kg_clamp_params p = {lo, hi};
+  kg_status s = kg_op_run(KG_OP_CLAMP, 1, out, 1, &x, &p, sizeof p);
+  if (s) kg_tensor_release(*out);
+  return s;
+}
+
+kg_status kg_where(kg_tensor **out, const kg_tensor *cond, const kg_tensor *a, const kg_tensor *b) {
+  int n1, nd;
+  int64_t s1[KG_MAX_DIMS], shape[KG_MAX_DIMS];
+  char x[KG_SHAPE_STR_MAX], y[KG_SHAPE_STR_MAX], z[KG_SHAPE_STR_MAX];
+  const kg_tensor *in[3] = {cond, a, b};
+  KG_TRY(kg_check_same_device("where", 3, in));
+  if (!kg_broadcast_shapes(cond->ndim, cond->shape, a->ndim, a->shape, &n1, s1) ||
+      !kg_broadcast_shapes(n1, s1, b->ndim, b->shape, &nd, shape))
+    return kg_error(KG_ERR_SHAPE, "where", "condition %s, x %s and y %s cannot be broadcast together", KG_SHAPE(cond, x),
+                    KG_SHAPE(a, y), KG_SHAPE(b, z));
+  KG_TRY(kg_new_like(out, a, nd, shape, kg_dtype_promote(a->dtype, b->dtype)));
+  kg_status s = kg_op_run(KG_OP_WHERE, 1, out, 3, in, NULL, 0);
+  if (s) kg_tensor_release(*out);
+  return s;
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+static kg_status unary_backward(kg_tensor **din, kg_op op, const kg_tensor *g, const kg_tensor *saved, double lo,
+                                double hi) {
+  int nd;
+  int64_t shape[KG_MAX_DIMS];
+  kg_broadcast_shapes(g->ndim, g->shape, saved->ndim, saved->shape, &nd, shape);
+  KG_TRY(kg_new_like(din, g, nd, shape, kg_dtype_promote(g->dtype, saved->dtype)));
+  kg_unary_backward_params p = {op, lo, hi};
+  const kg_tensor *in[2] = {g, saved};
+  kg_status s = kg_op_dispatch(KG_OP_UNARY_BACKWARD, 1, din, 2, in, &p);
+  if (s) kg_tensor_release(*din);
+  return s;
+}
+
+#define UNARY_GRAD(name, OP, from_out)                                                       \
+  kg_status kg_grad_##name(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {             \
+    return unary_backward(&din[0], OP, dout[0], from_out ? n->saved_out[0] : n->saved_in[0], 0, 0); \
+  }
+UNARY_GRAD(exp, KG_OP_EXP, 1)
+UNARY_GRAD(log, KG_OP_LOG, 0)
+UNARY_GRAD(sqrt, KG_OP_SQRT, 1)
+UNARY_GRAD(rsqrt, KG_OP_RSQRT, 1)
+UNARY_GRAD(abs, KG_OP_ABS, 0)
+UNARY_GRAD(sin, KG_OP_SIN, 0)
+UNARY_GRAD(cos, KG_OP_COS, 0)
+UNARY_GRAD(tanh, KG_OP_TANH, 1)
+UNARY_GRAD(sigmoid, KG_OP_SIGMOID, 1)
+UNARY_GRAD(relu, KG_OP_RELU, 0)
+UNARY_GRAD(silu, KG_OP_SILU, 0)
+UNARY_GRAD(gelu, KG_OP_GELU, 0)
+UNARY_GRAD(gelu_tanh, KG_OP_GELU_TANH, 0)
+UNARY_GRAD(quick_gelu, KG_OP_QUICK_GELU, 0)
+
+kg_status kg_grad_neg(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  (void)n;
+  return kg_unary(&din[0], KG_OP_NEG, dout[0]);
+}
+
+kg_status kg_grad_clamp(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  const kg_clamp_params *p = n->params;
+  return unary_backward(&din[0], KG_OP_CLAMP, dout[0], n->saved_in[0], p->lo, p->hi);
+}
+
+kg_status kg_grad_add(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  if (kg_node_needs_grad(n, 0)) din[0] = kg_tensor_retain(dout[0]);
+  if (kg_node_needs_grad(n, 1)) din[1] = kg_tensor_retain(dout[0]);
+  return KG_OK;
+}
+
+kg_status kg_grad_sub(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  if (kg_node_needs_grad(n, 0)) din[0] = kg_tensor_retain(dout[0]);
+  if (kg_node_needs_grad(n, 1)) KG_TRY(kg_unary(&din[1], KG_OP_NEG, dout[0]));
+  return KG_OK;
+}
+
+kg_status kg_grad_mul(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  if (kg_node_needs_grad(n, 0)) KG_TRY(kg_binary(&din[0], KG_OP_MUL, dout[0], n->saved_in[1]));
+  if (kg_node_needs_grad(n, 1)) KG_TRY(kg_binary(&din[1], KG_OP_MUL, dout[0], n->saved_in[0]));
+  return KG_OK;
+}
+
+/* d(a/b) = g/b, -g a/b² */
+kg_status kg_grad_div(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  const kg_tensor *a = n->saved_in[0], *b = n->saved_in[1];
+  kg_tensor *gb;
+  KG_TRY(kg_binary(&gb, KG_OP_DIV, dout[0], b));
+  if (kg_node_needs_grad(n, 1)) {
+    kg_tensor *t, *u;
+    kg_status s = kg_binary(&t, KG_OP_MUL, gb, a);
+    if (s == KG_OK) {
+      s = kg_binary(&u, KG_OP_DIV, t, b);
+      kg_tensor_release(t);
+      if (s == KG_OK) {
+        s = kg_unary(&din[1], KG_OP_NEG, u);
+        kg_tensor_release(u);
+      }
+    }
+    if (s) return kg_tensor_release(gb), s;
+  }
+  if (kg_node_needs_grad(n, 0)) din[0] = gb;
+  else kg_tensor_release(gb);
+  return KG_OK;
+}
+
+/* d(a^b) = g b a^(b-1), g y log(a) */
+kg_status kg_grad_pow(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  const kg_tensor *a = n->saved_in[0], *b = n->saved_in[1], *y = n->saved_out[0];
+  kg_tensor *t1 = NULL, *t2 = NULL;
+  kg_status s = KG_OK;
+  if (kg_node_needs_grad(n, 0)) {
+    s = kg_binary_scalar(&t1, KG_OP_SUB, b, 1, false);
+    if (!s) s = kg_binary(&t2, KG_OP_POW, a, t1);
+    kg_tensor_release(t1);
+    if (!s) s = kg_binary(&t1, KG_OP_MUL, t2, b);
+    kg_tensor_release(t2);
+    if (!s) s = kg_binary(&din[0], KG_OP_MUL, dout[0], t1);
+    kg_tensor_release(t1);
+    KG_TRY(s);
+  }
+  if (kg_node_needs_grad(n, 1)) {
+    s = kg_unary(&t1, KG_OP_LOG, a);
+    if (!s) s = kg_binary(&t2, KG_OP_MUL, t1, y);
+    kg_tensor_release(t1);
+    if (!s) s = kg_binary(&din[1], KG_OP_MUL, dout[0], t2);
+    kg_tensor_release(t2);
+  }
+  return s;
+}
+
+/* the gradient goes to the larger (smaller) input; ties split it evenly, as PyTorch does */
+static kg_status minmax_grad(kg_node *n, kg_tensor *const *dout, kg_tensor **din, kg_op pick) {
+  const kg_tensor *a = n->saved_in[0], *b = n->saved_in[1];
+  kg_tensor *wins_a, *tie, *half, *zero, *wa, *wb;
+  KG_TRY(kg_binary(&wins_a, pick, a, b));
+  kg_status s = kg_binary(&tie, KG_OP_EQ, a, b);
+  if (s) return kg_tensor_release(wins_a), s;
+  s = kg_binary_scalar(&half, KG_OP_MUL, dout[0], 0.5, false);
+  if (!s) s = kg_scalar(&zero, 0, dout[0]->dtype, dout[0]->device);
+  if (!s) {
+    /* wa = tie ? g/2 : (a wins ? g : 0); wb = tie ? g/2 : (a wins ? 0 : g) */
+    kg_tensor *ga = NULL, *gb = NULL;
+    s = kg_where(&ga, wins_a, dout[0], zero);
+    if (!s) s = kg_where(&gb, wins_a, zero, dout[0]);
+    if (!s) s = kg_where(&wa, tie, half, ga);
+    if (!s) s = kg_where(&wb, tie, half, gb);
+    kg_tensor_release(ga);
+    kg_tensor_release(gb);
+    if (!s) {
+      if (kg_node_needs_grad(n, 0)) din[0] = wa; else kg_tensor_release(wa);
+      if (kg_node_needs_grad(n, 1)) din[1] = wb; else kg_tensor_release(wb);
+    }
+    kg_tensor_release(zero);
+  }
+  kg_tensor_release(half);
+  kg_tensor_release(wins_a);
+  kg_tensor_release(tie);
+  return s;
+}
+kg_status kg_grad_maximum(kg_node *n, kg_tensor *const *dout, kg_tensor **din) { return minmax_grad(n, dout, din, KG_OP_GT); }
+kg_status kg_grad_minimum(kg_node *n, kg_tensor *const *dout, kg_tensor **din) { return minmax_grad(n, dout, din, KG_OP_LT); }
+
+kg_status kg_grad_where(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  kg_tensor *zero;
+  KG_TRY(kg_scalar(&zero, 0, dout[0]->dtype, dout[0]->device));
+  kg_status s = KG_OK;
+  if (kg_node_needs_grad(n, 1)) s = kg_where(&din[1], n->saved_in[0], dout[0], zero);
+  if (!s && kg_node_needs_grad(n, 2)) s = kg_where(&din[2], n->saved_in[0], zero, dout[0]);
+  kg_tensor_release(zero);
+  return s;
+}

@@ -1,0 +1,112 @@
+/* elementwise.c — bindings of unary and binary ops (registered from the op table), clamp,
+ * where, gelu's approximate option, and in-place arithmetic. */
+#include "keng_lua.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int l_unary(lua_State *L) {
+  kg_op op = (kg_op)lua_tointeger(L, lua_upvalueindex(1));
+  kg_tensor *x = kgl_check(L, 1), *r;
+  KGL_CALL(L, kg_unary(&r, op, x));
+  kgl_push(L, r);
+  return 1;
+}
+
+/* a <op> b where either side may be a number (so `2 * t` works through __mul) */
+static int l_binary(lua_State *L) {
+  kg_op op = (kg_op)lua_tointeger(L, lua_upvalueindex(1));
+  kg_tensor *a = kgl_test(L, 1), *b = kgl_test(L, 2), *r;
+  if (a && b) KGL_CALL(L, kg_binary(&r, op, a, b));
+  else if (a || b) {
+    int num = a ? 2 : 1;
+    if (!lua_isnumber(L, num) && !lua_isboolean(L, num)) luaL_typeerror(L, num, "tensor or number");
+    double v = lua_isboolean(L, num) ? lua_toboolean(L, num) : lua_tonumber(L, num);
+    KGL_CALL(L, kg_binary_scalar(&r, op, a ? a : b, v, !a));
+  } else {
+    return luaL_typeerror(L, 1, "tensor");
+  }
+  kgl_push(L, r);
+  return 1;
+}
+
+/* t:add_(u) etc. */
+static int l_binary_(lua_State *L) {
+  kg_op op = (kg_op)lua_tointeger(L, lua_upvalueindex(1));
+  kg_tensor *a = kgl_check(L, 1), *owned;
+  kg_tensor *b = kgl_to_tensor(L, 2, a, &owned);
+  kg_status s = kg_binary_(op, a, b);
+  kg_tensor_release(owned);
+  if (s) return kgl_error(L);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:gelu() exact, t:gelu{approximate="tanh"} */
+static int l_gelu(lua_State *L) {
+  kg_tensor *x = kgl_check(L, 1), *r;
+  kg_op op = KG_OP_GELU;
+  if (lua_istable(L, 2)) {
+    lua_getfield(L, 2, "approximate");
+    const char *a = luaL_optstring(L, -1, "none");
+    if (!strcmp(a, "tanh")) op = KG_OP_GELU_TANH;
+    else if (strcmp(a, "none")) luaL_error(L, "gelu: approximate must be \"none\" or \"tanh\", got \"%s\"", a);
+  } else if (lua_isstring(L, 2)) {
+    const char *a = lua_tostring(L, 2);
+    if (!strcmp(a, "tanh")) op = KG_OP_GELU_TANH;
+    else if (strcmp(a, "none")) luaL_error(L, "gelu: approximate must be \"none\" or \"tanh\", got \"%s\"", a);
+  }
+  KGL_CALL(L, kg_unary(&r, op, x));
+  kgl_push(L, r);
+  return 1;
+}
+
+static int l_clamp(lua_State *L) {
+  kg_tensor *x = kgl_check(L, 1), *r;
+  double lo = lua_isnoneornil(L, 2) ? NAN : luaL_checknumber(L, 2);
+  double hi = lua_isnoneornil(L, 3) ? NAN : luaL_checknumber(L, 3);
+  if (lua_istable(L, 2)) { /* t:clamp{min=, max=} */
+    lo = kgl_field_number(L, 2, "min", NAN);
+    hi = kgl_field_number(L, 2, "max", NAN);
+  }
+  KGL_CALL(L, kg_clamp(&r, x, lo, hi));
+  kgl_push(L, r);
+  return 1;
+}
+
+static int l_where(lua_State *L) {
+  kg_tensor *c = kgl_check(L, 1), *oa, *ob, *r;
+  kg_tensor *a = kgl_test(L, 2), *b = kgl_test(L, 3);
+  const kg_tensor *like = a ? a : b;
+  a = kgl_to_tensor(L, 2, like, &oa);
+  b = kgl_to_tensor(L, 3, like ? like : a, &ob);
+  kg_status s = kg_where(&r, c, a, b);
+  kg_tensor_release(oa);
+  kg_tensor_release(ob);
+  if (s) return kgl_error(L);
+  kgl_push(L, r);
+  return 1;
+}
+
+void kgl_register_elementwise(lua_State *L, int methods, int keng) {
+  for (int op = 0; op < KG_OP_COUNT; op++) {
+    kg_op_kind k = kg_op_info[op].kind;
+    if (k != KG_KIND_UNARY && k != KG_KIND_BINARY) continue;
+    for (int where = 0; where < 2; where++) {
+      lua_pushinteger(L, op);
+      lua_pushcclosure(L, k == KG_KIND_UNARY ? l_unary : l_binary, 1);
+      lua_setfield(L, where ? keng : methods, kg_op_info[op].name);
+    }
+    if (k == KG_KIND_BINARY && op <= KG_OP_MINIMUM) { /* arithmetic gets an in-place form */
+      char name[32];
+      snprintf(name, sizeof name, "%s_", kg_op_info[op].name);
+      lua_pushinteger(L, op);
+      lua_pushcclosure(L, l_binary_, 1);
+      lua_setfield(L, methods, name);
+    }
+  }
+  kgl_set(L, methods, keng, "gelu", l_gelu);
+  kgl_set(L, methods, keng, "clamp", l_clamp);
+  kgl_set(L, methods, keng, "where", l_where);
+}

@@ -1,0 +1,8 @@
+/* index.c — Lua bindings of the index op family (see LUA_API.md). */
+#include "keng_lua.h"
+
+void kgl_register_index(lua_State *L, int methods, int keng) {
+  (void)L;
+  (void)methods;
+  (void)keng;
+}

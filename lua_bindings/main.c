@@ -1,0 +1,135 @@
+/* main.c — the `keng` executable: runs a script, `-e code`, or the REPL, with the keng module
+ * preloaded and package.path pointing at scripts/lib and scripts/ (installed or source tree). */
+#include "keng_lua.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void set_paths(lua_State *L) {
+  const char *roots[] = {getenv("KENG_HOME"), KENG_INSTALL_DATADIR, KENG_SOURCE_DIR};
+  lua_getglobal(L, "package");
+  int n = 0;
+  for (int i = 0; i < 3; i++) {
+    if (!roots[i]) continue;
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/scripts/lib", roots[i]);
+    if (access(probe, R_OK)) continue;
+    lua_pushfstring(L, "%s/scripts/lib/?.lua;%s/scripts/lib/?/init.lua;%s/scripts/?.lua;%s/scripts/?/init.lua;", roots[i],
+                    roots[i], roots[i], roots[i]);
+    n++;
+  }
+  lua_getfield(L, -1 - n, "path");
+  lua_concat(L, n + 1);
+  lua_setfield(L, -2, "path");
+  lua_pop(L, 1);
+}
+
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+static int report(lua_State *L, int status) {
+  if (status != LUA_OK) {
+    fprintf(stderr, "keng: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  return status;
+}
+
+static int docall(lua_State *L, int nargs, int nres) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  int status = lua_pcall(L, nargs, nres, base);
+  lua_remove(L, base);
+  return status;
+}
+
+int kgl_repl(lua_State *L); /* repl.c */
+
+static void usage(void) {
+  printf("usage: keng [options] [script [args...]]\n"
+         "  -e code     run code\n"
+         "  -i          enter the REPL after running the script\n"
+         "  --ops       list every engine op with its kernels and backward\n"
+         "  --version   print the version\n"
+         "  --help      this text\n"
+         "With no script, keng starts the REPL (reads stdin plainly when it is not a terminal).\n");
+}
+
+int main(int argc, char **argv) {
+  lua_State *L = luaL_newstate();
+  if (!L) return 1;
+  luaL_openlibs(L);
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushcfunction(L, kgl_open);
+  lua_setfield(L, -2, "keng");
+  lua_pop(L, 1);
+  set_paths(L);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "keng");
+  if (report(L, docall(L, 1, 1))) return 1;
+  lua_setglobal(L, "keng");
+
+  int interactive = 0, ran = 0, i = 1, status = LUA_OK;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage();
+      return 0;
+    } else if (!strcmp(a, "--version") || !strcmp(a, "-v")) {
+      printf("keng %s (%s)\n", KENG_VERSION, LUA_RELEASE);
+      return 0;
+    } else if (!strcmp(a, "--ops")) {
+      lua_getglobal(L, "keng");
+      lua_getfield(L, -1, "ops_report");
+      lua_call(L, 0, 1);
+      fputs(lua_tostring(L, -1), stdout);
+      return 0;
+    } else if (!strcmp(a, "-i")) {
+      interactive = 1;
+    } else if (!strcmp(a, "-e")) {
+      if (++i >= argc) {
+        fprintf(stderr, "keng: -e needs an argument\n");
+        return 1;
+      }
+      ran = 1;
+      status = luaL_loadbuffer(L, argv[i], strlen(argv[i]), "=(command line)");
+      if (status == LUA_OK) status = docall(L, 0, 0);
+      if (report(L, status)) return 1;
+    } else if (a[0] == '-' && a[1]) {
+      fprintf(stderr, "keng: unknown option %s\n", a);
+      usage();
+      return 1;
+    } else {
+      break;
+    }
+  }
+  if (i < argc) { /* script and its args */
+    lua_createtable(L, argc - i, 1);
+    for (int k = 0; k < argc; k++) {
+      lua_pushstring(L, argv[k]);
+      lua_rawseti(L, -2, k - i);
+    }
+    lua_setglobal(L, "arg");
+    ran = 1;
+    status = luaL_loadfilex(L, strcmp(argv[i], "-") ? argv[i] : NULL, "t"); /* text only */
+    if (status == LUA_OK) {
+      int n = argc - i - 1;
+      for (int k = i + 1; k < argc; k++) lua_pushstring(L, argv[k]);
+      status = docall(L, n, 0);
+    }
+    if (report(L, status)) {
+      lua_close(L);
+      return 1;
+    }
+  }
+  if (interactive || !ran) status = kgl_repl(L);
+  lua_close(L);
+  return status == LUA_OK ? 0 : 1;
+}

@@ -1,0 +1,120 @@
+-- helper.lua — shared test kit for the busted specs (run inside keng: `keng tests/run.lua`).
+--   H.close(a, b, tol, msg)       asserts tensors/numbers/lists agree elementwise (abs+rel tol)
+--   H.gradcheck(fn, inputs, opts) central finite differences in f64 against loss:backward()
+--   H.raises(fn, pattern)         asserts fn errors with a message matching pattern (plain find)
+--   H.noncontig(t)                the same values as t, laid out non-contiguously
+local keng = require "keng"
+local H = {}
+
+local function flat(x)
+  if keng.is_tensor(x) then
+    local t = x:float():contiguous():reshape{-1}:tolist()
+    return t
+  elseif type(x) == "table" then
+    local out = {}
+    local function walk(v) if type(v) == "table" then for _, e in ipairs(v) do walk(e) end else out[#out + 1] = v end end
+    walk(x)
+    return out
+  else
+    return {x}
+  end
+end
+H.flat = flat
+
+function H.close(a, b, tol, msg)
+  tol = tol or 1e-5
+  if keng.is_tensor(a) and keng.is_tensor(b) then
+    assert(#a.shape == #b.shape, (msg or "") .. ": ndim differs")
+    for i = 1, #a.shape do
+      assert(a.shape[i] == b.shape[i],
+        string.format("%s: shape [%s] vs [%s]", msg or "", table.concat(a.shape, ","), table.concat(b.shape, ",")))
+    end
+  end
+  local fa, fb = flat(a), flat(b)
+  assert(#fa == #fb, string.format("%s: %d elements vs %d", msg or "close", #fa, #fb))
+  local worst, wi = 0, 0
+  for i = 1, #fa do
+    local x, y = fa[i], fb[i]
+    if type(x) == "boolean" then x = x and 1 or 0 end
+    if type(y) == "boolean" then y = y and 1 or 0 end
+    local err = math.abs(x - y) / (1 + math.abs(y))
+    if x ~= x and y ~= y then err = 0 end                 -- both NaN
+    if x == y then err = 0 end                             -- equal infinities
+    if err ~= err then err = math.huge end
+    if err > worst then worst, wi = err, i end
+  end
+  assert(worst <= tol, string.format("%s: worst element %d: %s vs %s (err %.3g > tol %.3g)",
+    msg or "close", wi, tostring(fa[wi]), tostring(fb[wi]), worst, tol))
+  return true
+end
+
+function H.raises(fn, pattern)
+  local ok, err = pcall(fn)
+  assert(not ok, "expected an error matching '" .. pattern .. "', but the call succeeded")
+  err = tostring(err)
+  assert(err:find(pattern, 1, true), "error '" .. err .. "' does not contain '" .. pattern .. "'")
+  return err
+end
+
+-- the same values as t with non-contiguous strides (stored transposed, viewed back)
+function H.noncontig(t)
+  if t.ndim < 2 then
+    local n = t.shape[1] or 1
+    local big = keng.zeros({n, 2}, {dtype = t.dtype})
+    big:select(2, 1):copy_(t)
+    local v = big:select(2, 1)
+    assert(not v.is_contiguous or n <= 1)
+    return v
+  end
+  local tt = t:transpose(-1, -2):contiguous():transpose(-1, -2)
+  assert(not tt.is_contiguous)
+  return tt
+end
+
+-- Checks d(loss)/d(input) of every input with requires_grad against central differences.
+-- fn(...) takes the inputs and returns a tensor; the loss is sum(out * w) for a fixed random w.
+-- Inputs must be f64 tensors. opts: eps (1e-6), tol (1e-6)
+function H.gradcheck(fn, inputs, opts)
+  opts = opts or {}
+  local eps, tol = opts.eps or 1e-6, opts.tol or 1e-6
+  keng.manual_seed(opts.seed or 1234)
+  local out = fn(table.unpack(inputs))
+  local w = keng.randn(out.shape, {dtype = "f64"})
+  local function loss() return (fn(table.unpack(inputs)) * w):sum() end
+  for _, x in ipairs(inputs) do if keng.is_tensor(x) and x.requires_grad then x.grad = nil end end
+  loss():backward()
+  for k, x in ipairs(inputs) do
+    if keng.is_tensor(x) and x.requires_grad then
+      assert(x.dtype == "f64", "gradcheck inputs must be f64")
+      assert(x.grad, "input " .. k .. " got no gradient")
+      local analytic = flat(x.grad)
+      local n = x:numel()
+      local xf = x:detach():reshape{-1}  -- shares storage with x
+      local numeric = {}
+      keng.no_grad(function()
+        for i = 1, n do
+          local v = xf[i]:item()
+          xf[i] = v + eps
+          local lp = loss():item()
+          xf[i] = v - eps
+          local lm = loss():item()
+          xf[i] = v
+          numeric[i] = (lp - lm) / (2 * eps)
+        end
+      end)
+      H.close(analytic, numeric, tol, "gradient of input " .. k)
+    end
+  end
+  return true
+end
+
+-- a random f64 leaf that requires grad
+function H.leaf(shape, scale)
+  local t = keng.randn(shape, {dtype = "f64"})
+  if scale then t = t * scale end
+  t = t:detach()
+  t.requires_grad = true
+  return t
+end
+
+return H
