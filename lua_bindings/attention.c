@@ -1,8 +1,34 @@
-/* attention.c — Lua bindings of the attention op family (see LUA_API.md). */
+/* attention.c — Lua bindings of the attention op family (see LUA_API.md):
+ *   keng.scaled_dot_product_attention(q, k, v, {mask=, causal=false, scale=, window=})
+ *       q [B,H,T,D], k/v [B,Hkv,S,D] -> [B,H,T,D]
+ *   keng.rope(x, positions, {base=10000})   x [..., T, D], positions [T] or [B,T] (0-based) */
 #include "keng_lua.h"
 
+static int l_sdpa(lua_State *L) {
+  kg_tensor *q = kgl_check(L, 1), *k = kgl_check(L, 2), *v = kgl_check(L, 3), *mask = NULL, *r;
+  if (!lua_isnoneornil(L, 4)) {
+    luaL_checktype(L, 4, LUA_TTABLE);
+    lua_getfield(L, 4, "mask");
+    mask = kgl_opt(L, -1); /* stays referenced by the options table */
+    lua_pop(L, 1);
+  }
+  kg_sdpa_params p = {kgl_field_number(L, 4, "scale", 0), kgl_field_bool(L, 4, "causal", false),
+                      (int64_t)kgl_field_number(L, 4, "window", 0)};
+  KGL_CALL(L, kg_sdpa(&r, q, k, v, mask, &p));
+  kgl_push(L, r);
+  return 1;
+}
+
+static int l_rope(lua_State *L) {
+  kg_tensor *x = kgl_check(L, 1), *pos = kgl_check(L, 2), *r;
+  if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+  double base = kgl_field_number(L, 3, "base", 10000);
+  KGL_CALL(L, kg_rope(&r, x, pos, base));
+  kgl_push(L, r);
+  return 1;
+}
+
 void kgl_register_attention(lua_State *L, int methods, int keng) {
-  (void)L;
-  (void)methods;
-  (void)keng;
+  kgl_set(L, methods, keng, "scaled_dot_product_attention", l_sdpa);
+  kgl_set(L, methods, keng, "rope", l_rope);
 }

@@ -64,11 +64,13 @@ static int l_gelu(lua_State *L) {
 
 static int l_clamp(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
-  double lo = lua_isnoneornil(L, 2) ? NAN : luaL_checknumber(L, 2);
-  double hi = lua_isnoneornil(L, 3) ? NAN : luaL_checknumber(L, 3);
+  double lo, hi;
   if (lua_istable(L, 2)) { /* t:clamp{min=, max=} */
     lo = kgl_field_number(L, 2, "min", NAN);
     hi = kgl_field_number(L, 2, "max", NAN);
+  } else {
+    lo = lua_isnoneornil(L, 2) ? NAN : luaL_checknumber(L, 2);
+    hi = lua_isnoneornil(L, 3) ? NAN : luaL_checknumber(L, 3);
   }
   KGL_CALL(L, kg_clamp(&r, x, lo, hi));
   kgl_push(L, r);

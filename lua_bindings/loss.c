@@ -1,8 +1,38 @@
-/* loss.c — Lua bindings of the loss op family (see LUA_API.md). */
+/* loss.c — bindings of the losses: keng.cross_entropy(logits, targets, {reduction=, ignore_index=})
+ * with logits [..., C] and 0-based integer targets [...], and keng.mse_loss(a, b, {reduction=}).
+ * ignore_index defaults to -100, as in PyTorch. */
 #include "keng_lua.h"
 
+#include <string.h>
+
+static kg_reduction reduction_opt(lua_State *L, int idx, const char *op) {
+  if (!lua_istable(L, idx)) return KG_REDUCE_MEAN;
+  lua_getfield(L, idx, "reduction");
+  const char *r = luaL_optstring(L, -1, "mean");
+  kg_reduction red = !strcmp(r, "mean") ? KG_REDUCE_MEAN : !strcmp(r, "sum") ? KG_REDUCE_SUM
+                     : !strcmp(r, "none") ? KG_REDUCE_NONE : (kg_reduction)-1;
+  if ((int)red < 0) luaL_error(L, "%s: reduction must be \"mean\", \"sum\" or \"none\", got \"%s\"", op, r);
+  lua_pop(L, 1);
+  return red;
+}
+
+static int l_cross_entropy(lua_State *L) {
+  kg_tensor *logits = kgl_check(L, 1), *targets = kgl_check(L, 2), *r;
+  kg_loss_params p = {reduction_opt(L, 3, "cross_entropy"), -100, true};
+  p.ignore_index = (int64_t)kgl_field_number(L, 3, "ignore_index", -100);
+  KGL_CALL(L, kg_cross_entropy(&r, logits, targets, &p));
+  kgl_push(L, r);
+  return 1;
+}
+
+static int l_mse_loss(lua_State *L) {
+  kg_tensor *a = kgl_check(L, 1), *b = kgl_check(L, 2), *r;
+  KGL_CALL(L, kg_mse_loss(&r, a, b, reduction_opt(L, 3, "mse_loss")));
+  kgl_push(L, r);
+  return 1;
+}
+
 void kgl_register_loss(lua_State *L, int methods, int keng) {
-  (void)L;
-  (void)methods;
-  (void)keng;
+  kgl_set(L, methods, keng, "cross_entropy", l_cross_entropy);
+  kgl_set(L, methods, keng, "mse_loss", l_mse_loss);
 }

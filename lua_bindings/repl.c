@@ -148,7 +148,6 @@ int kgl_repl(lua_State *L) {
   }
   signal(SIGINT, on_sigint);
   char *line;
-  luaL_Buffer chunk;
   while ((line = read_line("> ", tty))) {
     size_t cap = strlen(line) + 1;
     char *code = malloc(cap);
@@ -156,16 +155,20 @@ int kgl_repl(lua_State *L) {
     if (tty && *line) add_history(line);
     free(line);
     int base = lua_gettop(L), status;
-    (void)chunk;
     /* a trailing ';' means: run it, print nothing */
     size_t n = strlen(code);
     while (n && (code[n - 1] == ' ' || code[n - 1] == '\t')) n--;
     bool quiet = n && code[n - 1] == ';';
-    const char *ret = lua_pushfstring(L, "return %s;", code);
-    status = quiet ? LUA_ERRSYNTAX : luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
+    /* an expression prints its value (unless it ends in ';') */
+    lua_pushliteral(L, "return "); /* lua_pushfstring has no %.*s */
+    lua_pushlstring(L, code, quiet ? n - 1 : n);
+    lua_pushliteral(L, ";");
+    lua_concat(L, 3);
+    const char *ret = lua_tostring(L, -1);
+    status = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
     lua_remove(L, -2);
+    if (status != LUA_OK) lua_pop(L, 1);
     if (status != LUA_OK) {
-      if (!quiet) lua_pop(L, 1);
       for (;;) {
         status = luaL_loadbuffer(L, code, strlen(code), "=stdin");
         if (!incomplete(L, status)) break;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- userdata and errors ------------------------------------------------------------------ */
 
@@ -156,7 +157,7 @@ bool kgl_field_bool(lua_State *L, int idx, const char *key, bool def) {
 
 kgl_opts kgl_options(lua_State *L, int idx, kg_dtype def_dtype) {
   kgl_opts o = {def_dtype, KG_CPU, false, false};
-  if (lua_isnoneornil(L, idx)) return o;
+  if (idx == 0 || lua_isnoneornil(L, idx)) return o; /* 0: no options slot (sizes given as varargs) */
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
   lua_getfield(L, idx, "dtype");
@@ -445,7 +446,7 @@ static void print_dim(printer *p, int d, int64_t flat, int indent) {
 }
 
 /* value range of the elements that will be printed */
-static void scan(const printer *p, int d, int64_t flat, double *maxabs, double *minabs, bool *all_int) {
+static void scan(const printer *p, int d, int64_t flat, double *maxabs, double *minabs, bool *all_int, bool *neg) {
   const kg_tensor *t = p->t;
   int64_t n = t->ndim ? t->shape[d] : 1, inner = 1;
   for (int k = d + 1; k < t->ndim; k++) inner *= t->shape[k];
@@ -458,8 +459,9 @@ static void scan(const printer *p, int d, int64_t flat, double *maxabs, double *
       if (a > *maxabs) *maxabs = a;
       if (a > 0 && a < *minabs) *minabs = a;
       if (v != floor(v)) *all_int = false;
+      if (v < 0) *neg = true;
     } else {
-      scan(p, d + 1, flat + i * inner, maxabs, minabs, all_int);
+      scan(p, d + 1, flat + i * inner, maxabs, minabs, all_int, neg);
     }
   }
 }
@@ -479,8 +481,8 @@ static int l_tostring(lua_State *L) {
     printer p = {&b, src, kg_numel(src) > 1000 ? 3 : 0, 0, "%.4f", kg_dtype_info[src->dtype].is_float,
                  src->dtype == KG_BOOL};
     double maxabs = 0, minabs = INFINITY;
-    bool all_int = true;
-    scan(&p, 0, 0, &maxabs, &minabs, &all_int);
+    bool all_int = true, neg = false;
+    scan(&p, 0, 0, &maxabs, &minabs, &all_int, &neg);
     if (p.is_float) {
       if (all_int && maxabs < 1e8) p.fmt = "%.0f.";
       else if (maxabs >= 1e8 || (minabs < 1e-4 && minabs > 0) || maxabs / minabs > 1e7) p.fmt = "%.4e";
@@ -488,8 +490,9 @@ static int l_tostring(lua_State *L) {
     /* common width */
     p.width = 1;
     char s[40];
-    double probe[] = {maxabs, -maxabs, minabs < INFINITY ? minabs : 0, -(minabs < INFINITY ? minabs : 0)};
-    for (int i = 0; i < 4; i++) {
+    double small = minabs < INFINITY ? minabs : 0, sign = neg ? -1 : 1;
+    double probe[] = {sign * maxabs, sign * small};
+    for (int i = 0; i < 2; i++) {
       fmt_elem(&p, probe[i], s);
       int w = (int)strlen(s);
       if (w > p.width) p.width = w;
@@ -1084,6 +1087,14 @@ static int l_flop_count(lua_State *L) {
   return 1;
 }
 
+/* keng.time(): monotonic wall-clock seconds (for timing; os.clock is CPU time) */
+static int l_time(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+  return 1;
+}
+
 static int l_is_tensor(lua_State *L) {
   lua_pushboolean(L, kgl_test(L, 1) != NULL);
   return 1;
@@ -1114,7 +1125,7 @@ void kgl_register_core(lua_State *L, int methods, int keng) {
       {"ops_report", l_ops_report, 2}, {"ops", l_ops, 2},           {"memory_stats", l_memory_stats, 2},
       {"empty_cache", l_empty_cache, 2}, {"num_threads", l_num_threads, 2},
       {"set_num_threads", l_set_num_threads, 2}, {"synchronize", l_synchronize, 2},
-      {"flop_count", l_flop_count, 2}, {"is_tensor", l_is_tensor, 2},
+      {"flop_count", l_flop_count, 2}, {"is_tensor", l_is_tensor, 2},   {"time", l_time, 2},
   };
   for (size_t i = 0; i < sizeof fns / sizeof *fns; i++)
     kgl_set(L, fns[i].where & 1 ? methods : 0, fns[i].where & 2 ? keng : 0, fns[i].name, fns[i].fn);

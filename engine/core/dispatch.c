@@ -82,21 +82,23 @@ static void log_op(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_
     if (in[i]) n += snprintf(line + n, sizeof line - n, " %s%s", kg_dtype_info[in[i]->dtype].name, KG_SHAPE(in[i], b));
   n += snprintf(line + n, sizeof line - n, " ->");
   for (int i = 0; i < nout && n < 900; i++)
-    n += snprintf(line + n, sizeof line - n, " %s%s", kg_dtype_info[out[i]->dtype].name, KG_SHAPE(out[i], b));
-  kg_log("%s %s %.3f ms", line, kg_device_name(out[0]->device, dev), ms);
+    if (out[i]) n += snprintf(line + n, sizeof line - n, " %s%s", kg_dtype_info[out[i]->dtype].name, KG_SHAPE(out[i], b));
+  kg_log("%s %s %.3f ms", line, kg_device_name(nout && out[0] ? out[0]->device : in[0]->device, dev), ms);
 }
 
 kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in,
                          const void *params) {
-  kg_device dev = nout ? out[0]->device : in[0]->device;
+  kg_device dev = nout && out[0] ? out[0]->device : in[0]->device;
   if (dev.type == KG_DEV_META) return KG_OK; /* shapes only */
   kg_kernel_fn k = kg_op_info[op].kernel[dev.type];
   if (!k) {
     char d[16];
     return kg_error(KG_ERR_DEVICE, kg_op_info[op].name, "no kernel for device %s", kg_device_name(dev, d));
   }
-  for (int i = 0; i < nout; i++)
-    if (!kg_numel(out[i]) && nout == 1) return KG_OK; /* nothing to compute */
+  bool empty = nout > 0;
+  for (int i = 0; i < nout; i++) /* NULL outputs are allowed: a kernel may skip them */
+    if (out[i] && kg_numel(out[i])) empty = false;
+  if (empty) return KG_OK; /* nothing to compute */
   kg_op_call call = {op, nin, nout, in, out, params};
   int dbg = kg_debug_level();
   double t0 = dbg ? now_ms() : 0;

@@ -44,14 +44,24 @@ kg_status kg_cpu_arange(const kg_op_call *c) {
   return KG_OK;
 }
 
-/* Each element i draws words 2i and 2i+1 of the stream: the CUDA kernel does the same. */
+/* Element i draws words 2i and 2i+1 of the stream through the formulas of scalar.h, which the
+ * CUDA kernel shares, so both devices produce the same tensor for the same seed. */
+static int uniform_bits(kg_dtype dt) {
+  switch (dt) {
+  case KG_F64: return 53;
+  case KG_BF16: return 8;
+  case KG_F16: return 11;
+  default: return 24;
+  }
+}
+
 static kg_status random_fill(const kg_op_call *c) {
   const kg_random_params *p = c->params;
   kg_tensor *t = c->out[0];
   int64_t n = kg_numel(t);
   char *d = kg_data(t);
   kg_dtype dt = t->dtype;
-  int es = kg_dtype_info[dt].size;
+  int es = kg_dtype_info[dt].size, bits = c->op == KG_OP_RAND ? uniform_bits(dt) : 53;
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t b = 0; b < n; b += KG_CHUNK) {
     double buf[KG_CHUNK];
@@ -60,22 +70,11 @@ static kg_status random_fill(const kg_op_call *c) {
       uint64_t i = (uint64_t)(b + j);
       uint32_t w0 = kg_philox_word(p->rng.seed, p->rng.offset, 2 * i);
       uint32_t w1 = kg_philox_word(p->rng.seed, p->rng.offset, 2 * i + 1);
-      double u = kg_u32x2_to_unit(w0, w1), v;
-      if (c->op == KG_OP_RANDN) { /* Box-Muller on the pair, first branch */
-        double u1 = kg_u32_to_unit(w0), u2 = kg_u32_to_unit(w1);
-        if (u1 < 1e-12) u1 = 1e-12;
-        v = p->a + p->b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-      } else if (c->op == KG_OP_RANDINT) {
-        v = p->a + floor(u * (p->b - p->a));
-      } else {
-        v = p->a + u * (p->b - p->a);
-      }
-      buf[j] = v;
+      if (c->op == KG_OP_RANDN) buf[j] = p->a + p->b * kg_normal_u32x2(w0, w1);
+      else if (c->op == KG_OP_RANDINT) buf[j] = p->a + floor(kg_uniform_bits(w0, w1, 53) * (p->b - p->a));
+      else buf[j] = p->a + kg_uniform_bits(w0, w1, bits) * (p->b - p->a);
     }
     kg_cpu_store_f64(d + b * es, dt, 1, buf, m);
-    if (c->op == KG_OP_RAND && dt != KG_F64) /* rounding to f32 must stay in [a, b) */
-      for (int64_t j = 0; j < m; j++)
-        if (kg_load_as_double(d, dt, b + j) >= p->b) kg_store_from_double(d, dt, b + j, p->a);
   }
   return KG_OK;
 }

@@ -1,9 +1,13 @@
-/* reduce.c (cpu) — sum over any set of dims, accumulating in double.
+/* reduce.c (cpu) — sum over any set of dims, accumulating in double; max/min/argmax/argmin,
+ * cumsum and topk along one dim.
  *
  * The input is viewed as [kept dims..., reduced dims...]; each output element (parallel over
- * them) walks its reduced elements in runs along the innermost reduced dim. */
+ * them) walks its reduced elements in runs along the innermost reduced dim. Along-one-dim ops
+ * treat each kept position as a row of N elements (N = the dim's size, any stride). */
 #include "cpu.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Splits x's dims by mask into kept (outer) and reduced (inner) shapes/strides. */
@@ -80,5 +84,132 @@ kg_status kg_cpu_sum(const kg_op_call *c) {
     kg_cpu_reduce_walk(&p, base, x->dtype, kg_cpu_reduce_row_offset(&p, i), add_run, &s);
     kg_store_from_double(obase, o->dtype, i, s);
   }
+  return KG_OK;
+}
+
+/* ---- along one dim ------------------------------------------------------------------------ */
+
+/* max/min/argmax/argmin: the first extreme element of each row; NaN counts as the extreme */
+static kg_status select_run(const kg_op_call *c, bool want_max) {
+  const kg_tensor *x = c->in[0];
+  const kg_dim_params *dp = c->params;
+  bool with_values = c->nout == 2;
+  kg_tensor *vo = with_values ? c->out[0] : NULL, *io = c->out[with_values ? 1 : 0];
+  kg_cpu_reduce_plan p;
+  kg_cpu_reduce_layout(x, 1u << dp->dim, &p);
+  int64_t n = p.rshape[0], xs = p.rstride[0];
+  int es = (int)kg_elem_size(x);
+  const char *base = kg_data(x);
+  int64_t *ibase = kg_data(io);
+  char *vbase = vo ? kg_data(vo) : NULL;
+#pragma omp parallel for if (p.nout * n > KG_PAR_THRESHOLD && p.nout > 1) schedule(static)
+  for (int64_t o = 0; o < p.nout; o++) {
+    const char *row = base + kg_cpu_reduce_row_offset(&p, o) * es;
+    double buf[KG_CHUNK], best = 0;
+    int64_t bi = -1;
+    for (int64_t j = 0; j < n; j += KG_CHUNK) {
+      int64_t m = n - j < KG_CHUNK ? n - j : KG_CHUNK;
+      kg_cpu_load_f64(buf, row + j * xs * es, x->dtype, xs, m);
+      for (int64_t i = 0; i < m; i++) {
+        double v = buf[i];
+        if (bi < 0 || (!isnan(best) && (isnan(v) || (want_max ? v > best : v < best)))) best = v, bi = j + i;
+      }
+    }
+    ibase[o] = bi; /* outputs are contiguous, rows in the kept dims' order */
+    if (vbase) kg_store_from_double(vbase, vo->dtype, o, best);
+  }
+  return KG_OK;
+}
+kg_status kg_cpu_max(const kg_op_call *c) { return select_run(c, true); }
+kg_status kg_cpu_min(const kg_op_call *c) { return select_run(c, false); }
+kg_status kg_cpu_argmax(const kg_op_call *c) { return select_run(c, true); }
+kg_status kg_cpu_argmin(const kg_op_call *c) { return select_run(c, false); }
+
+/* running sums in double, stored in the output dtype */
+kg_status kg_cpu_cumsum(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0];
+  kg_tensor *y = c->out[0];
+  const kg_dim_params *dp = c->params;
+  kg_cpu_reduce_plan px, py;
+  kg_cpu_reduce_layout(x, 1u << dp->dim, &px);
+  kg_cpu_reduce_layout(y, 1u << dp->dim, &py);
+  int64_t n = px.rshape[0], xs = px.rstride[0], ys = py.rstride[0];
+  int xe = (int)kg_elem_size(x), ye = (int)kg_elem_size(y);
+  const char *xb = kg_data(x);
+  char *yb = kg_data(y);
+#pragma omp parallel for if (px.nout * n > KG_PAR_THRESHOLD && px.nout > 1) schedule(static)
+  for (int64_t o = 0; o < px.nout; o++) {
+    const char *xr = xb + kg_cpu_reduce_row_offset(&px, o) * xe;
+    char *yr = yb + kg_cpu_reduce_row_offset(&py, o) * ye;
+    double buf[KG_CHUNK], acc = 0;
+    for (int64_t j = 0; j < n; j += KG_CHUNK) {
+      int64_t m = n - j < KG_CHUNK ? n - j : KG_CHUNK;
+      kg_cpu_load_f64(buf, xr + j * xs * xe, x->dtype, xs, m);
+      for (int64_t i = 0; i < m; i++) buf[i] = acc += buf[i];
+      kg_cpu_store_f64(yr + j * ys * ye, y->dtype, ys, buf, m);
+    }
+  }
+  return KG_OK;
+}
+
+typedef struct {
+  double v;
+  int64_t i;
+} topk_item;
+
+/* NaN ranks above everything; ties keep the lower index first */
+static int by_value_desc(const void *a, const void *b) {
+  const topk_item *x = a, *y = b;
+  bool xn = isnan(x->v), yn = isnan(y->v);
+  if (xn != yn) return xn ? -1 : 1;
+  if (!xn && x->v != y->v) return x->v > y->v ? -1 : 1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+static int by_value_asc(const void *a, const void *b) {
+  const topk_item *x = a, *y = b;
+  bool xn = isnan(x->v), yn = isnan(y->v);
+  if (xn != yn) return xn ? 1 : -1;
+  if (!xn && x->v != y->v) return x->v < y->v ? -1 : 1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* each row sorted (always, so sorted = false gives sorted results too); the first k kept */
+kg_status kg_cpu_topk(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0];
+  kg_tensor *vo = c->out[0], *io = c->out[1];
+  const kg_topk_params *tp = c->params;
+  kg_cpu_reduce_plan px, pv;
+  kg_cpu_reduce_layout(x, 1u << tp->dim, &px);
+  kg_cpu_reduce_layout(vo, 1u << tp->dim, &pv); /* values and indices share one layout */
+  int64_t n = px.rshape[0], xs = px.rstride[0], os = pv.rstride[0], k = tp->k;
+  int xe = (int)kg_elem_size(x);
+  const char *xb = kg_data(x);
+  char *vb = kg_data(vo);
+  int64_t *ib = kg_data(io);
+  bool failed = false;
+#pragma omp parallel if (px.nout * n > KG_PAR_THRESHOLD && px.nout > 1)
+  {
+    topk_item *items = malloc(sizeof *items * (size_t)(n ? n : 1));
+    double buf[KG_CHUNK];
+    if (!items) failed = true;
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < px.nout; o++) {
+      if (!items) continue;
+      const char *xr = xb + kg_cpu_reduce_row_offset(&px, o) * xe;
+      for (int64_t j = 0; j < n; j += KG_CHUNK) {
+        int64_t m = n - j < KG_CHUNK ? n - j : KG_CHUNK;
+        kg_cpu_load_f64(buf, xr + j * xs * xe, x->dtype, xs, m);
+        for (int64_t i = 0; i < m; i++) items[j + i] = (topk_item){buf[i], j + i};
+      }
+      qsort(items, (size_t)n, sizeof *items, tp->largest ? by_value_desc : by_value_asc);
+      int64_t off = kg_cpu_reduce_row_offset(&pv, o);
+      for (int64_t i = 0; i < k; i++) {
+        kg_store_from_double(vb, vo->dtype, off + i * os, items[i].v);
+        ib[off + i * os] = items[i].i;
+      }
+    }
+    free(items);
+  }
+  if (failed) return kg_error(KG_ERR_OOM, "topk", "out of memory for a row of %lld elements", (long long)n);
   return KG_OK;
 }

@@ -8,7 +8,7 @@ local H = {}
 
 local function flat(x)
   if keng.is_tensor(x) then
-    local t = x:float():contiguous():reshape{-1}:tolist()
+    local t = x:double():contiguous():reshape{-1}:tolist()
     return t
   elseif type(x) == "table" then
     local out = {}

@@ -141,6 +141,8 @@ typedef struct {
   int groups;
 } kg_conv2d_params;
 typedef struct { int64_t out_h, out_w; } kg_interpolate_params;
+/* CONV2D_BACKWARD / CONV_TRANSPOSE2D_BACKWARD: in {dy, x, w}; out: the wanted ones of dx, dw, db in order */
+typedef struct { kg_conv2d_params p; bool need[3]; } kg_conv_backward_params;
 
 /* x: [B, Cin, H, W], w: [Cout, Cin/groups, kh, kw], b: [Cout] or NULL */
 kg_status kg_conv2d(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b,

@@ -13,17 +13,16 @@
 
 #ifdef __CUDACC__
 #define KG_HD __host__ __device__ __forceinline__
-#include <math.h>
 #else
 #define KG_HD static inline
+#endif
 #include <math.h>
 #include <string.h>
-#endif
 
 /* ---- bf16 / f16: one conversion each way, round to nearest even, NaN stays NaN ------------ */
 
 KG_HD uint32_t kg_f32_bits(float f) {
-#ifdef __CUDACC__
+#ifdef __CUDA_ARCH__ /* device pass; the host pass uses memcpy */
   return __float_as_uint(f);
 #else
   uint32_t u;
@@ -32,7 +31,7 @@ KG_HD uint32_t kg_f32_bits(float f) {
 #endif
 }
 KG_HD float kg_bits_f32(uint32_t u) {
-#ifdef __CUDACC__
+#ifdef __CUDA_ARCH__
   return __uint_as_float(u);
 #else
   float f;
@@ -146,6 +145,19 @@ KG_HD float kg_u32_to_unit(uint32_t u) { return (float)(u >> 8) * (1.0f / 167772
 /* uniform in [0, 1) with 53 random bits, from two words */
 KG_HD double kg_u32x2_to_unit(uint32_t a, uint32_t b) {
   return (double)(((uint64_t)(a >> 5) << 26) | (b >> 6)) * (1.0 / 9007199254740992.0);
+}
+
+/* Element i of a random tensor uses words 2i and 2i+1 of its stream (CPU and CUDA alike). */
+/* uniform in [0, 1) with `bits` random bits (the dtype's precision: 24 f32, 8 bf16, 11 f16,
+ * 53 f64), so a draw never rounds up to 1 when stored */
+KG_HD double kg_uniform_bits(uint32_t w0, uint32_t w1, int bits) {
+  if (bits > 32) return kg_u32x2_to_unit(w0, w1);
+  return (double)(w0 >> (32 - bits)) * (1.0 / (double)(1ull << bits));
+}
+/* standard normal by Box-Muller from two 32-bit words; u1 is never 0, so |x| <= 6.7 */
+KG_HD double kg_normal_u32x2(uint32_t w0, uint32_t w1) {
+  double u1 = ((double)w0 + 0.5) * (1.0 / 4294967296.0), u2 = (double)w1 * (1.0 / 4294967296.0);
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 #endif

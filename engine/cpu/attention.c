@@ -1,0 +1,364 @@
+/* attention.c (cpu) — fused flash-style scaled-dot-product attention (forward and backward)
+ * and rotary position embedding.
+ *
+ * Shape letters: B batch, H query heads, Hkv key/value heads (head h reads kv head h / (H/Hkv)),
+ * T query length, S key length, D head dim. q: [B, H, T, D], k, v: [B, Hkv, S, D], mask
+ * broadcast to [B, H, T, S], out: [B, H, T, D], lse: [B, H, T].
+ *
+ * Forward: each task is one (b, h, block of BQ queries); it walks blocks of BK keys with an
+ * online softmax (running max m and sum l per row, the accumulator rescaled when m grows), so
+ * no [T, S] score matrix exists; key blocks outside the causal/window band are never visited.
+ * The tile products (Q·Kᵀ, P·V and the backward's) run through BLAS gemm on f32/f64 buffers.
+ * Backward recomputes probabilities from the saved logsumexp: pass 1 per (b, h, query block)
+ * gives dq; pass 2 per (b, kv head, key block) gives dk and dv, summing over the query heads of
+ * its group — no two tasks write the same row, so no atomics. Compute is f32 (f64 for f64).
+ * Reference: the naive softmax(Q·Kᵀ·scale + mask)·V in tests/lua/attention_spec.lua.
+ */
+#include "cpu.h"
+
+#include <cblas.h>
+#include <keng/scalar.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tgmath.h>
+
+#define BQ 64 /* queries per task */
+#define BK 64 /* keys per inner block */
+
+/* a strided 4-D operand: element (a, b, c, d) at base + (a*st[0] + ... + d*st[3]) * es */
+typedef struct {
+  const char *base;
+  int64_t st[4];
+  kg_dtype dt;
+  int es;
+} view4;
+
+static view4 view_of(const kg_tensor *t, const int64_t *st) {
+  view4 v = {kg_data(t), {st[0], st[1], st[2], st[3]}, t->dtype, (int)kg_elem_size(t)};
+  return v;
+}
+static const char *at(const view4 *v, int64_t a, int64_t b, int64_t c) {
+  return v->base + (a * v->st[0] + b * v->st[1] + c * v->st[2]) * v->es;
+}
+
+typedef struct {
+  int64_t B, H, Hkv, T, S, D, off, window; /* off = S - T: the causal diagonal */
+  bool causal, has_mask;
+  double scale;
+  view4 q, k, v, m;
+} plan;
+
+static plan make_plan(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
+                      const kg_sdpa_params *p) {
+  plan P = {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3], 0, p->window,
+            p->causal, mask != NULL, p->scale, view_of(q, q->stride), view_of(k, k->stride), view_of(v, v->stride),
+            {0}};
+  P.off = P.S - P.T;
+  if (P.scale == 0) P.scale = 1.0 / sqrt((double)P.D);
+  if (mask) {
+    int64_t full[4] = {P.B, P.H, P.T, P.S}, st[4];
+    kg_broadcast_strides(mask, 4, full, st);
+    P.m = view_of(mask, st);
+  }
+  return P;
+}
+
+/* keys visible to query i by the causal/window band: [key_lo(i), key_hi(i)) */
+static int64_t key_lo(const plan *P, int64_t i) {
+  int64_t lo = P->window > 0 ? i + P->off - P->window + 1 : 0;
+  return lo < 0 ? 0 : lo > P->S ? P->S : lo;
+}
+static int64_t key_hi(const plan *P, int64_t i) {
+  int64_t hi = P->causal ? i + P->off + 1 : P->S;
+  return hi < 0 ? 0 : hi > P->S ? P->S : hi;
+}
+
+/* s[c] <- e^(s[c] - m) for c < n. The f32 version has no calls or branches, so it vectorises
+ * (no-trapping-math lets the compiler turn the clamps into selects): x = k·ln2 + r with
+ * |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative error below 2.5e-7 on
+ * [-87, 0], about 2 ulp); x below -87.3 (and -inf, a hidden key) gives exactly 0, NaN stays NaN. */
+#define KG_NO_TRAP __attribute__((optimize("no-trapping-math")))
+KG_NO_TRAP static inline float exp_f32(float x) {
+  float xc = x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x;
+  float k = floorf(xc * 1.44269504f + 0.5f);
+  float r = xc - k * 0.693145751953125f - k * 1.428606765330187e-06f;
+  float p = 1 + r * (1 + r * (0.5f + r * (1 / 6.0f + r * (1 / 24.0f + r * (1 / 120.0f + r * (1 / 720.0f))))));
+  union { int32_t i; float f; } two_k = {((int32_t)k + 127) << 23};
+  return x < -87.3f ? 0.0f : p * two_k.f;
+}
+KG_NO_TRAP static void exp_row_f32(float *s, int64_t n, float m) {
+  for (int64_t c = 0; c < n; c++) s[c] = exp_f32(s[c] - m);
+}
+static void exp_row_f64(double *s, int64_t n, double m) {
+  for (int64_t c = 0; c < n; c++) s[c] = exp(s[c] - m);
+}
+
+/* Functions over one compute type FT (float, or double for f64); LOAD/STORE convert runs and
+ * GEMM is cblas_sgemm/dgemm (single-threaded inside the OpenMP region), on tiles:
+ *   load_rows: rows i0.. of x (b, h) times mul -> dst [n, D]
+ *   band_row:  score row s [nk] of query i against keys j0..: mask and band applied (-inf where
+ *              hidden); returns the row max */
+#define DEFINE_SDPA(FT, SUF, LOAD, STORE, GEMM, EXP_ROW)                                                           \
+  static void load_rows_##SUF(FT *dst, const view4 *x, int64_t b, int64_t h, int64_t i0, int64_t n,        \
+                              int64_t D, FT mul) {                                                        \
+    for (int64_t r = 0; r < n; r++) {                                                                     \
+      LOAD(dst + r * D, at(x, b, h, i0 + r), x->dt, x->st[3], D);                                         \
+      if (mul != 1)                                                                                       \
+        for (int64_t d = 0; d < D; d++) dst[r * D + d] *= mul;                                            \
+    }                                                                                                     \
+  }                                                                                                       \
+  static FT band_row_##SUF(FT *s, FT *mrow, const plan *P, int64_t b, int64_t h, int64_t i, int64_t j0,   \
+                           int64_t nk) {                                                                  \
+    if (P->has_mask) {                                                                                    \
+      LOAD(mrow, P->m.base + (b * P->m.st[0] + h * P->m.st[1] + i * P->m.st[2] + j0 * P->m.st[3]) * P->m.es, \
+           P->m.dt, P->m.st[3], nk);                                                                      \
+      if (P->m.dt == KG_BOOL)                                                                             \
+        for (int64_t c = 0; c < nk; c++) s[c] = mrow[c] != 0 ? s[c] : (FT)-INFINITY;                      \
+      else                                                                                                \
+        for (int64_t c = 0; c < nk; c++) s[c] += mrow[c];                                                 \
+    }                                                                                                     \
+    int64_t lo = key_lo(P, i) - j0, hi = key_hi(P, i) - j0;                                               \
+    for (int64_t c = 0; c < lo && c < nk; c++) s[c] = -INFINITY;                                          \
+    for (int64_t c = hi > 0 ? hi : 0; c < nk; c++) s[c] = -INFINITY;                                      \
+    FT mx = -INFINITY;                                                                                    \
+    for (int64_t c = 0; c < nk; c++) mx = s[c] > mx ? s[c] : mx;                                          \
+    return mx;                                                                                            \
+  }                                                                                                       \
+                                                                                                          \
+  static void sdpa_fwd_##SUF(const plan *P, kg_tensor *out, FT *lse) {                                    \
+    int64_t D = P->D, G = P->H / P->Hkv, nqb = (P->T + BQ - 1) / BQ, ntask = P->B * P->H * nqb;           \
+    view4 o = view_of(out, out->stride);                                                                  \
+    _Pragma("omp parallel if (ntask > 1 && P->T * P->S * P->D > 16384)") {                                \
+      FT *qs = malloc(sizeof(FT) * (size_t)(2 * BQ * D + 2 * BK * D + BQ * BK + BK + 2 * BQ));           \
+      FT *acc = qs + BQ * D, *kb = acc + BQ * D, *vb = kb + BK * D, *s = vb + BK * D, *mrow = s + BQ * BK; \
+      FT *m = mrow + BK, *l = m + BQ;                                                                     \
+      _Pragma("omp for schedule(dynamic)") for (int64_t task = 0; task < ntask; task++) {                 \
+        int64_t b = task / (P->H * nqb), h = task / nqb % P->H, hk = h / G, i0 = task % nqb * BQ;         \
+        int64_t nq = P->T - i0 < BQ ? P->T - i0 : BQ;                                                     \
+        load_rows_##SUF(qs, &P->q, b, h, i0, nq, D, (FT)P->scale);                                        \
+        memset(acc, 0, sizeof(FT) * (size_t)(nq * D));                                                    \
+        for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;                                      \
+        int64_t jlo = key_lo(P, i0), jhi = key_hi(P, i0 + nq - 1);                                       \
+        for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {                                                      \
+          int64_t nk = jhi - j0 < BK ? jhi - j0 : BK;                                                     \
+          load_rows_##SUF(kb, &P->k, b, hk, j0, nk, D, 1);                                                \
+          load_rows_##SUF(vb, &P->v, b, hk, j0, nk, D, 1);                                                \
+          /* s [nq, nk] = qs · kbᵀ */                                                                     \
+          GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, 1, qs, D, kb, D, 0, s, BK);            \
+          for (int64_t r = 0; r < nq; r++) {                                                              \
+            FT *sr = s + r * BK, mx = band_row_##SUF(sr, mrow, P, b, h, i0 + r, j0, nk);                  \
+            FT mnew = mx > m[r] ? mx : m[r];                                                              \
+            if (mnew == -INFINITY) { /* nothing visible yet: this row adds nothing */                    \
+              memset(sr, 0, sizeof(FT) * (size_t)nk);                                                     \
+              continue;                                                                                   \
+            }                                                                                             \
+            FT corr = exp(m[r] - mnew), sum = 0, *a = acc + r * D;                                        \
+            EXP_ROW(sr, nk, mnew);                                                                        \
+            for (int64_t c = 0; c < nk; c++) sum += sr[c];                                                \
+            l[r] = l[r] * corr + sum;                                                                     \
+            m[r] = mnew;                                                                                  \
+            if (corr != 1)                                                                                \
+              for (int64_t d = 0; d < D; d++) a[d] *= corr;                                               \
+          }                                                                                               \
+          /* acc [nq, D] += p [nq, nk] · vb [nk, D] */                                                    \
+          GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1, s, BK, vb, D, 1, acc, D);         \
+        }                                                                                                 \
+        for (int64_t r = 0; r < nq; r++) { /* rows that see no key give zeros and lse -inf */             \
+          FT *a = acc + r * D, inv = l[r] > 0 ? 1 / l[r] : 0;                                             \
+          for (int64_t d = 0; d < D; d++) a[d] *= inv;                                                    \
+          STORE((char *)at(&o, b, h, i0 + r), o.dt, o.st[3], a, D);                                       \
+          lse[(b * P->H + h) * P->T + i0 + r] = l[r] > 0 ? m[r] + log(l[r]) : (FT)-INFINITY;              \
+        }                                                                                                 \
+      }                                                                                                   \
+      free(qs);                                                                                           \
+    }                                                                                                     \
+  }                                                                                                       \
+                                                                                                          \
+  /* Tiles of one (query block, key block): s <- P = exp(qs·kbᵀ - lse) and dp <- dS =            \
+   * P ∘ (dO·vbᵀ - delta); rows that see no key are zero. */                                              \
+  static void probs_##SUF(FT *s, FT *dp, FT *mrow, const plan *P, const FT *qs, const FT *dob, const FT *kb, \
+                          const FT *vb, const FT *lse, const FT *delta, int64_t b, int64_t h, int64_t i0,  \
+                          int64_t nq, int64_t j0, int64_t nk) {                                           \
+    int64_t D = P->D, row0 = (b * P->H + h) * P->T + i0;                                                  \
+    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, 1, qs, D, kb, D, 0, s, BK);                  \
+    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, 1, dob, D, vb, D, 0, dp, BK);                \
+    for (int64_t r = 0; r < nq; r++) {                                                                    \
+      FT *sr = s + r * BK, *dr = dp + r * BK, L = lse[row0 + r], dl = delta[row0 + r];                    \
+      if (L == -INFINITY) {                                                                               \
+        memset(sr, 0, sizeof(FT) * (size_t)nk);                                                           \
+        memset(dr, 0, sizeof(FT) * (size_t)nk);                                                           \
+        continue;                                                                                         \
+      }                                                                                                   \
+      band_row_##SUF(sr, mrow, P, b, h, i0 + r, j0, nk);                                                  \
+      EXP_ROW(sr, nk, L);                                                                                 \
+      for (int64_t c = 0; c < nk; c++) dr[c] = sr[c] * (dr[c] - dl);                                      \
+    }                                                                                                     \
+  }                                                                                                       \
+                                                                                                          \
+  /* in: q, k, v, mask, out, lse, dout; out: dq, dk, dv */                                                \
+  static void sdpa_bwd_##SUF(const plan *P, const kg_op_call *c) {                                        \
+    int64_t D = P->D, G = P->H / P->Hkv, nqb = (P->T + BQ - 1) / BQ, nkb = (P->S + BK - 1) / BK;          \
+    int64_t nrow = P->B * P->H * P->T;                                                                    \
+    const FT *lse = kg_data(c->in[5]);                                                                    \
+    view4 o = view_of(c->in[4], c->in[4]->stride), g = view_of(c->in[6], c->in[6]->stride);               \
+    view4 dq = view_of(c->out[0], c->out[0]->stride), dk = view_of(c->out[1], c->out[1]->stride);         \
+    view4 dv = view_of(c->out[2], c->out[2]->stride);                                                     \
+    FT *delta = malloc(sizeof(FT) * (size_t)(nrow > 0 ? nrow : 1)); /* delta_i = dO_i · O_i */            \
+    bool par = P->T * P->S * P->D > 16384;                                                                \
+    _Pragma("omp parallel if (par)") {                                                                    \
+      FT *qs = malloc(sizeof(FT) * (size_t)(3 * BQ * D + 4 * BK * D + 2 * BQ * BK + BK));                 \
+      FT *dob = qs + BQ * D, *acc = dob + BQ * D, *kb = acc + BQ * D, *vb = kb + BK * D, *ak = vb + BK * D; \
+      FT *av = ak + BK * D, *s = av + BK * D, *dp = s + BQ * BK, *mrow = dp + BQ * BK;                    \
+      _Pragma("omp for schedule(static)") for (int64_t row = 0; row < nrow; row++) {                      \
+        int64_t b = row / (P->H * P->T), h = row / P->T % P->H, i = row % P->T;                           \
+        LOAD(qs, at(&o, b, h, i), o.dt, o.st[3], D);                                                      \
+        LOAD(dob, at(&g, b, h, i), g.dt, g.st[3], D);                                                     \
+        FT sum = 0;                                                                                       \
+        for (int64_t d = 0; d < D; d++) sum += qs[d] * dob[d];                                            \
+        delta[row] = sum;                                                                                 \
+      }                                                                                                   \
+      /* pass 1: dq [nq, D] = scale · dS [nq, nk] · kb [nk, D], over key blocks */                        \
+      _Pragma("omp for schedule(dynamic)") for (int64_t task = 0; task < P->B * P->H * nqb; task++) {     \
+        int64_t b = task / (P->H * nqb), h = task / nqb % P->H, hk = h / G, i0 = task % nqb * BQ;         \
+        int64_t nq = P->T - i0 < BQ ? P->T - i0 : BQ;                                                     \
+        load_rows_##SUF(qs, &P->q, b, h, i0, nq, D, (FT)P->scale);                                        \
+        load_rows_##SUF(dob, &g, b, h, i0, nq, D, 1);                                                     \
+        memset(acc, 0, sizeof(FT) * (size_t)(nq * D));                                                    \
+        int64_t jlo = key_lo(P, i0), jhi = key_hi(P, i0 + nq - 1);                                       \
+        for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {                                                      \
+          int64_t nk = jhi - j0 < BK ? jhi - j0 : BK;                                                     \
+          load_rows_##SUF(kb, &P->k, b, hk, j0, nk, D, 1);                                                \
+          load_rows_##SUF(vb, &P->v, b, hk, j0, nk, D, 1);                                                \
+          probs_##SUF(s, dp, mrow, P, qs, dob, kb, vb, lse, delta, b, h, i0, nq, j0, nk);                 \
+          GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, (FT)P->scale, dp, BK, kb, D, 1, acc, D); \
+        }                                                                                                 \
+        for (int64_t r = 0; r < nq; r++)                                                                  \
+          STORE((char *)at(&dq, b, h, i0 + r), dq.dt, dq.st[3], acc + r * D, D);                          \
+      }                                                                                                   \
+      /* pass 2: dv = Pᵀ · dO, dk = dSᵀ · (scale · Q), over the G query heads of kv head hk */            \
+      _Pragma("omp for schedule(dynamic)") for (int64_t task = 0; task < P->B * P->Hkv * nkb; task++) {   \
+        int64_t b = task / (P->Hkv * nkb), hk = task / nkb % P->Hkv, j0 = task % nkb * BK;                \
+        int64_t nk = P->S - j0 < BK ? P->S - j0 : BK;                                                     \
+        load_rows_##SUF(kb, &P->k, b, hk, j0, nk, D, 1);                                                  \
+        load_rows_##SUF(vb, &P->v, b, hk, j0, nk, D, 1);                                                  \
+        memset(ak, 0, sizeof(FT) * (size_t)(nk * D));                                                     \
+        memset(av, 0, sizeof(FT) * (size_t)(nk * D));                                                     \
+        /* queries that see some key of [j0, j0 + nk): i + off >= j0, i + off - window < j0 + nk - 1 */   \
+        int64_t ilo = P->causal ? j0 - P->off : 0, ihi = P->T;                                            \
+        if (P->window > 0 && j0 + nk - 1 - P->off + P->window < ihi) ihi = j0 + nk - 1 - P->off + P->window; \
+        if (ilo < 0) ilo = 0;                                                                             \
+        for (int64_t h = hk * G; h < (hk + 1) * G; h++)                                                   \
+          for (int64_t i0 = ilo; i0 < ihi; i0 += BQ) {                                                    \
+            int64_t nq = ihi - i0 < BQ ? ihi - i0 : BQ;                                                   \
+            load_rows_##SUF(qs, &P->q, b, h, i0, nq, D, (FT)P->scale);                                    \
+            load_rows_##SUF(dob, &g, b, h, i0, nq, D, 1);                                                 \
+            probs_##SUF(s, dp, mrow, P, qs, dob, kb, vb, lse, delta, b, h, i0, nq, j0, nk);               \
+            GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1, s, BK, dob, D, 1, av, D);         \
+            GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1, dp, BK, qs, D, 1, ak, D);         \
+          }                                                                                               \
+        for (int64_t cc = 0; cc < nk; cc++) {                                                             \
+          STORE((char *)at(&dk, b, hk, j0 + cc), dk.dt, dk.st[3], ak + cc * D, D);                        \
+          STORE((char *)at(&dv, b, hk, j0 + cc), dv.dt, dv.st[3], av + cc * D, D);                        \
+        }                                                                                                 \
+      }                                                                                                   \
+      free(qs);                                                                                           \
+    }                                                                                                     \
+    free(delta);                                                                                          \
+  }
+
+DEFINE_SDPA(float, f32, kg_cpu_load_f32, kg_cpu_store_f32, cblas_sgemm, exp_row_f32)
+DEFINE_SDPA(double, f64, kg_cpu_load_f64, kg_cpu_store_f64, cblas_dgemm, exp_row_f64)
+
+/* in: q, k, v, mask (or NULL); out: out [B, H, T, D], lse [B, H, T] (f32, f64 for f64) */
+kg_status kg_cpu_scaled_dot_product_attention(const kg_op_call *c) {
+  plan P = make_plan(c->in[0], c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, c->params);
+  if (P.B * P.H * P.T == 0) return KG_OK;
+  if (P.D == 0) return kg_fill_(c->out[1], P.S ? log((double)P.S) : -INFINITY); /* all scores 0 */
+  kg_flop_add((uint64_t)(4 * P.B * P.H * P.T * P.S * P.D));
+  if (c->out[1]->dtype == KG_F64) sdpa_fwd_f64(&P, c->out[0], kg_data(c->out[1]));
+  else sdpa_fwd_f32(&P, c->out[0], kg_data(c->out[1]));
+  return KG_OK;
+}
+
+/* in: q, k, v, mask, out, lse, dout; out: dq, dk, dv (every row of each is written) */
+kg_status kg_cpu_sdpa_backward(const kg_op_call *c) {
+  plan P = make_plan(c->in[0], c->in[1], c->in[2], c->in[3], c->params);
+  if (P.B * P.H * P.T * P.D == 0 || P.S == 0) {
+    for (int i = 0; i < 3; i++) kg_fill_(c->out[i], 0);
+    return KG_OK;
+  }
+  kg_flop_add((uint64_t)(10 * P.B * P.H * P.T * P.S * P.D));
+  if (c->in[5]->dtype == KG_F64) sdpa_bwd_f64(&P, c);
+  else sdpa_bwd_f32(&P, c);
+  return KG_OK;
+}
+
+/* ---- rotary position embedding ------------------------------------------------------------ */
+
+/* (x1, x2) rotated by angle θ with (cos θ, sin θ) = (cs, sn): Hugging Face's rotate_half */
+static inline void rope_rotate(double x1, double x2, double cs, double sn, double *y1, double *y2) {
+  *y1 = x1 * cs - x2 * sn;
+  *y2 = x2 * cs + x1 * sn;
+}
+static inline void rope_rotate_f32(float x1, float x2, float cs, float sn, float *y1, float *y2) {
+  *y1 = x1 * cs - x2 * sn;
+  *y2 = x2 * cs + x1 * sn;
+}
+
+/* in: x [..., T, D] contiguous, positions [T] or [Bp, T]; out like x. Angle = pos · base^(-2i/D),
+ * computed in f64; cos/sin tabulated once per (position row, t). */
+kg_status kg_cpu_rope(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0], *pos = c->in[1];
+  kg_tensor *y = c->out[0];
+  const kg_rope_params *p = c->params;
+  int64_t D = x->shape[x->ndim - 1], T = x->shape[x->ndim - 2], half = D / 2;
+  int64_t nrow = kg_numel(x) / D, Bp = pos->ndim == 2 ? pos->shape[0] : 1;
+  int64_t rows_per_b = Bp > 1 ? nrow / Bp : nrow; /* x's first dim is Bp when Bp > 1 */
+  double *tab = malloc(sizeof(double) * (size_t)(2 * Bp * T * half + 1));
+  if (!tab) return kg_error(KG_ERR_OOM, "rope", "out of memory for the cos/sin table");
+  for (int64_t bt = 0; bt < Bp * T; bt++) {
+    int64_t pi = (bt / T) * pos->stride[0] * (pos->ndim == 2) + (bt % T) * pos->stride[pos->ndim - 1];
+    double ps = kg_load_as_double(kg_data(pos), pos->dtype, pi);
+    for (int64_t i = 0; i < half; i++) {
+      double th = ps * pow(p->base, -2.0 * (double)i / (double)D);
+      tab[2 * (bt * half + i)] = cos(th);
+      tab[2 * (bt * half + i) + 1] = sin(th);
+    }
+  }
+  const char *xb = kg_data(x);
+  char *yb = kg_data(y);
+  int es = (int)kg_elem_size(x);
+  bool wide = x->dtype == KG_F64;
+#pragma omp parallel if (nrow * D > KG_PAR_THRESHOLD)
+  {
+    double bd[2 * KG_CHUNK];
+    float bf[2 * KG_CHUNK];
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < nrow; r++) {
+      const double *cs = tab + 2 * ((r / rows_per_b % Bp) * T + r % T) * half;
+      for (int64_t i0 = 0; i0 < half; i0 += KG_CHUNK) {
+        int64_t n = half - i0 < KG_CHUNK ? half - i0 : KG_CHUNK;
+        const char *x1 = xb + (r * D + i0) * es, *x2 = x1 + half * es;
+        char *y1 = yb + (r * D + i0) * es, *y2 = y1 + half * es;
+        if (wide) {
+          kg_cpu_load_f64(bd, x1, x->dtype, 1, n);
+          kg_cpu_load_f64(bd + KG_CHUNK, x2, x->dtype, 1, n);
+          for (int64_t i = 0; i < n; i++)
+            rope_rotate(bd[i], bd[KG_CHUNK + i], cs[2 * (i0 + i)], cs[2 * (i0 + i) + 1], &bd[i], &bd[KG_CHUNK + i]);
+          kg_cpu_store_f64(y1, y->dtype, 1, bd, n);
+          kg_cpu_store_f64(y2, y->dtype, 1, bd + KG_CHUNK, n);
+        } else {
+          kg_cpu_load_f32(bf, x1, x->dtype, 1, n);
+          kg_cpu_load_f32(bf + KG_CHUNK, x2, x->dtype, 1, n);
+          for (int64_t i = 0; i < n; i++)
+            rope_rotate_f32(bf[i], bf[KG_CHUNK + i], (float)cs[2 * (i0 + i)], (float)cs[2 * (i0 + i) + 1], &bf[i],
+                            &bf[KG_CHUNK + i]);
+          kg_cpu_store_f32(y1, y->dtype, 1, bf, n);
+          kg_cpu_store_f32(y2, y->dtype, 1, bf + KG_CHUNK, n);
+        }
+      }
+    }
+  }
+  free(tab);
+  return KG_OK;
+}

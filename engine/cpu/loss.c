@@ -1,0 +1,120 @@
+/* loss.c (cpu) — cross_entropy forward and backward over rows of C classes.
+ * logits: [N, C] viewed from [..., C] (any strides), targets: [N] integer 0-based,
+ * lse: [N] per-row logsumexp, loss: scalar or [N]. Rows run in parallel; each row is loaded
+ * into a float buffer (double for f64) and the logsumexp accumulates in double. */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static bool ignored(const kg_loss_params *p, int64_t t) { return p->has_ignore && t == p->ignore_index; }
+
+kg_status kg_cpu_cross_entropy(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0], *tg = c->in[1];
+  kg_tensor *loss = c->out[0], *lse = c->out[1];
+  const kg_loss_params *p = c->params;
+  kg_cpu_reduce_plan px, pt;
+  kg_cpu_reduce_layout(x, 1u << (x->ndim - 1), &px);
+  kg_cpu_reduce_layout(tg, 0, &pt);
+  int64_t C = px.rshape[0], xs = px.rstride[0], rows = px.nout;
+  int xe = (int)kg_elem_size(x);
+  const char *xb = kg_data(x), *tb = kg_data(tg);
+  char *lb = kg_data(loss), *sb = kg_data(lse);
+  bool wide = x->dtype == KG_F64, failed = false;
+  int64_t bad = 0, bad_row = -1, kept = 0;
+  double total = 0;
+#pragma omp parallel if (rows * C > KG_PAR_THRESHOLD && rows > 1) reduction(+ : total, kept)
+  {
+    void *buf = malloc((size_t)C * (wide ? sizeof(double) : sizeof(float)));
+    if (!buf) failed = true;
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < rows; o++) {
+      if (!buf) continue;
+      const char *row = xb + kg_cpu_reduce_row_offset(&px, o) * xe;
+      int64_t t = (int64_t)kg_load_as_double(tb, tg->dtype, kg_cpu_reduce_row_offset(&pt, o));
+      double mx = -INFINITY, sum = 0, xt = 0;
+      if (wide) {
+        double *v = buf;
+        kg_cpu_load_f64(v, row, x->dtype, xs, C);
+        for (int64_t j = 0; j < C; j++) mx = v[j] > mx || v[j] != v[j] ? v[j] : mx;
+        if (mx == -INFINITY) mx = 0;
+        for (int64_t j = 0; j < C; j++) sum += exp(v[j] - mx);
+        if (t >= 0 && t < C) xt = v[t];
+      } else {
+        float *v = buf;
+        kg_cpu_load_f32(v, row, x->dtype, xs, C);
+        for (int64_t j = 0; j < C; j++) mx = v[j] > mx || v[j] != v[j] ? v[j] : mx;
+        if (mx == -INFINITY) mx = 0;
+        float fm = (float)mx;
+        for (int64_t j = 0; j < C; j++) sum += expf(v[j] - fm);
+        if (t >= 0 && t < C) xt = v[t];
+      }
+      double l = mx + log(sum), li = 0;
+      kg_store_from_double(sb, lse->dtype, o, l);
+      if (!ignored(p, t)) {
+        if (t < 0 || t >= C) {
+#pragma omp critical(kg_ce_bad)
+          if (bad_row < 0 || o < bad_row) bad_row = o, bad = t;
+        } else {
+          li = l - xt;
+          total += li;
+          kept++;
+        }
+      }
+      if (p->reduction == KG_REDUCE_NONE) kg_store_from_double(lb, loss->dtype, o, li);
+    }
+    free(buf);
+  }
+  if (failed) return kg_error(KG_ERR_OOM, "cross_entropy", "out of memory for a row of %lld classes", (long long)C);
+  if (bad_row >= 0) {
+    char b[KG_SHAPE_STR_MAX];
+    return kg_error(KG_ERR_VALUE, "cross_entropy",
+                    "target %lld (row %lld) is out of range for %lld classes (logits %s); targets are 0-based",
+                    (long long)bad, (long long)bad_row, (long long)C, KG_SHAPE(x, b));
+  }
+  if (p->reduction == KG_REDUCE_SUM) kg_store_from_double(lb, loss->dtype, 0, total);
+  if (p->reduction == KG_REDUCE_MEAN) kg_store_from_double(lb, loss->dtype, 0, kept ? total / (double)kept : NAN);
+  return KG_OK;
+}
+
+/* in: logits [N, C], targets [N], lse [N], g (scalar, or [N] for reduction none; any strides)
+ * out: dlogits [N, C] = (exp(x - lse) - onehot(t)) * g / count (count = kept rows for mean) */
+kg_status kg_cpu_cross_entropy_backward(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0], *tg = c->in[1], *lse = c->in[2], *g = c->in[3];
+  kg_tensor *dx = c->out[0];
+  const kg_loss_params *p = c->params;
+  kg_cpu_reduce_plan px, pd, pt, pg;
+  kg_cpu_reduce_layout(x, 1u << (x->ndim - 1), &px);
+  kg_cpu_reduce_layout(dx, 1u << (dx->ndim - 1), &pd);
+  kg_cpu_reduce_layout(tg, 0, &pt);
+  kg_cpu_reduce_layout(g, 0, &pg);
+  int64_t C = px.rshape[0], xs = px.rstride[0], ds = pd.rstride[0], rows = px.nout;
+  int xe = (int)kg_elem_size(x), de = (int)kg_elem_size(dx);
+  const char *xb = kg_data(x), *tb = kg_data(tg), *sb = kg_data(lse), *gb = kg_data(g);
+  char *db = kg_data(dx);
+  bool per_row = p->reduction == KG_REDUCE_NONE;
+  double scale = 1;
+  if (p->reduction == KG_REDUCE_MEAN) {
+    int64_t kept = 0;
+    for (int64_t o = 0; o < rows; o++)
+      kept += !ignored(p, (int64_t)kg_load_as_double(tb, tg->dtype, kg_cpu_reduce_row_offset(&pt, o)));
+    scale = kept ? 1.0 / (double)kept : 0;
+  }
+  double g0 = per_row ? 0 : kg_load_as_double(gb, g->dtype, 0);
+#pragma omp parallel for if (rows * C > KG_PAR_THRESHOLD && rows > 1) schedule(static)
+  for (int64_t o = 0; o < rows; o++) {
+    int64_t t = (int64_t)kg_load_as_double(tb, tg->dtype, kg_cpu_reduce_row_offset(&pt, o));
+    double w = ignored(p, t) ? 0 : scale * (per_row ? kg_load_as_double(gb, g->dtype, kg_cpu_reduce_row_offset(&pg, o)) : g0);
+    double l = kg_load_as_double(sb, lse->dtype, o);
+    const char *row = xb + kg_cpu_reduce_row_offset(&px, o) * xe;
+    char *drow = db + kg_cpu_reduce_row_offset(&pd, o) * de;
+    double buf[KG_CHUNK];
+    for (int64_t j = 0; j < C; j += KG_CHUNK) {
+      int64_t m = C - j < KG_CHUNK ? C - j : KG_CHUNK;
+      kg_cpu_load_f64(buf, row + j * xs * xe, x->dtype, xs, m);
+      for (int64_t i = 0; i < m; i++) buf[i] = w == 0 ? 0 : (exp(buf[i] - l) - (j + i == t)) * w;
+      kg_cpu_store_f64(drow + j * ds * de, dx->dtype, ds, buf, m);
+    }
+  }
+  return KG_OK;
+}

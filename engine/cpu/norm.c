@@ -1,0 +1,198 @@
+/* norm.c (cpu) — layer_norm, rms_norm, group_norm and their fused backward kernels.
+ *
+ * All three share one layout: the (contiguous) input is `rows` rows of M elements, one mean/rstd
+ * per row; a row is cpg channel blocks of S contiguous elements, block k being channel
+ * (r % G) * cpg + k. Layer/rms norm over [N, C]: rows = N, G = 1, cpg = C, S = 1. Group norm over
+ * [B, C, *] with G groups: rows = B * G, cpg = C / G, S = the spatial size.
+ *
+ *   forward   y = (x - mean) * rstd * w[c] + b[c]       (rms: mean = 0, no b, w -> 1 + w if unit_offset)
+ *   backward  xhat = (x - mean) * rstd, gw = dy * w[c]
+ *             dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))   (rms: no mean(gw) term)
+ *             dw[c] = sum dy * xhat, db[c] = sum dy               (over rows and spatial positions)
+ *
+ * Values are stored in the tensors' dtypes and computed in f32 (f64 for f64 input); the row
+ * sums accumulate in double. Rows run in parallel; dw/db use per-thread partial sums.
+ */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct {
+  int64_t rows, M, S, cpg, G;
+  bool center;      /* subtract the mean (layer/group norm) */
+  bool unit_offset; /* scale by 1 + w (rms norm) */
+  double eps;
+} norm_plan;
+
+static norm_plan plan_of(const kg_tensor *x, const kg_norm_params *p, bool group, bool center) {
+  norm_plan q = {0};
+  q.center = center;
+  q.unit_offset = p->unit_offset;
+  q.eps = p->eps;
+  int nd = x->ndim;
+  if (group) {
+    q.G = p->groups;
+    q.cpg = x->shape[1] / q.G;
+    q.S = 1;
+    for (int d = 2; d < nd; d++) q.S *= x->shape[d];
+    q.rows = x->shape[0] * q.G;
+  } else {
+    q.G = 1;
+    q.cpg = x->shape[nd - 1];
+    q.S = 1;
+    q.rows = 1;
+    for (int d = 0; d < nd - 1; d++) q.rows *= x->shape[d];
+  }
+  q.M = q.cpg * q.S;
+  return q;
+}
+
+#define NORM_KERNELS(T, SFX)                                                                         \
+  /* t[c] + add for c < C, or def everywhere when t is NULL; malloc'ed */                            \
+  static T *vec_##SFX(const kg_tensor *t, int64_t C, T def, T add) {                                 \
+    T *v = malloc(sizeof(T) * (size_t)(C ? C : 1));                                                  \
+    if (!v) return NULL;                                                                             \
+    if (t) kg_cpu_load_##SFX(v, kg_data(t), t->dtype, 1, C);                                         \
+    for (int64_t c = 0; c < C; c++) v[c] = t ? v[c] + add : def;                                     \
+    return v;                                                                                        \
+  }                                                                                                  \
+                                                                                                     \
+  static T stat_##SFX(const kg_tensor *t, int64_t r) {                                               \
+    T v;                                                                                             \
+    kg_cpu_load_##SFX(&v, (const char *)kg_data(t) + r * (int64_t)kg_elem_size(t), t->dtype, 1, 1);  \
+    return v;                                                                                        \
+  }                                                                                                  \
+  static void put_##SFX(kg_tensor *t, int64_t r, T v) {                                              \
+    kg_cpu_store_##SFX((char *)kg_data(t) + r * (int64_t)kg_elem_size(t), t->dtype, 1, &v, 1);       \
+  }                                                                                                  \
+                                                                                                     \
+  /* in = {x, w, b}; out = {y, mean, rstd} (centred) or {y, rstd} */                                 \
+  static kg_status forward_##SFX(const kg_op_call *c, const norm_plan *q) {                          \
+    const kg_tensor *x = c->in[0];                                                                   \
+    kg_tensor *y = c->out[0], *smean = q->center ? c->out[1] : NULL, *srstd = c->out[q->center ? 2 : 1]; \
+    int64_t C = q->cpg * q->G;                                                                       \
+    T *wv = vec_##SFX(c->in[1], C, 1, q->unit_offset ? 1 : 0), *bv = vec_##SFX(c->in[2], C, 0, 0);   \
+    int oom = !wv || !bv;                                                                            \
+    const char *xd = kg_data(x);                                                                     \
+    char *yd = kg_data(y);                                                                           \
+    int64_t xes = (int64_t)kg_elem_size(x), yes = (int64_t)kg_elem_size(y);                          \
+    bool par = q->rows * q->M > KG_PAR_THRESHOLD && q->rows > 1;                                     \
+    _Pragma("omp parallel if (par && !oom)") {                                                       \
+      T *buf = oom ? NULL : malloc(sizeof(T) * (size_t)(q->M ? q->M : 1));                           \
+      if (!buf) { _Pragma("omp atomic write") oom = 1; }                                               \
+      _Pragma("omp for schedule(static)") for (int64_t r = 0; r < q->rows; r++) {                    \
+        if (!buf) continue;                                                                          \
+        kg_cpu_load_##SFX(buf, xd + r * q->M * xes, x->dtype, 1, q->M);                              \
+        double sum = 0, ss = 0;                                                                      \
+        if (q->center)                                                                               \
+          for (int64_t i = 0; i < q->M; i++) sum += buf[i];                                          \
+        T mean = q->center ? (T)(sum / (double)q->M) : 0;                                            \
+        for (int64_t i = 0; i < q->M; i++) {                                                         \
+          T d = buf[i] - mean;                                                                       \
+          ss += (double)d * d;                                                                       \
+        }                                                                                            \
+        T rstd = (T)(1.0 / sqrt(ss / (double)q->M + q->eps));                                        \
+        int64_t c0 = (r % q->G) * q->cpg;                                                            \
+        for (int64_t k = 0; k < q->cpg; k++) {                                                       \
+          T sc = wv[c0 + k] * rstd, sh = bv[c0 + k], *v = buf + k * q->S;                            \
+          for (int64_t s = 0; s < q->S; s++) v[s] = (v[s] - mean) * sc + sh;                        \
+        }                                                                                            \
+        kg_cpu_store_##SFX(yd + r * q->M * yes, y->dtype, 1, buf, q->M);                             \
+        if (smean) put_##SFX(smean, r, mean);                                                        \
+        put_##SFX(srstd, r, rstd);                                                                   \
+      }                                                                                              \
+      free(buf);                                                                                     \
+    }                                                                                                \
+    free(wv);                                                                                        \
+    free(bv);                                                                                        \
+    return oom ? kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for row buffers") : KG_OK; \
+  }                                                                                                  \
+                                                                                                     \
+  /* in = {dy, x, w, mean, rstd} (centred) or {dy, x, w, rstd}; out = {dx, dw[, db]} */             \
+  static kg_status backward_##SFX(const kg_op_call *c, const norm_plan *q) {                         \
+    const kg_tensor *g = c->in[0], *x = c->in[1];                                                    \
+    const kg_tensor *smean = q->center ? c->in[3] : NULL, *srstd = c->in[q->center ? 4 : 3];         \
+    kg_tensor *dx = c->out[0];                                                                       \
+    int64_t C = q->cpg * q->G;                                                                       \
+    T *wv = vec_##SFX(c->in[2], C, 1, q->unit_offset ? 1 : 0);                                       \
+    double *dw = calloc((size_t)C + 1, sizeof(double)), *db = calloc((size_t)C + 1, sizeof(double)); \
+    int oom = !wv || !dw || !db;                                                                     \
+    const char *xd = kg_data(x), *gd = kg_data(g);                                                   \
+    char *dd = kg_data(dx);                                                                          \
+    int64_t xes = (int64_t)kg_elem_size(x), ges = (int64_t)kg_elem_size(g), des = (int64_t)kg_elem_size(dx); \
+    bool par = q->rows * q->M > KG_PAR_THRESHOLD && q->rows > 1;                                     \
+    _Pragma("omp parallel if (par && !oom)") {                                                       \
+      T *xb = oom ? NULL : malloc(sizeof(T) * (size_t)(q->M ? q->M : 1));                            \
+      T *gb = oom ? NULL : malloc(sizeof(T) * (size_t)(q->M ? q->M : 1));                            \
+      double *pw = oom ? NULL : calloc((size_t)C + 1, sizeof(double));                               \
+      double *pb = oom ? NULL : calloc((size_t)C + 1, sizeof(double));                               \
+      bool ok = xb && gb && pw && pb;                                                                \
+      if (!ok) { _Pragma("omp atomic write") oom = 1; }                                                \
+      _Pragma("omp for schedule(static)") for (int64_t r = 0; r < q->rows; r++) {                    \
+        if (!ok) continue;                                                                           \
+        kg_cpu_load_##SFX(xb, xd + r * q->M * xes, x->dtype, 1, q->M);                               \
+        kg_cpu_load_##SFX(gb, gd + r * q->M * ges, g->dtype, 1, q->M);                               \
+        T mean = smean ? stat_##SFX(smean, r) : 0, rstd = stat_##SFX(srstd, r);                      \
+        int64_t c0 = (r % q->G) * q->cpg;                                                            \
+        double sa = 0, sb = 0; /* sum gw, sum gw * xhat */                                           \
+        for (int64_t k = 0; k < q->cpg; k++) {                                                       \
+          double aw = 0, ab = 0;                                                                     \
+          T wc = wv[c0 + k], *xv = xb + k * q->S, *gv = gb + k * q->S;                               \
+          for (int64_t s = 0; s < q->S; s++) {                                                       \
+            T xh = (xv[s] - mean) * rstd;                                                            \
+            xv[s] = xh;                                                                              \
+            aw += (double)gv[s] * xh;                                                                \
+            ab += gv[s];                                                                             \
+          }                                                                                          \
+          pw[c0 + k] += aw;                                                                          \
+          pb[c0 + k] += ab;                                                                          \
+          sa += ab * wc;                                                                             \
+          sb += aw * wc;                                                                             \
+        }                                                                                            \
+        T A = q->center ? (T)(sa / (double)q->M) : 0, B = (T)(sb / (double)q->M);                    \
+        for (int64_t k = 0; k < q->cpg; k++) {                                                       \
+          T wc = wv[c0 + k], *xv = xb + k * q->S, *gv = gb + k * q->S;                               \
+          for (int64_t s = 0; s < q->S; s++) gv[s] = rstd * (gv[s] * wc - A - xv[s] * B);           \
+        }                                                                                            \
+        kg_cpu_store_##SFX(dd + r * q->M * des, dx->dtype, 1, gb, q->M);                             \
+      }                                                                                              \
+      if (ok) {                                                                                      \
+        _Pragma("omp critical") for (int64_t i = 0; i < C; i++) {                                    \
+          dw[i] += pw[i];                                                                            \
+          db[i] += pb[i];                                                                            \
+        }                                                                                            \
+      }                                                                                              \
+      free(xb);                                                                                      \
+      free(gb);                                                                                      \
+      free(pw);                                                                                      \
+      free(pb);                                                                                      \
+    }                                                                                                \
+    if (!oom) {                                                                                      \
+      kg_cpu_store_f64(kg_data(c->out[1]), c->out[1]->dtype, 1, dw, C);                              \
+      if (c->nout > 2) kg_cpu_store_f64(kg_data(c->out[2]), c->out[2]->dtype, 1, db, C);             \
+    }                                                                                                \
+    free(wv);                                                                                        \
+    free(dw);                                                                                        \
+    free(db);                                                                                        \
+    return oom ? kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for row buffers") : KG_OK; \
+  }
+
+NORM_KERNELS(float, f32)
+NORM_KERNELS(double, f64)
+
+static kg_status forward(const kg_op_call *c, bool group, bool center) {
+  norm_plan q = plan_of(c->in[0], c->params, group, center);
+  return c->in[0]->dtype == KG_F64 ? forward_f64(c, &q) : forward_f32(c, &q);
+}
+static kg_status backward(const kg_op_call *c, bool group, bool center) {
+  norm_plan q = plan_of(c->in[1], c->params, group, center);
+  return c->in[1]->dtype == KG_F64 ? backward_f64(c, &q) : backward_f32(c, &q);
+}
+
+kg_status kg_cpu_layer_norm(const kg_op_call *c) { return forward(c, false, true); }
+kg_status kg_cpu_rms_norm(const kg_op_call *c) { return forward(c, false, false); }
+kg_status kg_cpu_group_norm(const kg_op_call *c) { return forward(c, true, true); }
+kg_status kg_cpu_layer_norm_backward(const kg_op_call *c) { return backward(c, false, true); }
+kg_status kg_cpu_rms_norm_backward(const kg_op_call *c) { return backward(c, false, false); }
+kg_status kg_cpu_group_norm_backward(const kg_op_call *c) { return backward(c, true, true); }

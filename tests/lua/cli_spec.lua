@@ -1,0 +1,228 @@
+-- cli_spec.lua — the `keng` executable: -e, scripts with arguments, error exit codes and
+-- tracebacks, --version, --help, --ops, the piped REPL (auto-print, `;` suppression, multi-line
+-- chunks) and a real terminal session through `script` (history file in $HOME).
+-- The binary: $KENG_BIN, else the keng running these specs (/proc/<parent of a shell>/exe),
+-- else arg[-1], else the first build*/keng found from the source root.
+local keng = require "keng"
+local H = require "helper"
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function run_capture(cmd)
+  local p = io.popen(cmd, "r")
+  local out = p:read("a")
+  local ok, how, code = p:close()
+  return out, code or (ok and 0 or 1), how
+end
+
+local function is_keng(path)
+  if not path or path == "" then return false end
+  local f = io.open(path, "rb")
+  if not f then return false end
+  f:close()
+  return path:match("keng$") ~= nil
+end
+
+local function find_keng()
+  local env = os.getenv("KENG_BIN")
+  if is_keng(env) then return env end
+  local self = (run_capture("readlink /proc/$PPID/exe 2>/dev/null")):gsub("%s+$", "")
+  if is_keng(self) then return self end
+  if arg and is_keng(arg[-1]) then return arg[-1] end
+  local root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/cli_spec.lua$") or "."
+  local found = (run_capture("ls -d " .. sh_quote(root) .. "/build*/keng 2>/dev/null | head -n 1")):gsub("%s+$", "")
+  if is_keng(found) then return found end
+  return nil
+end
+
+local KENG = find_keng()
+local tmp = os.tmpname()
+os.remove(tmp)
+os.execute("mkdir -p " .. sh_quote(tmp))
+
+local function write(name, text)
+  local path = tmp .. "/" .. name
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+local function read(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- runs keng with a shell argument string; returns stdout, stderr, exit code
+local function keng_run(args, stdin)
+  local errf = tmp .. "/stderr"
+  local cmd = sh_quote(KENG) .. " " .. args .. " 2>" .. sh_quote(errf)
+  if stdin then cmd = "printf '%s' " .. sh_quote(stdin) .. " | " .. cmd end
+  local out, code = run_capture(cmd)
+  return out, read(errf) or "", code
+end
+
+local function has(s, needle) return s:find(needle, 1, true) ~= nil end
+local function lines(s)
+  local t = {}
+  for l in s:gmatch("([^\n]*)\n") do t[#t + 1] = l end
+  return t
+end
+
+describe("keng executable", function()
+  it("is found", function()
+    assert.truthy(KENG, "no keng binary: set KENG_BIN")
+  end)
+
+  it("-e runs code with keng preloaded", function()
+    local out, err, code = keng_run("-e " .. sh_quote("print(1 + 1, keng.version, keng.zeros({2, 3}):numel())"))
+    assert.are.equal(0, code, err)
+    assert.are.equal("2\t" .. keng.version .. "\t6\n", out)
+    out = keng_run("-e " .. sh_quote("io.write('a')") .. " -e " .. sh_quote("io.write('b')"))
+    assert.are.equal("ab", out)
+  end)
+
+  it("runs a script with its arguments in arg and ...", function()
+    local path = write("args.lua", [[
+local n = select("#", ...)
+print(#arg, arg[1], arg[2], n, (...))
+print(arg[0]:match("args%.lua$") ~= nil, arg[-1] ~= nil)
+print(keng.tensor({{1, 2}, {3, 4}}):sum():item())
+]])
+    local out, err, code = keng_run(sh_quote(path) .. " alpha 'b c'")
+    assert.are.equal(0, code, err)
+    local l = lines(out)
+    assert.are.equal("2\talpha\tb c\t2\talpha", l[1])
+    assert.are.equal("true\ttrue", l[2])
+    assert.are.equal("10", l[3])
+  end)
+
+  it("a script error exits 1 with a traceback on stderr", function()
+    local path = write("fail.lua", [[
+local function inner() error("boom at depth") end
+local function outer() inner() end
+print("before")
+outer()
+print("after")
+]])
+    local out, err, code = keng_run(sh_quote(path))
+    assert.are.equal(1, code)
+    assert.are.equal("before\n", out)
+    assert.truthy(has(err, "boom at depth"), err)
+    assert.truthy(has(err, "stack traceback"), err)
+    assert.truthy(has(err, "inner"), err)
+    -- an engine error carries the op and shapes
+    path = write("shape.lua", "keng.zeros({2, 3}):matmul(keng.zeros({4, 5}))\n")
+    out, err, code = keng_run(sh_quote(path))
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "matmul") and has(err, "[2,3]") and has(err, "[4,5]"), err)
+    -- -e errors and syntax errors too
+    out, err, code = keng_run("-e " .. sh_quote("error('from e')"))
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "from e"), err)
+    out, err, code = keng_run(sh_quote(write("syntax.lua", "local = 3\n")))
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "syntax.lua"), err)
+    out, err, code = keng_run(sh_quote(tmp .. "/does_not_exist.lua"))
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "does_not_exist"), err)
+  end)
+
+  it("--version and --help", function()
+    local out, _, code = keng_run("--version")
+    assert.are.equal(0, code)
+    assert.truthy(out:match("^keng " .. keng.version:gsub("%.", "%%.")), out)
+    assert.truthy(has(out, "Lua 5.4"), out)
+    out, _, code = keng_run("--help")
+    assert.are.equal(0, code)
+    for _, opt in ipairs({"usage", "-e", "-i", "--ops", "--version"}) do
+      assert.truthy(has(out, opt), "--help lacks " .. opt)
+    end
+    local _, err
+    out, err, code = keng_run("--no-such-option")
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "--no-such-option"), err)
+  end)
+
+  it("--ops lists every op with kind, kernels and backward columns", function()
+    local out, _, code = keng_run("--ops")
+    assert.are.equal(0, code)
+    local l = lines(out)
+    assert.truthy(l[1]:match("^op%s+kind%s+cpu%s+cuda%s+backward"), l[1])
+    local ops = keng.ops()
+    assert.are.equal(#ops + 1, #l)
+    local rows = {}
+    for i = 2, #l do
+      local name, kind, cpu, cuda, bw = l[i]:match("^(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(.-)%s*$")
+      assert.truthy(name, "malformed line: " .. l[i])
+      rows[name] = {kind = kind, cpu = cpu, cuda = cuda, backward = bw}
+    end
+    for _, op in ipairs(ops) do
+      local r = rows[op.name]
+      assert.truthy(r, "--ops lacks " .. op.name)
+      assert.are.equal(op.kind, r.kind)
+    end
+    assert.are.same({kind = "kernel", cpu = "yes", backward = "yes"},
+      {kind = rows.matmul.kind, cpu = rows.matmul.cpu, backward = rows.matmul.backward})
+    assert.are.equal("no-grad", rows.eq.backward)
+    assert.are.equal("view", rows.permute.kind)
+    assert.are.equal("via parts", rows.mean.backward)
+  end)
+end)
+
+describe("REPL on a pipe", function()
+  it("prints expressions, suppresses with ';', continues multi-line chunks", function()
+    local out, err, code = keng_run("", "1+1\nx = 5;\nx\nfor i=1,2 do\nprint(i)\nend\n2+2;\n")
+    assert.are.equal(0, code, err)
+    assert.are.equal("2\n5\n1\n2\n", out)
+    assert.are.equal("", err)
+  end)
+
+  it("keeps going after an error and prints several values and tensors", function()
+    local out, err, code = keng_run("", "error('oops')\nlocal a = 1\n1, 'two', nil\nkeng.arange(3)\nnil\n")
+    assert.are.equal(0, code)
+    assert.truthy(has(err, "oops"), err)
+    local l = lines(out)
+    assert.are.equal("1\ttwo\tnil", l[1])
+    assert.truthy(has(l[2], "tensor([0, 1, 2]"), l[2])
+    assert.are.equal("nil", l[3])
+    -- a syntax error that is not an unfinished chunk is reported, not waited on
+    out, err = keng_run("", "x = = 1\nprint('still here')\n")
+    assert.truthy(has(err, "stdin"), err)
+    assert.are.equal("still here\n", out)
+  end)
+
+  it("-i runs a script, then the REPL sees its globals", function()
+    local path = write("setup.lua", "answer = 41\n")
+    local out, err, code = keng_run("-i " .. sh_quote(path), "answer + 1\n")
+    assert.are.equal(0, code, err)
+    assert.are.equal("42\n", out)
+  end)
+end)
+
+describe("REPL on a terminal", function()
+  local has_script = os.execute("command -v script >/dev/null 2>&1")
+  it("writes ~/.keng_history through readline", function()
+    if not has_script then
+      print("(skipped: no `script` command for a pseudo-terminal)")
+      return
+    end
+    local home = tmp .. "/home"
+    os.execute("mkdir -p " .. sh_quote(home))
+    -- lines typed, a pause for keng to read them, then Ctrl-D
+    local cmd = "(printf '6*7\\nhist_marker = 1;\\n'; sleep 1; printf '\\004') | HOME=" .. sh_quote(home) ..
+      " timeout 20 script -qfc " .. sh_quote(sh_quote(KENG)) .. " /dev/null 2>&1"
+    local out = run_capture(cmd)
+    assert.truthy(has(out, "keng " .. keng.version), "banner missing: " .. out)
+    assert.truthy(has(out, "42"), "no result printed: " .. out)
+    assert.falsy(has(out, "PANIC"), out)
+    local hist = read(home .. "/.keng_history")
+    assert.truthy(hist, "no history file in " .. home)
+    assert.truthy(has(hist, "6*7") and has(hist, "hist_marker = 1;"), hist)
+  end)
+end)
+
+teardown(function() os.execute("rm -rf " .. sh_quote(tmp)) end)

@@ -1,0 +1,334 @@
+-- conv_spec.lua — conv2d, conv_transpose2d and nearest interpolate (NCHW) against nested-loop
+-- references over :tolist() tables, gradients by finite differences in f64, errors.
+-- Shape letters: B batch, C channels, H/W height and width, kh/kw kernel size.
+local keng = require "keng"
+local H = require "helper"
+
+local function pair(v) if type(v) == "table" then return v[1], v[2] end return v, v end
+
+-- direct convolution: x [B, Cin, H, W], w [Cout, Cin/G, kh, kw], b [Cout] or nil
+local function ref_conv2d(x, w, b, o)
+  o = o or {}
+  local sh, sw = pair(o.stride or 1)
+  local ph, pw = pair(o.padding or 0)
+  local dh, dw = pair(o.dilation or 1)
+  local G = o.groups or 1
+  local X, Wt, Bt = x:tolist(), w:tolist(), b and b:tolist()
+  local B, Cin, Hh, Ww = table.unpack(x.shape)
+  local Cout, Cg, kh, kw = table.unpack(w.shape)
+  local Ho = (Hh + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+  local Wo = (Ww + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+  local Mg = Cout // G
+  local y = {}
+  for n = 1, B do
+    y[n] = {}
+    for co = 1, Cout do
+      local g = (co - 1) // Mg
+      y[n][co] = {}
+      for oh = 1, Ho do
+        y[n][co][oh] = {}
+        for ow = 1, Wo do
+          local s = Bt and Bt[co] or 0
+          for c = 1, Cg do
+            for ki = 1, kh do
+              for kj = 1, kw do
+                local ih = (oh - 1) * sh - ph + (ki - 1) * dh + 1
+                local iw = (ow - 1) * sw - pw + (kj - 1) * dw + 1
+                if ih >= 1 and ih <= Hh and iw >= 1 and iw <= Ww then
+                  s = s + X[n][g * Cg + c][ih][iw] * Wt[co][c][ki][kj]
+                end
+              end
+            end
+          end
+          y[n][co][oh][ow] = s
+        end
+      end
+    end
+  end
+  return y, {B, Cout, Ho, Wo}
+end
+
+-- direct transposed convolution (each input pixel scatters w into the output):
+-- x [B, Cin, H, W], w [Cin, Cout/G, kh, kw]
+local function ref_conv_transpose2d(x, w, b, o)
+  o = o or {}
+  local sh, sw = pair(o.stride or 1)
+  local ph, pw = pair(o.padding or 0)
+  local oph, opw = pair(o.output_padding or 0)
+  local dh, dw = pair(o.dilation or 1)
+  local G = o.groups or 1
+  local X, Wt, Bt = x:tolist(), w:tolist(), b and b:tolist()
+  local B, Cin, Hh, Ww = table.unpack(x.shape)
+  local _, Mg, kh, kw = table.unpack(w.shape)
+  local Cout, Cg = Mg * G, Cin // G
+  local Ho = (Hh - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+  local Wo = (Ww - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+  local y = {}
+  for n = 1, B do
+    y[n] = {}
+    for co = 1, Cout do
+      y[n][co] = {}
+      for oh = 1, Ho do
+        y[n][co][oh] = {}
+        for ow = 1, Wo do y[n][co][oh][ow] = Bt and Bt[co] or 0 end
+      end
+    end
+    for ci = 1, Cin do
+      local g = (ci - 1) // Cg
+      for ih = 1, Hh do
+        for iw = 1, Ww do
+          for m = 1, Mg do
+            for ki = 1, kh do
+              for kj = 1, kw do
+                local oh = (ih - 1) * sh - ph + (ki - 1) * dh + 1
+                local ow = (iw - 1) * sw - pw + (kj - 1) * dw + 1
+                if oh >= 1 and oh <= Ho and ow >= 1 and ow <= Wo then
+                  local row = y[n][g * Mg + m][oh]
+                  row[ow] = row[ow] + X[n][ci][ih][iw] * Wt[ci][m][ki][kj]
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  return y, {B, Cout, Ho, Wo}
+end
+
+local function ref_nearest(x, oh, ow)
+  local X = x:tolist()
+  local B, C, Hh, Ww = table.unpack(x.shape)
+  local y = {}
+  for n = 1, B do
+    y[n] = {}
+    for c = 1, C do
+      y[n][c] = {}
+      for i = 0, oh - 1 do
+        y[n][c][i + 1] = {}
+        for j = 0, ow - 1 do y[n][c][i + 1][j + 1] = X[n][c][i * Hh // oh + 1][j * Ww // ow + 1] end
+      end
+    end
+  end
+  return y
+end
+
+-- H.close reads tensors through f32; compare f64 results as tables to keep their precision
+local function close64(t, ref, tol, msg) return H.close(t:tolist(), ref, tol, msg) end
+
+local function same_shape(t, shape)
+  assert.are.same(shape, t.shape)
+end
+
+describe("conv2d", function()
+  local cases = {
+    {name = "plain 3x3", x = {2, 3, 5, 6}, w = {4, 3, 3, 3}, o = {}},
+    {name = "stride 2, padding 1", x = {1, 2, 7, 6}, w = {3, 2, 3, 3}, o = {stride = 2, padding = 1}},
+    {name = "dilation 2", x = {1, 2, 7, 7}, w = {2, 2, 3, 2}, o = {dilation = 2, padding = {1, 0}}},
+    {name = "groups 2", x = {2, 4, 5, 5}, w = {6, 2, 3, 3}, o = {groups = 2, padding = 1}},
+    {name = "depthwise, pairs", x = {1, 3, 6, 5}, w = {3, 1, 3, 2}, o = {groups = 3, stride = {2, 1}, padding = {1, 2}}},
+    {name = "1x1", x = {2, 3, 4, 4}, w = {5, 3, 1, 1}, o = {}},
+  }
+  for _, c in ipairs(cases) do
+    it("matches the direct loop: " .. c.name, function()
+      keng.manual_seed(1)
+      local x, w, b = keng.randn(c.x, {dtype = "f64"}), keng.randn(c.w, {dtype = "f64"}), keng.randn({c.w[1]}, {dtype = "f64"})
+      local ref, shape = ref_conv2d(x, w, b, c.o)
+      local y = keng.conv2d(x, w, b, c.o)
+      same_shape(y, shape)
+      close64(y, ref, 1e-12, c.name)
+      local y32 = keng.conv2d(x:float(), w:float(), nil, c.o)
+      assert.are.equal("f32", y32.dtype)
+      H.close(y32, (ref_conv2d(x, w, nil, c.o)), 1e-5, c.name .. " f32")
+    end)
+  end
+
+  it("matches the direct loop at a size that runs the parallel paths", function()
+    keng.manual_seed(6)
+    local x, w, b = keng.randn({1, 8, 24, 24}), keng.randn({4, 8, 3, 3}), keng.randn({4})
+    H.close(keng.conv2d(x, w, b, {padding = 1}), (ref_conv2d(x, w, b, {padding = 1})), 1e-5)
+    local wt = keng.randn({4, 8, 3, 3})
+    local xt = keng.randn({1, 4, 24, 24})
+    H.close(keng.conv_transpose2d(xt, wt, nil, {}), (ref_conv_transpose2d(xt, wt, nil, {})), 1e-5)
+  end)
+
+  it("works as a method and without options", function()
+    local x, w = keng.randn({1, 1, 4, 4}), keng.randn({1, 1, 2, 2})
+    same_shape(x:conv2d(w), {1, 1, 3, 3})
+    H.close(x:conv2d(w), keng.conv2d(x, w, nil, {}), 0)
+  end)
+
+  it("takes non-contiguous input and weight", function()
+    local x, w = keng.randn({2, 3, 5, 4}, {dtype = "f64"}), keng.randn({2, 3, 2, 3}, {dtype = "f64"})
+    local xn, wn = H.noncontig(x), H.noncontig(w)
+    local o = {stride = {1, 2}, padding = 1}
+    close64(keng.conv2d(xn, wn, nil, o), (ref_conv2d(x, w, nil, o)), 1e-12)
+  end)
+
+  it("computes bf16 and f16 in f32", function()
+    keng.manual_seed(2)
+    local x, w, b = keng.randn({1, 4, 6, 6}), keng.randn({4, 2, 3, 3}), keng.randn({4})
+    local o = {groups = 2, padding = 1}
+    local ref = keng.conv2d(x:to("bf16"):float(), w:to("bf16"):float(), b:to("bf16"):float(), o)
+    local y = keng.conv2d(x:to("bf16"), w:to("bf16"), b:to("bf16"), o)
+    assert.are.equal("bf16", y.dtype)
+    H.close(y, ref, 1e-2)
+    local yh = keng.conv2d(x:to("f16"), w:to("f16"), b:to("f16"), o)
+    assert.are.equal("f16", yh.dtype)
+    H.close(yh, keng.conv2d(x:to("f16"):float(), w:to("f16"):float(), b:to("f16"):float(), o), 2e-3)
+  end)
+
+  it("gradients match finite differences", function()
+    local function gc(xs, ws, o, bias)
+      keng.manual_seed(3)
+      local x, w = H.leaf(xs), H.leaf(ws)
+      local b = bias and H.leaf({ws[1]}) or nil
+      H.gradcheck(function(x_, w_, b_) return keng.conv2d(x_, w_, b_, o) end, {x, w, b})
+    end
+    gc({1, 2, 5, 5}, {3, 2, 3, 3}, {}, true)
+    gc({1, 2, 5, 5}, {2, 2, 3, 3}, {stride = 2, padding = 1}, true)
+    gc({1, 2, 5, 5}, {2, 2, 2, 2}, {dilation = 2, padding = 1}, false)
+    gc({2, 2, 5, 5}, {4, 1, 3, 2}, {groups = 2, stride = {2, 1}, padding = {1, 0}, dilation = {1, 2}}, true)
+    gc({1, 3, 3, 4}, {2, 3, 1, 1}, {}, true)
+  end)
+
+  it("gives a gradient only to inputs that need one", function()
+    local x = H.leaf({1, 2, 4, 4})
+    local w = keng.randn({3, 2, 3, 3}, {dtype = "f64"})
+    keng.conv2d(x, w, nil, {padding = 1}):sum():backward()
+    assert.is_nil(w.grad)
+    same_shape(x.grad, {1, 2, 4, 4})
+    -- d(sum y)/dx = sum over the output positions that read x: check one interior pixel
+    local wl = w:tolist()
+    local s = 0
+    for co = 1, 3 do for ki = 1, 3 do for kj = 1, 3 do s = s + wl[co][1][ki][kj] end end end
+    H.close(x.grad[1][1][2][2]:item(), s, 1e-10)
+  end)
+
+  it("reports bad shapes", function()
+    local x = keng.randn({1, 4, 5, 5})
+    H.raises(function() keng.conv2d(keng.randn({4, 5, 5}), keng.randn({2, 4, 3, 3})) end, "conv2d: input x [4,5,5] must be 4-D")
+    H.raises(function() keng.conv2d(x, keng.randn({2, 3, 3, 3})) end, "conv2d: x [1,4,5,5], weight [2,3,3,3]: channel mismatch")
+    H.raises(function() keng.conv2d(x, keng.randn({3, 2, 3, 3}), nil, {groups = 2}) end,
+      "conv2d: weight [3,2,3,3]: 3 output channels are not divisible by groups=2")
+    H.raises(function() keng.conv2d(x, keng.randn({3, 1, 3, 3}), nil, {groups = 3}) end,
+      "conv2d: x [1,4,5,5]: 4 input channels are not divisible by groups=3")
+    H.raises(function() keng.conv2d(x, keng.randn({2, 4, 6, 3})) end, "is larger than the padded input")
+    H.raises(function() keng.conv2d(x, keng.randn({2, 4, 3, 3}), nil, {dilation = 3}) end, "dilated kernel (7x7)")
+    H.raises(function() keng.conv2d(x, keng.randn({2, 4, 3, 3}), keng.randn({3})) end, "conv2d: bias [3] must be [2]")
+    H.raises(function() keng.conv2d(x, keng.randn({2, 4, 3, 3}), nil, {stride = 0}) end, "conv2d: stride")
+    H.raises(function() keng.conv2d(x, keng.randn({2, 4, 3, 3}), nil, {stride = "x"}) end, "conv2d: stride must be")
+  end)
+end)
+
+describe("conv_transpose2d", function()
+  local cases = {
+    {name = "plain", x = {2, 3, 4, 3}, w = {3, 2, 3, 3}, o = {}},
+    {name = "stride 2, padding 1, output_padding 1", x = {1, 2, 3, 4}, w = {2, 3, 3, 3},
+     o = {stride = 2, padding = 1, output_padding = 1}},
+    {name = "dilation 2, groups 2", x = {1, 4, 3, 3}, w = {4, 1, 2, 3}, o = {dilation = 2, groups = 2, padding = {0, 1}}},
+    {name = "pairs", x = {1, 2, 3, 3}, w = {2, 2, 2, 2}, o = {stride = {2, 3}, output_padding = {1, 0}}},
+  }
+  for _, c in ipairs(cases) do
+    it("matches the direct loop: " .. c.name, function()
+      keng.manual_seed(4)
+      local Cout = c.w[2] * (c.o.groups or 1)
+      local x, w, b = keng.randn(c.x, {dtype = "f64"}), keng.randn(c.w, {dtype = "f64"}), keng.randn({Cout}, {dtype = "f64"})
+      local ref, shape = ref_conv_transpose2d(x, w, b, c.o)
+      local y = keng.conv_transpose2d(x, w, b, c.o)
+      same_shape(y, shape)
+      close64(y, ref, 1e-12, c.name)
+      H.close(keng.conv_transpose2d(H.noncontig(x:float()), w:float(), nil, c.o), (ref_conv_transpose2d(x, w, nil, c.o)),
+        1e-5, c.name .. " f32 non-contiguous")
+    end)
+  end
+
+  it("inverts conv2d's shape with a stride", function()
+    local x = keng.randn({1, 2, 8, 8})
+    local w = keng.randn({3, 2, 3, 3})
+    local y = keng.conv2d(x, w, nil, {stride = 2, padding = 1})
+    same_shape(y, {1, 3, 4, 4})
+    same_shape(keng.conv_transpose2d(y, w, nil, {stride = 2, padding = 1, output_padding = 1}), {1, 2, 8, 8})
+  end)
+
+  it("gradients match finite differences", function()
+    local function gc(xs, ws, o, bias)
+      keng.manual_seed(5)
+      local x, w = H.leaf(xs), H.leaf(ws)
+      local b = bias and H.leaf({ws[2] * (o.groups or 1)}) or nil
+      H.gradcheck(function(x_, w_, b_) return keng.conv_transpose2d(x_, w_, b_, o) end, {x, w, b})
+    end
+    gc({1, 2, 3, 3}, {2, 3, 3, 3}, {}, true)
+    gc({1, 2, 3, 3}, {2, 2, 3, 3}, {stride = 2, padding = 1, output_padding = 1}, true)
+    gc({2, 4, 3, 2}, {4, 1, 2, 2}, {dilation = 2, groups = 2}, true)
+  end)
+
+  it("computes bf16 in f32", function()
+    local x, w = keng.randn({1, 2, 3, 3}), keng.randn({2, 2, 3, 3})
+    local y = keng.conv_transpose2d(x:bf16(), w:bf16(), nil, {stride = 2})
+    assert.are.equal("bf16", y.dtype)
+    H.close(y, keng.conv_transpose2d(x:bf16():float(), w:bf16():float(), nil, {stride = 2}), 1e-2)
+  end)
+
+  it("reports bad shapes", function()
+    local x = keng.randn({1, 4, 3, 3})
+    H.raises(function() keng.conv_transpose2d(x, keng.randn({3, 2, 3, 3})) end,
+      "conv_transpose2d: x [1,4,3,3], weight [3,2,3,3]: channel mismatch")
+    H.raises(function() keng.conv_transpose2d(x, keng.randn({4, 2, 3, 3}), nil, {groups = 3}) end,
+      "conv_transpose2d: x [1,4,3,3]: 4 input channels are not divisible by groups=3")
+    H.raises(function() keng.conv_transpose2d(x, keng.randn({4, 2, 3, 3}), nil, {stride = 2, output_padding = 2}) end,
+      "conv_transpose2d: output_padding (2, 2) must be")
+    H.raises(function() keng.conv_transpose2d(x:reshape{4, 3, 3}, keng.randn({4, 2, 3, 3})) end,
+      "conv_transpose2d: input x [4,3,3] must be 4-D")
+    H.raises(function() keng.conv_transpose2d(x, keng.randn({4, 2, 3, 3}), nil, {padding = 3}) end, "output would be empty")
+  end)
+end)
+
+describe("interpolate", function()
+  it("nearest matches PyTorch's index rule", function()
+    local x = keng.randn({2, 3, 3, 5})
+    H.close(keng.interpolate(x, {scale = 2}), ref_nearest(x, 6, 10), 0)
+    H.close(keng.interpolate(x, {size = {4, 3}}), ref_nearest(x, 4, 3), 0)
+    H.close(keng.interpolate(x, {size = {7, 11}, mode = "nearest"}), ref_nearest(x, 7, 11), 0)
+    H.close(x:interpolate{scale = {1, 0.5}}, ref_nearest(x, 3, 2), 0)
+    -- the exact values of a 2x2 upscale of [[1,2],[3,4]]
+    local t = keng.tensor({{{{1, 2}, {3, 4}}}})
+    assert.are.same({{{{1, 1, 2, 2}, {1, 1, 2, 2}, {3, 3, 4, 4}, {3, 3, 4, 4}}}}, keng.interpolate(t, {scale = 2}):tolist())
+  end)
+
+  it("matches at a size that runs the parallel paths, forward and backward", function()
+    local x = keng.randn({2, 4, 40, 40})
+    H.close(keng.interpolate(x, {scale = 2}), ref_nearest(x, 80, 80), 0)
+    local xl = x:detach()
+    xl.requires_grad = true
+    keng.interpolate(xl, {size = {80, 120}}):sum():backward()
+    H.close(xl.grad, keng.full({2, 4, 40, 40}, 6), 0)
+  end)
+
+  it("keeps the dtype and takes non-contiguous input", function()
+    local x = keng.randn({1, 2, 4, 3})
+    local y = keng.interpolate(H.noncontig(x:bf16()), {size = {5, 5}})
+    assert.are.equal("bf16", y.dtype)
+    H.close(y, ref_nearest(x:bf16(), 5, 5), 0)
+  end)
+
+  it("gradients match finite differences (up and down)", function()
+    H.gradcheck(function(x) return keng.interpolate(x, {scale = 2}) end, {H.leaf({1, 2, 3, 2})})
+    H.gradcheck(function(x) return keng.interpolate(x, {size = {5, 3}}) end, {H.leaf({2, 1, 3, 4})})
+    H.gradcheck(function(x) return keng.interpolate(x, {size = {2, 2}}) end, {H.leaf({1, 1, 5, 4})})
+  end)
+
+  it("sums the gradient of every copy into its source", function()
+    local x = H.leaf({1, 1, 2, 2})
+    keng.interpolate(x, {scale = 3}):sum():backward()
+    H.close(x.grad, {9, 9, 9, 9}, 0)
+  end)
+
+  it("reports bad input", function()
+    H.raises(function() keng.interpolate(keng.randn({2, 3, 4}), {scale = 2}) end, "interpolate: input x [2,3,4] must be 4-D")
+    H.raises(function() keng.interpolate(keng.randn({1, 1, 2, 2}), {scale = 2, mode = "bilinear"}) end,
+      "interpolate: mode 'bilinear' is not supported yet")
+    H.raises(function() keng.interpolate(keng.randn({1, 1, 2, 2}), {}) end, "interpolate: give scale= or size=")
+    H.raises(function() keng.interpolate(keng.randn({1, 1, 2, 2}), {size = {0, 2}}) end, "interpolate: x [1,1,2,2]: output size 0x2")
+  end)
+end)

@@ -1,0 +1,166 @@
+-- loss_spec.lua — cross_entropy and mse_loss: values against plain Lua references, gradients
+-- against finite differences, ignore_index, non-contiguous and bf16 inputs, error messages.
+local keng = require "keng"
+local H = require "helper"
+
+-- per-row losses -log softmax(row)[t + 1] of logits rows (a list of lists) and 0-based targets;
+-- ignored rows give nil
+local function ce_rows(rows, targets, ignore)
+  local out = {}
+  for r, row in ipairs(rows) do
+    if targets[r] ~= ignore then
+      local m = -math.huge
+      for _, v in ipairs(row) do m = math.max(m, v) end
+      local s = 0
+      for _, v in ipairs(row) do s = s + math.exp(v - m) end
+      out[r] = m + math.log(s) - row[targets[r] + 1]
+    end
+  end
+  return out
+end
+
+local function ce_ref(logits, targets, reduction, ignore)
+  local c = logits.shape[#logits.shape]
+  local flat, rows = H.flat(logits), {}
+  for r = 0, #flat // c - 1 do
+    local row = {}
+    for j = 1, c do row[j] = flat[r * c + j] end
+    rows[#rows + 1] = row
+  end
+  local t = H.flat(targets)
+  local per = ce_rows(rows, t, ignore or -100)
+  if reduction == "none" then
+    local out = {}
+    for r = 1, #rows do out[r] = per[r] or 0 end
+    return out
+  end
+  local s, n = 0, 0
+  for r = 1, #rows do if per[r] then s, n = s + per[r], n + 1 end end
+  if reduction == "sum" then return s end
+  return s / n
+end
+
+describe("cross_entropy", function()
+  keng.manual_seed(11)
+  local logits = keng.randn({4, 5}, {dtype = "f64"})
+  local targets = keng.tensor({0, 4, 2, 2}, {dtype = "i64"})
+
+  it("matches a reference for each reduction", function()
+    H.close(keng.cross_entropy(logits, targets), ce_ref(logits, targets, "mean"), 1e-6, "mean")
+    H.close(keng.cross_entropy(logits, targets, {reduction = "sum"}), ce_ref(logits, targets, "sum"), 1e-6, "sum")
+    local none = logits:cross_entropy(targets, {reduction = "none"})
+    assert.are.same({4}, none.shape)
+    H.close(none, ce_ref(logits, targets, "none"), 1e-6, "none")
+    assert.are.same({}, keng.cross_entropy(logits, targets).shape)
+  end)
+
+  it("takes [..., C] logits and i32 targets", function()
+    local l3 = keng.randn({2, 3, 4})
+    local t3 = keng.tensor({{0, 1, 3}, {3, 2, 0}}, {dtype = "i32"})
+    local loss = keng.cross_entropy(l3, t3, {reduction = "none"})
+    assert.are.same({2, 3}, loss.shape)
+    H.close(loss, ce_ref(l3, t3, "none"), 1e-5, "none over [2,3,4]")
+    H.close(keng.cross_entropy(l3, t3), ce_ref(l3, t3, "mean"), 1e-5, "mean over [2,3,4]")
+  end)
+
+  it("ignores rows whose target is ignore_index (default -100)", function()
+    local t = keng.tensor({0, -100, 2, -100}, {dtype = "i64"})
+    local m = keng.cross_entropy(logits, t)
+    H.close(m, ce_ref(logits, t, "mean"), 1e-6, "mean over the kept rows")
+    local per = ce_rows(logits:tolist(), {0, -100, 2, -100}, -100)
+    H.close(m, (per[1] + per[3]) / 2, 1e-6, "divides by the kept count")
+    local t2 = keng.tensor({1, 3, 3, 0}, {dtype = "i64"})
+    H.close(keng.cross_entropy(logits, t2, {ignore_index = 3, reduction = "sum"}),
+      ce_ref(logits, t2, "sum", 3), 1e-6, "explicit ignore_index")
+    local none = keng.cross_entropy(logits, t2, {ignore_index = 3, reduction = "none"}):tolist()
+    assert.are.equal(0, none[2])
+    assert.are.equal(0, none[3])
+  end)
+
+  it("is stable for large logits", function()
+    local big = keng.tensor({{1000, 0}, {0, -1000}}, {dtype = "f32"})
+    local t = keng.tensor({0, 1}, {dtype = "i64"})
+    H.close(keng.cross_entropy(big, t, {reduction = "none"}), {0, 1000}, 1e-6, "large")
+  end)
+
+  it("gives f32 for f32 and bf16 logits, f64 for f64; works on non-contiguous input", function()
+    assert.are.equal("f64", keng.cross_entropy(logits, targets).dtype)
+    local f = logits:float()
+    assert.are.equal("f32", keng.cross_entropy(f, targets).dtype)
+    local b = keng.cross_entropy(logits:bf16(), targets)
+    assert.are.equal("f32", b.dtype)
+    H.close(b, ce_ref(logits:bf16(), targets, "mean"), 1e-5, "bf16 logits, f32 math")
+    H.close(b, ce_ref(logits, targets, "mean"), 2e-2, "bf16 near f64")
+    local nc = H.noncontig(f)
+    H.close(keng.cross_entropy(nc, H.noncontig(targets), {reduction = "none"}),
+      ce_ref(logits, targets, "none"), 1e-5, "non-contiguous")
+  end)
+
+  it("gradients match finite differences", function()
+    for _, red in ipairs({"mean", "sum", "none"}) do
+      H.gradcheck(function(l) return keng.cross_entropy(l, targets, {reduction = red}) end, {H.leaf({4, 5})})
+    end
+    local t = keng.tensor({0, -100, 2, 1}, {dtype = "i64"})
+    H.gradcheck(function(l) return keng.cross_entropy(l, t) end, {H.leaf({4, 5})})
+    local t3 = keng.tensor({{0, 1, 3}, {3, 2, 0}}, {dtype = "i64"})
+    H.gradcheck(function(l) return keng.cross_entropy(l, t3, {ignore_index = 2}) end, {H.leaf({2, 3, 4})})
+  end)
+
+  it("gradient is (softmax - onehot) / count", function()
+    local l = H.leaf({2, 3})
+    keng.cross_entropy(l, keng.tensor({1, 0}, {dtype = "i64"})):backward()
+    local rows, g = l:tolist(), l.grad:tolist()
+    for r, t in ipairs({1, 0}) do
+      local s = 0
+      for _, v in ipairs(rows[r]) do s = s + math.exp(v) end
+      for j = 1, 3 do
+        local want = (math.exp(rows[r][j]) / s - (j - 1 == t and 1 or 0)) / 2
+        H.close(g[r][j], want, 1e-9, "row " .. r .. " class " .. j)
+      end
+    end
+  end)
+
+  it("rejects bad input", function()
+    H.raises(function() keng.cross_entropy(logits, keng.tensor({0, 5, 1, 1}, {dtype = "i64"})) end, "out of range")
+    H.raises(function() keng.cross_entropy(logits, keng.tensor({0, -1, 1, 1}, {dtype = "i64"})) end, "cross_entropy")
+    H.raises(function() keng.cross_entropy(logits, keng.tensor({0, 1, 1}, {dtype = "i64"})) end, "cross_entropy")
+    H.raises(function() keng.cross_entropy(logits, logits:select(2, 1)) end, "cross_entropy")
+    H.raises(function() keng.cross_entropy(logits, targets, {reduction = "avg"}) end, "reduction")
+  end)
+end)
+
+describe("mse_loss", function()
+  keng.manual_seed(12)
+  local a, b = keng.randn({3, 4}, {dtype = "f64"}), keng.randn({3, 4}, {dtype = "f64"})
+  local function sq(x, y)
+    local fa, fb, out = H.flat(x), H.flat(y), {}
+    for i = 1, #fa do out[i] = (fa[i] - fb[i]) ^ 2 end
+    return out
+  end
+  local function lsum(t) local s = 0; for _, v in ipairs(t) do s = s + v end; return s end
+
+  it("matches a reference for each reduction", function()
+    local d = sq(a, b)
+    H.close(keng.mse_loss(a, b), lsum(d) / 12, 1e-6, "mean")
+    assert.are.same({}, keng.mse_loss(a, b).shape)
+    H.close(a:mse_loss(b, {reduction = "sum"}), lsum(d), 1e-6, "sum")
+    H.close(keng.mse_loss(a, b, {reduction = "none"}), d, 1e-6, "none")
+  end)
+
+  it("works on non-contiguous and bf16 input", function()
+    H.close(keng.mse_loss(H.noncontig(a), b), keng.mse_loss(a, b), 1e-12, "non-contiguous")
+    local r = keng.mse_loss(a:bf16(), b:bf16())
+    assert.are.equal("bf16", r.dtype)
+    H.close(r:float(), keng.mse_loss(a, b), 2e-2, "bf16")
+  end)
+
+  it("gradients match finite differences", function()
+    H.gradcheck(function(x, y) return keng.mse_loss(x, y) end, {H.leaf({3, 4}), H.leaf({3, 4})})
+    H.gradcheck(function(x, y) return keng.mse_loss(x, y, {reduction = "none"}) end, {H.leaf({2, 3}), H.leaf({2, 3})})
+  end)
+
+  it("rejects bad input", function()
+    H.raises(function() keng.mse_loss(a, keng.randn({5})) end, "mse_loss")
+    H.raises(function() keng.mse_loss(a, b, {reduction = "avg"}) end, "reduction")
+  end)
+end)

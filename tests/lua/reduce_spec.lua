@@ -1,0 +1,319 @@
+-- reduce_spec.lua — reductions (sum, mean, var, max, min, argmax, argmin), scans (cumsum),
+-- topk, softmax and log_softmax: values against plain Lua references, gradients against
+-- finite differences, non-contiguous and bf16 inputs, and error messages.
+local keng = require "keng"
+local H = require "helper"
+
+-- The rows of t along dim (1-based, may be negative): a list of {row = values, off = flat
+-- offset of the row's first element}, in the row-major order of the other dims; and the
+-- flat stride along dim.
+local function rows_along(t, dim)
+  local shape, flat = t.shape, H.flat(t)
+  local nd = #shape
+  if dim < 0 then dim = dim + nd + 1 end
+  local strides, s = {}, 1
+  for d = nd, 1, -1 do strides[d] = s; s = s * shape[d] end
+  local n = shape[dim]
+  local rows = {}
+  for r = 0, #flat // n - 1 do
+    local off, rem = 0, r
+    for d = nd, 1, -1 do
+      if d ~= dim then off = off + (rem % shape[d]) * strides[d]; rem = rem // shape[d] end
+    end
+    local row = {}
+    for j = 0, n - 1 do row[#row + 1] = flat[off + j * strides[dim] + 1] end
+    rows[#rows + 1] = {row = row, off = off}
+  end
+  return rows, strides[dim]
+end
+
+-- applies fn(row) -> number to each row along dim; the flat results
+local function reduce_ref(t, dim, fn)
+  local out = {}
+  for _, r in ipairs(rows_along(t, dim)) do out[#out + 1] = fn(r.row) end
+  return out
+end
+
+-- applies fn(row) -> list of the row's length to each row; the flat result shaped like t
+local function map_ref(t, dim, fn)
+  local rows, stride = rows_along(t, dim)
+  local out = {}
+  for _, r in ipairs(rows) do
+    for j, v in ipairs(fn(r.row)) do out[r.off + (j - 1) * stride + 1] = v end
+  end
+  return out
+end
+
+local function lsum(r) local s = 0; for _, v in ipairs(r) do s = s + v end; return s end
+local function lmean(r) return lsum(r) / #r end
+local function lvar(r, corr) local m, s = lmean(r), 0; for _, v in ipairs(r) do s = s + (v - m) ^ 2 end; return s / (#r - corr) end
+local function largmax(r) local b = 1; for i = 2, #r do if r[i] > r[b] then b = i end end; return b - 1 end
+local function largmin(r) local b = 1; for i = 2, #r do if r[i] < r[b] then b = i end end; return b - 1 end
+local function lsoftmax(r)
+  local m = -math.huge
+  for _, v in ipairs(r) do m = math.max(m, v) end
+  local s, out = 0, {}
+  for i, v in ipairs(r) do out[i] = math.exp(v - m); s = s + out[i] end
+  for i = 1, #out do out[i] = out[i] / s end
+  return out
+end
+local function llog_softmax(r)
+  local p, out = lsoftmax(r), {}
+  for i, v in ipairs(p) do out[i] = math.log(v) end
+  return out
+end
+
+local function shape_is(t, shape)
+  assert(#t.shape == #shape, "ndim " .. #t.shape .. " vs " .. #shape)
+  for i = 1, #shape do assert(t.shape[i] == shape[i], "shape [" .. table.concat(t.shape, ",") .. "]") end
+end
+
+describe("sum, mean, var", function()
+  keng.manual_seed(1)
+  local x = keng.randn({2, 3, 4})
+
+  it("match a reference over one dim, a list of dims and all dims", function()
+    H.close(x:sum(2), reduce_ref(x, 2, lsum), 1e-5, "sum dim 2")
+    shape_is(x:sum(2), {2, 4})
+    shape_is(x:sum(2, true), {2, 1, 4})
+    H.close(x:mean(-1), reduce_ref(x, 3, lmean), 1e-5, "mean dim -1")
+    H.close(x:var(1), reduce_ref(x, 1, function(r) return lvar(r, 1) end), 1e-5, "var dim 1")
+    H.close(x:var(1, false, {correction = 0}), reduce_ref(x, 1, function(r) return lvar(r, 0) end), 1e-5, "var biased")
+    local all = lsum(H.flat(x))
+    H.close(x:sum(), all, 1e-5, "sum all")
+    shape_is(x:sum(), {})
+    H.close(x:mean(), all / 24, 1e-5, "mean all")
+    -- {1, 3}: reduce dims 1 and 3, leaving dim 2
+    local want = {}
+    for j = 1, 3 do want[j] = lsum(H.flat(x:select(2, j))) end
+    H.close(x:sum({1, 3}), want, 1e-5, "sum over {1,3}")
+    shape_is(x:mean({1, 3}, true), {1, 3, 1})
+    H.close(x:mean({1, 3}), x:sum({1, 3}) / 8, 1e-6, "mean over {1,3}")
+  end)
+
+  it("integer sums are i64; non-contiguous and bf16 inputs work", function()
+    local i = keng.tensor({{1, 2}, {3, 4}}, {dtype = "i32"})
+    assert.are.equal("i64", i:sum().dtype)
+    assert.are.equal(10, i:sum():item())
+    H.close(H.noncontig(x:select(1, 1)):sum(1), x:select(1, 1):sum(1), 1e-6, "non-contiguous")
+    local b = x:bf16()
+    assert.are.equal("bf16", b:sum(3).dtype)
+    H.close(b:sum(3):float(), b:float():sum(3), 2e-2, "bf16 sum")
+  end)
+
+  it("gradients match finite differences", function()
+    local a = H.leaf({3, 4})
+    H.gradcheck(function(t) return t:sum(1) end, {a})
+    H.gradcheck(function(t) return t:mean({1, 2}, true) end, {a})
+    H.gradcheck(function(t) return t:var(2) end, {a})
+  end)
+
+  it("rejects bad input", function()
+    H.raises(function() keng.tensor({1, 2}, {dtype = "i64"}):mean() end, "mean")
+    H.raises(function() x:sum(4) end, "out of range")
+  end)
+end)
+
+describe("max, min, argmax, argmin", function()
+  keng.manual_seed(2)
+  local x = keng.randn({3, 5, 4})
+
+  it("match a reference along each dim", function()
+    for _, d in ipairs({1, 2, -1}) do
+      local v, i = x:max(d)
+      H.close(v, reduce_ref(x, d, function(r) return r[largmax(r) + 1] end), 1e-6, "max values dim " .. d)
+      H.close(i, reduce_ref(x, d, largmax), 0, "max indices dim " .. d)
+      assert.are.equal("i64", i.dtype)
+      local mv, mi = x:min(d)
+      H.close(mv, reduce_ref(x, d, function(r) return r[largmin(r) + 1] end), 1e-6, "min values dim " .. d)
+      H.close(mi, reduce_ref(x, d, largmin), 0, "min indices dim " .. d)
+      H.close(x:argmax(d), i, 0, "argmax dim " .. d)
+      H.close(x:argmin(d), mi, 0, "argmin dim " .. d)
+    end
+    local v, i = x:max(2, true)
+    shape_is(v, {3, 1, 4})
+    shape_is(i, {3, 1, 4})
+    shape_is(x:argmin(3, true), {3, 5, 1})
+  end)
+
+  it("with no dim reduce everything", function()
+    local f = H.flat(x)
+    local m = x:max()
+    shape_is(m, {})
+    H.close(m, f[largmax(f) + 1], 1e-6, "max all")
+    H.close(x:min(), f[largmin(f) + 1], 1e-6, "min all")
+    assert.are.equal(largmax(f), x:argmax():item())
+    assert.are.equal(largmin(f), x:argmin():item())
+  end)
+
+  it("pick the first of equal values and keep the dtype", function()
+    local t = keng.tensor({{1, 7, 7, 0}, {3, 3, 3, 3}}, {dtype = "i32"})
+    local v, i = t:max(2)
+    assert.are.equal("i32", v.dtype)
+    assert.are.same({7, 3}, v:tolist())
+    assert.are.same({1, 0}, i:tolist())
+    assert.are.same({3, 0}, t:argmin(2):tolist())
+  end)
+
+  it("work on non-contiguous and bf16 input", function()
+    local m = x:select(1, 2)
+    local v, i = H.noncontig(m):max(1)
+    local v2, i2 = m:max(1)
+    H.close(v, v2, 0, "non-contiguous values")
+    H.close(i, i2, 0, "non-contiguous indices")
+    local b = m:bf16()
+    local bv, bi = b:min(2)
+    assert.are.equal("bf16", bv.dtype)
+    H.close(bv:float(), b:float():min(2), 0, "bf16 min")
+    H.close(bi, b:float():argmin(2), 0, "bf16 argmin")
+  end)
+
+  it("route the gradient to the selected element", function()
+    local a = H.leaf({3, 4})
+    H.gradcheck(function(t) return (t:max(2)) end, {a})
+    H.gradcheck(function(t) return (t:min(1, true)) end, {a})
+    H.gradcheck(function(t) return t:max() end, {a})
+    local l = H.leaf({4})
+    local want = l:argmax():item()
+    l:max():backward()
+    local g = l.grad:tolist()
+    for k = 1, 4 do assert.are.equal(k - 1 == want and 1 or 0, g[k]) end
+  end)
+
+  it("rejects an empty dim", function()
+    H.raises(function() keng.zeros({2, 0}):max(2) end, "max")
+    H.raises(function() keng.zeros({0}):argmin() end, "argmin")
+  end)
+end)
+
+describe("cumsum", function()
+  keng.manual_seed(3)
+  local x = keng.randn({3, 4, 2})
+
+  local function lcumsum(r)
+    local s, out = 0, {}
+    for i, v in ipairs(r) do s = s + v; out[i] = s end
+    return out
+  end
+
+  it("matches a reference along each dim", function()
+    for _, d in ipairs({1, 2, -1}) do
+      H.close(x:cumsum(d), map_ref(x, d, lcumsum), 1e-5, "cumsum dim " .. d)
+    end
+    local i = keng.tensor({1, 2, 3, 4}, {dtype = "i32"}):cumsum(1)
+    assert.are.equal("i64", i.dtype)
+    assert.are.same({1, 3, 6, 10}, i:tolist())
+  end)
+
+  it("works on non-contiguous and bf16 input", function()
+    local m = x:select(3, 1)
+    H.close(H.noncontig(m):cumsum(2), m:cumsum(2), 1e-6, "non-contiguous")
+    local b = m:bf16():cumsum(1)
+    assert.are.equal("bf16", b.dtype)
+    H.close(b:float(), m:bf16():float():cumsum(1), 1e-2, "bf16")
+  end)
+
+  it("gradient is the reverse cumsum", function()
+    H.gradcheck(function(t) return t:cumsum(2) end, {H.leaf({3, 5})})
+    H.gradcheck(function(t) return t:cumsum(1) end, {H.leaf({4, 2})})
+  end)
+
+  it("rejects a bad dim", function()
+    H.raises(function() x:cumsum(4) end, "out of range")
+  end)
+end)
+
+describe("topk", function()
+  keng.manual_seed(4)
+  local x = keng.randn({3, 6})
+
+  local function ref(r, k, largest)
+    local idx = {}
+    for i = 1, #r do idx[i] = i end
+    table.sort(idx, function(a, b) if largest then return r[a] > r[b] end return r[a] < r[b] end)
+    local v, i = {}, {}
+    for j = 1, k do v[j] = r[idx[j]]; i[j] = idx[j] - 1 end
+    return v, i
+  end
+
+  it("matches a sorting reference, largest and smallest", function()
+    for _, largest in ipairs({true, false}) do
+      local v, i = x:topk(3, -1, {largest = largest})
+      shape_is(v, {3, 3})
+      assert.are.equal("i64", i.dtype)
+      local rows = x:tolist()
+      local vl, il = v:tolist(), i:tolist()
+      for r = 1, 3 do
+        local rv, ri = ref(rows[r], 3, largest)
+        H.close(vl[r], rv, 1e-6, "values row " .. r)
+        assert.are.same(ri, il[r])
+      end
+    end
+  end)
+
+  it("works along dim 1, with the default dim, and on non-contiguous input", function()
+    local v, i = x:topk(2, 1)
+    local vt, it_ = x:transpose(1, 2):contiguous():topk(2)
+    H.close(v, vt:transpose(1, 2), 0, "dim 1 values")
+    H.close(i, it_:transpose(1, 2), 0, "dim 1 indices")
+    local nv, ni = H.noncontig(x):topk(4)
+    local cv, ci = x:topk(4)
+    H.close(nv, cv, 0, "non-contiguous values")
+    H.close(ni, ci, 0, "non-contiguous indices")
+    local bv = x:bf16():topk(2)
+    assert.are.equal("bf16", bv.dtype)
+    H.close(bv:float(), (x:bf16():float():topk(2)), 0, "bf16")
+  end)
+
+  it("gradient scatters into zeros", function()
+    H.gradcheck(function(t) return (t:topk(2, 2)) end, {H.leaf({3, 5})})
+    H.gradcheck(function(t) return (t:topk(3, 1, {largest = false})) end, {H.leaf({4, 2})})
+  end)
+
+  it("rejects k larger than the dim", function()
+    H.raises(function() x:topk(7) end, "topk")
+  end)
+end)
+
+describe("softmax, log_softmax", function()
+  keng.manual_seed(5)
+  local x = keng.randn({2, 3, 5}, {dtype = "f64"})
+
+  it("match a reference along each dim", function()
+    for _, d in ipairs({1, 2, -1}) do
+      H.close(x:softmax(d), map_ref(x, d, lsoftmax), 1e-6, "softmax dim " .. d)
+      H.close(keng.log_softmax(x, d), map_ref(x, d, llog_softmax), 1e-6, "log_softmax dim " .. d)
+    end
+    H.close(keng.softmax(x), x:softmax(-1), 0, "default dim is -1")
+    H.close(x:log_softmax(), x:log_softmax(3), 0, "default dim is -1")
+  end)
+
+  it("are stable for large logits", function()
+    local big = keng.tensor({{1000, 1001, 1002}, {-1000, -1000, -1000}}, {dtype = "f32"})
+    H.close(big:softmax(), {lsoftmax({0, 1, 2}), {1 / 3, 1 / 3, 1 / 3}}, 1e-6, "softmax")
+    H.close(big:log_softmax(), {llog_softmax({0, 1, 2}), llog_softmax({0, 0, 0})}, 1e-5, "log_softmax")
+  end)
+
+  it("work on non-contiguous, f32 and bf16 input", function()
+    local m = x:select(1, 1)
+    H.close(H.noncontig(m):softmax(1), m:softmax(1), 1e-12, "non-contiguous")
+    local f = m:float():log_softmax(2)
+    assert.are.equal("f32", f.dtype)
+    H.close(f, m:log_softmax(2), 1e-5, "f32")
+    local b = m:bf16():softmax(2)
+    assert.are.equal("bf16", b.dtype)
+    H.close(b:float(), m:softmax(2), 1e-2, "bf16")
+  end)
+
+  it("gradients match finite differences", function()
+    H.gradcheck(function(t) return t:softmax(2) end, {H.leaf({3, 4})})
+    H.gradcheck(function(t) return t:softmax(1) end, {H.leaf({3, 4})})
+    H.gradcheck(function(t) return t:log_softmax(-1) end, {H.leaf({2, 3, 4})})
+    H.gradcheck(function(t) return keng.log_softmax(t, 1) end, {H.leaf({3, 2})})
+  end)
+
+  it("reject integer input", function()
+    H.raises(function() keng.tensor({1, 2}, {dtype = "i64"}):softmax() end, "softmax")
+    H.raises(function() keng.tensor({1, 2}, {dtype = "i64"}):log_softmax() end, "log_softmax")
+  end)
+end)
