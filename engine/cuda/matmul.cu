@@ -64,11 +64,11 @@ static kg_status prepare(operand *op, const kg_tensor *x, const kg_tensor *o, in
   op->owned = NULL;
   if (x->dtype == o->dtype && one_batch_stride(nd - 2, shape, stride, &bs)) {
     if ((cs == 1 || C == 1) && rs >= (C > 1 ? C : 1)) {
-      *op = (operand){kg_data(x), false, rs, bs, NULL};
+      *op = operand{kg_data(x), false, rs, bs, NULL};
       return KG_OK;
     }
     if ((rs == 1 || R == 1) && cs >= (R > 1 ? R : 1)) {
-      *op = (operand){kg_data(x), true, cs, bs, NULL};
+      *op = operand{kg_data(x), true, cs, bs, NULL};
       return KG_OK;
     }
   }
@@ -83,7 +83,7 @@ static kg_status prepare(operand *op, const kg_tensor *x, const kg_tensor *o, in
   }
   kg_tensor_release(view);
   KG_TRY(s);
-  *op = (operand){kg_data(packed), false, C > 1 ? C : 1, R * C, packed};
+  *op = operand{kg_data(packed), false, C > 1 ? C : 1, R * C, packed};
   return KG_OK;
 }
 

@@ -37,7 +37,7 @@ nvcc --version 2>&1 | tail -1; cmake --version | head -1; echo "pkg-config: $pc"
 echo "== configure + build ($build)"
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKENG_CUDA="${CUDA:-ON}" \
-  -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DPKG_CONFIG_EXECUTABLE="$pc" \
+  -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DPKG_CONFIG_EXECUTABLE="$pc" -DCMAKE_C_FLAGS="-I$prefix/include" \
   -DOPENBLAS_INCLUDE="$prefix/include/x86_64-linux-gnu/openblas-openmp" \
   -DOPENBLAS_LIB="$lib/openblas-openmp/libopenblas.so" -DREADLINE_LIB="$lib/libreadline.so" \
   >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; echo "run.sh: configure failed"; exit 3; }
