@@ -41,30 +41,27 @@ extern "C" kg_status kg_cuda_arange(const kg_op_call *c) {
 
 enum { RAND_UNIFORM, RAND_NORMAL, RAND_INT };
 
-/* the double value of element i, as engine/cpu/creation.c computes it */
-__device__ __forceinline__ double random_value(int kind, uint64_t seed, uint64_t offset, uint64_t i, double a, double b) {
+/* the double value of element i, with the formulas of scalar.h that engine/cpu/creation.c uses */
+__device__ __forceinline__ double random_value(int kind, uint64_t seed, uint64_t offset, uint64_t i, double a, double b,
+                                               int bits) {
   uint32_t w0 = kg_philox_word(seed, offset, 2 * i), w1 = kg_philox_word(seed, offset, 2 * i + 1);
-  if (kind == RAND_NORMAL) { /* Box-Muller on the pair, first branch */
-    double u1 = kg_u32_to_unit(w0), u2 = kg_u32_to_unit(w1);
-    if (u1 < 1e-12) u1 = 1e-12;
-    return a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-  }
-  double u = kg_u32x2_to_unit(w0, w1);
-  if (kind == RAND_INT) return a + floor(u * (b - a));
-  return a + u * (b - a);
+  if (kind == RAND_NORMAL) return a + b * kg_normal_u32x2(w0, w1);
+  if (kind == RAND_INT) return a + floor(kg_uniform_bits(w0, w1, 53) * (b - a));
+  return a + kg_uniform_bits(w0, w1, bits) * (b - a);
 }
 
 template <class S>
 __global__ void random_kernel(S *out, int64_t n, int kind, uint64_t seed, uint64_t offset, double a, double b,
-                              bool clip) {
+                              int bits) {
   KG_CUDA_FOR(i, n) {
-    double v = random_value(kind, seed, offset, (uint64_t)i, a, b);
     S r;
-    kg_put(&r, v);
-    if (clip && (double)kg_get(&r) >= b) kg_put(&r, a); /* rounding must stay in [a, b) */
+    kg_put(&r, random_value(kind, seed, offset, (uint64_t)i, a, b, bits));
     out[i] = r;
   }
 }
+
+/* uniform draws carry as many random bits as the dtype holds, so none rounds up to b */
+static int uniform_bits(kg_dtype dt) { return dt == KG_F64 ? 53 : dt == KG_BF16 ? 8 : dt == KG_F16 ? 11 : 24; }
 
 static kg_status random_fill(const kg_op_call *c, int kind) {
   const kg_random_params *p = (const kg_random_params *)c->params;
@@ -72,11 +69,11 @@ static kg_status random_fill(const kg_op_call *c, int kind) {
   int64_t n = kg_numel(t);
   const char *name = kg_op_info[c->op].name;
   if (!kg_is_contiguous(t)) return kg_error(KG_ERR_VALUE, name, "output must be contiguous");
-  bool clip = kind == RAND_UNIFORM && t->dtype != KG_F64;
+  int bits = kind == RAND_UNIFORM ? uniform_bits(t->dtype) : 53;
   cudaStream_t s = kg_cuda_stream(t->device.index);
   KG_CUDA_DISPATCH(name, t->dtype, S,
                    random_kernel<S><<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, s>>>(
-                       (S *)kg_data(t), n, kind, p->rng.seed, p->rng.offset, p->a, p->b, clip))
+                       (S *)kg_data(t), n, kind, p->rng.seed, p->rng.offset, p->a, p->b, bits))
   return kg_cuda_check(name, t->device.index);
 }
 extern "C" kg_status kg_cuda_rand(const kg_op_call *c) { return random_fill(c, RAND_UNIFORM); }
