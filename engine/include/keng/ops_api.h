@@ -194,4 +194,27 @@ kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_te
                            const kg_loss_params *p);
 kg_status kg_mse_loss(kg_tensor **out, const kg_tensor *a, const kg_tensor *b, kg_reduction reduction);
 
+/* ---- optimizers (engine/ops/optim.c) ------------------------------------------------------ */
+
+/* SGD as PyTorch: wd L2 (g += wd·p) or decoupled (p -= lr·wd·p); buf = g on step 1, else
+ * momentum·buf + (1 - dampening)·g; nesterov: g + momentum·buf, else buf; p -= lr·that. */
+typedef struct {
+  double lr, momentum, dampening, weight_decay;
+  int64_t step; /* 1-based; step 1 initialises the momentum buffer with g */
+  bool nesterov, decoupled;
+} kg_sgd_params;
+/* Adam as Keras 3 (see engine/ops/optim.c for the formula); decoupled = AdamW. */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step; /* 1-based step t of the bias correction */
+  bool decoupled;
+} kg_adam_params;
+
+/* In place on param, momentum_buf (NULL when momentum == 0); grad, buf: param's shape, any
+ * floating dtype. Refused under grad mode when param requires grad (run it under no_grad). */
+kg_status kg_sgd_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *momentum_buf, const kg_sgd_params *p);
+/* In place on param, m, v (param's shape; state usually in param's dtype). */
+kg_status kg_adam_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *m, kg_tensor *v,
+                        const kg_adam_params *p);
+
 #endif

@@ -1,0 +1,328 @@
+-- keng.optim — SGD, Adam and AdamW over the engine's fused per-parameter updates (one kernel
+-- call per parameter: keng._sgd_step_ / keng._adam_step_, formulas in engine/ops/optim.c),
+-- gradient clipping by global norm, and learning-rate schedules.
+--
+--   local optim = require "keng.optim"
+--   local opt = optim.AdamW(model:parameters(), {lr = 1e-3, weight_decay = 0.004})
+--   loss:backward(); optim.clip_grad_norm(model:parameters(), 1.0); opt:step(); opt:zero_grad()
+--
+-- Defaults are Keras 3's (Adam/AdamW lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-7, AdamW
+-- weight_decay 0.004; SGD lr 0.01). Adam's `weight_decay` is an L2 term added to the gradient
+-- (PyTorch's Adam) unless `decoupled = true`; AdamW's is decoupled (p <- p - lr·wd·p, as Keras
+-- and PyTorch). State (m, v, momentum) is kept in each parameter's dtype and device.
+-- `step()` skips parameters whose grad is nil or whose requires_grad is false. `zero_grad()`
+-- sets every grad to nil (as PyTorch); `zero_grad(false)` zeroes them in place instead.
+-- Schedules are functions of the step number s = opt.iterations, the number of steps already
+-- taken (0 at the first step, as Keras' optimizer.iterations); a schedule sets opt.lr before
+-- each step.
+local keng = require "keng"
+
+local optim = {schedules = {}}
+
+-- ---- helpers --------------------------------------------------------------------------------
+
+-- a list of tensors from a list, or from anything with :parameters() (a module)
+local function param_list(params, fname)
+  if type(params) == "table" and type(params.parameters) == "function" then params = params:parameters() end
+  if type(params) ~= "table" then error(fname .. ": params must be a list of tensors, got " .. type(params), 3) end
+  local list = {}
+  for i, p in ipairs(params) do
+    if not keng.is_tensor(p) then error(string.format("%s: params[%d] is a %s, not a tensor", fname, i, type(p)), 3) end
+    list[i] = p
+  end
+  return list
+end
+
+-- v in [lo, hi] (open ends when lo_open / hi_open), else an error at stack level `level` as
+-- error() counts it from here
+local function check_number(level, fname, key, v, lo, hi, lo_open, hi_open)
+  if type(v) ~= "number" or v ~= v then
+    error(string.format("%s: %s must be a number, got %s", fname, key, tostring(v)), level)
+  end
+  if v < lo or (lo_open and v == lo) or v > hi or (hi_open and v == hi) then
+    local range = hi == math.huge and string.format("%s %g", lo_open and ">" or ">=", lo)
+      or string.format("in %s%g, %g%s", lo_open and "(" or "[", lo, hi, hi_open and ")" or "]")
+    error(string.format("%s: %s must be %s, got %g", fname, key, range, v), level)
+  end
+  return v
+end
+
+-- Reads opts into a fresh table of hyper-parameters: known keys (with Keras aliases) or an error.
+local aliases = {learning_rate = "lr", beta_1 = "beta1", beta_2 = "beta2", epsilon = "eps"}
+local function read_opts(fname, opts, defaults)
+  if opts ~= nil and type(opts) ~= "table" then error(fname .. ": opts must be a table, got " .. type(opts), 3) end
+  local h = {}
+  for k, v in pairs(defaults) do h[k] = v end
+  for k, v in pairs(opts or {}) do
+    local key = aliases[k] or k
+    if defaults[key] == nil and key ~= "schedule" then
+      local known = {}
+      for name in pairs(defaults) do known[#known + 1] = name end
+      table.sort(known)
+      error(string.format("%s: unknown option '%s' (expected %s or schedule)", fname, tostring(k),
+        table.concat(known, ", ")), 3)
+    end
+    h[key] = v
+  end
+  return h
+end
+
+-- ---- Optimizer: the shared base --------------------------------------------------------------
+
+local Optimizer = {}
+Optimizer.__index = Optimizer
+Optimizer.__name = "Optimizer"
+optim.Optimizer = Optimizer
+
+-- A subclass; calling it makes an instance (Class(params, opts)).
+function Optimizer:extend(name)
+  local cls = setmetatable({}, {__index = self, __call = function(c, ...) return c.new(c, ...) end})
+  cls.__index = cls
+  cls.__name = name
+  cls.__tostring = self.__tostring
+  return cls
+end
+
+function Optimizer.new(cls, params, opts)
+  local h = read_opts(cls.__name, opts, cls.defaults)
+  local self = setmetatable({}, cls)
+  self.params = param_list(params, cls.__name)
+  self.hyper = h
+  self.lr = h.lr
+  self.iterations = 0
+  self.state = {} -- [param index] = {step = n, <state tensors>}
+  cls.check(self, cls.__name)
+  if h.schedule ~= nil then self:set_schedule(h.schedule) end
+  h.schedule = nil
+  return self
+end
+
+function Optimizer:__tostring()
+  local keys = {}
+  for k in pairs(self.hyper) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local parts = {}
+  for _, k in ipairs(keys) do
+    parts[#parts + 1] = k .. "=" .. tostring(k == "lr" and self.lr or self.hyper[k])
+  end
+  return string.format("%s(%d params, %s)", self.__name, #self.params, table.concat(parts, ", "))
+end
+
+-- fn(step) -> lr, called before every step with step = opt.iterations; nil removes it.
+function Optimizer:set_schedule(fn)
+  if fn ~= nil and type(fn) ~= "function" and not (getmetatable(fn) or {}).__call then
+    error(self.__name .. ":set_schedule: expected a function of the step number, got " .. type(fn), 2)
+  end
+  self.schedule = fn
+  return self
+end
+
+function Optimizer:zero_grad(set_to_none)
+  for _, p in ipairs(self.params) do
+    if set_to_none == false then
+      local g = p.grad
+      if g then g:zero_() end
+    else
+      p.grad = nil
+    end
+  end
+end
+
+-- Runs one update of every parameter that has a grad and requires grad.
+function Optimizer:step()
+  if self.schedule then
+    local lr = self.schedule(self.iterations)
+    if type(lr) ~= "number" or lr ~= lr or lr < 0 then
+      error(string.format("%s:step: the schedule returned %s at step %d (need a number >= 0)", self.__name,
+        tostring(lr), self.iterations), 2)
+    end
+    self.lr = lr
+  end
+  if type(self.lr) ~= "number" or not (self.lr >= 0) then
+    error(string.format("%s:step: lr must be a number >= 0, got %s", self.__name, tostring(self.lr)), 2)
+  end
+  for i, p in ipairs(self.params) do
+    local g = p.grad
+    if g and p.requires_grad then
+      local s = self.state[i]
+      if not s then
+        s = self:init_state(p)
+        s.step = 0
+        self.state[i] = s
+      end
+      s.step = s.step + 1
+      self:update(p, g, s)
+    end
+  end
+  self.iterations = self.iterations + 1
+end
+
+local function zeros_like(p) return keng.zeros(p.shape, {dtype = p.dtype, device = p.device}) end
+
+-- {iterations, lr, state = {[i] = {step, <name> = tensor clone}}}; tensors are copies.
+function Optimizer:state_dict()
+  local state = {}
+  for i, s in pairs(self.state) do
+    local c = {}
+    for k, v in pairs(s) do c[k] = keng.is_tensor(v) and v:clone() or v end
+    state[i] = c
+  end
+  return {kind = self.__name, iterations = self.iterations, lr = self.lr, state = state}
+end
+
+function Optimizer:load_state_dict(sd)
+  local fname = self.__name .. ":load_state_dict"
+  if type(sd) ~= "table" or type(sd.state) ~= "table" then error(fname .. ": expected a table from state_dict()", 2) end
+  if sd.kind and sd.kind ~= self.__name then
+    error(string.format("%s: the state is from a %s, not a %s", fname, sd.kind, self.__name), 2)
+  end
+  local state = {}
+  for i, s in pairs(sd.state) do
+    local p = self.params[i]
+    if not p then error(string.format("%s: state for parameter %s but the optimizer has %d", fname, tostring(i),
+      #self.params), 2) end
+    local c, keys = {}, {}
+    for k in pairs(s) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      local v = s[k]
+      if keng.is_tensor(v) then
+        local ps, vs = p.shape, v.shape
+        if table.concat(ps, ",") ~= table.concat(vs, ",") then
+          error(string.format("%s: parameter %d: state '%s' is [%s] but the parameter is [%s]", fname, i, k,
+            table.concat(vs, ","), table.concat(ps, ",")), 2)
+        end
+        c[k] = v:to{dtype = p.dtype, device = p.device}:clone()
+      else
+        c[k] = v
+      end
+    end
+    state[i] = c
+  end
+  self.state = state
+  self.iterations = sd.iterations or 0
+  if sd.lr then self.lr = sd.lr end
+end
+
+-- ---- SGD ----------------------------------------------------------------------------------------
+
+local SGD = Optimizer:extend("SGD")
+SGD.defaults = {lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false, decoupled = false}
+optim.SGD = SGD
+
+function SGD:check(fname)
+  local h = self.hyper
+  check_number(4, fname, "lr", h.lr, 0, math.huge)
+  check_number(4, fname, "momentum", h.momentum, 0, 1, false, true)
+  check_number(4, fname, "dampening", h.dampening, 0, 1)
+  check_number(4, fname, "weight_decay", h.weight_decay, 0, math.huge)
+  if h.nesterov and (h.momentum <= 0 or h.dampening ~= 0) then
+    error(fname .. ": nesterov needs momentum > 0 and dampening 0", 3)
+  end
+  self.args = {lr = h.lr, momentum = h.momentum, dampening = h.dampening, weight_decay = h.weight_decay,
+               nesterov = h.nesterov, decoupled = h.decoupled, step = 1}
+end
+
+function SGD:init_state(p)
+  return {momentum = self.hyper.momentum > 0 and zeros_like(p) or nil}
+end
+
+function SGD:update(p, g, s)
+  local a = self.args
+  a.lr, a.step = self.lr, s.step
+  keng._sgd_step_(p, g, s.momentum, a)
+end
+
+-- ---- Adam and AdamW --------------------------------------------------------------------------
+
+local Adam = Optimizer:extend("Adam")
+Adam.defaults = {lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-7, weight_decay = 0, decoupled = false}
+optim.Adam = Adam
+
+function Adam:check(fname)
+  local h = self.hyper
+  check_number(4, fname, "lr", h.lr, 0, math.huge)
+  check_number(4, fname, "beta1", h.beta1, 0, 1, false, true)
+  check_number(4, fname, "beta2", h.beta2, 0, 1, false, true)
+  check_number(4, fname, "eps", h.eps, 0, math.huge, true)
+  check_number(4, fname, "weight_decay", h.weight_decay, 0, math.huge)
+  self.args = {lr = h.lr, beta1 = h.beta1, beta2 = h.beta2, eps = h.eps, weight_decay = h.weight_decay,
+               decoupled = h.decoupled, step = 1}
+end
+
+function Adam:init_state(p) return {m = zeros_like(p), v = zeros_like(p)} end
+
+function Adam:update(p, g, s)
+  local a = self.args
+  a.lr, a.step = self.lr, s.step
+  keng._adam_step_(p, g, s.m, s.v, a)
+end
+
+local AdamW = Adam:extend("AdamW")
+AdamW.defaults = {lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-7, weight_decay = 0.004, decoupled = true}
+optim.AdamW = AdamW
+
+-- ---- gradient clipping -------------------------------------------------------------------------
+
+-- Scales every grad in place so that their global L2 norm is at most max_norm (when it is
+-- larger, by max_norm / (norm + 1e-6), as PyTorch). The norm is summed in f32 with engine ops.
+-- Returns the norm before clipping (a number; 0 when no parameter has a grad).
+function optim.clip_grad_norm(params, max_norm)
+  local list = param_list(params, "clip_grad_norm")
+  if type(max_norm) ~= "number" or not (max_norm > 0) then
+    error("clip_grad_norm: max_norm must be a number > 0, got " .. tostring(max_norm), 2)
+  end
+  local total, grads = nil, {}
+  for _, p in ipairs(list) do
+    local g = p.grad
+    if g then
+      grads[#grads + 1] = g
+      local gf = g:float()
+      local sq = (gf * gf):sum()
+      total = total and total + sq or sq
+    end
+  end
+  if not total then return 0 end
+  local norm = total:sqrt():item()
+  local coef = max_norm / (norm + 1e-6)
+  if coef < 1 then
+    for _, g in ipairs(grads) do g:mul_(coef) end
+  end
+  return norm
+end
+
+-- ---- learning-rate schedules: lr(step), step = steps already taken (0-based) -----------------
+
+function optim.schedules.constant(lr)
+  check_number(3, "schedules.constant", "lr", lr, 0, math.huge)
+  return function() return lr end
+end
+
+-- lr · min(1, (step + 1) / warmup_steps): reaches lr at step warmup_steps - 1, then stays.
+function optim.schedules.linear_warmup(lr, warmup_steps)
+  check_number(3, "schedules.linear_warmup", "lr", lr, 0, math.huge)
+  check_number(3, "schedules.linear_warmup", "warmup_steps", warmup_steps, 0, math.huge)
+  return function(step)
+    if warmup_steps <= 0 then return lr end
+    return lr * math.min(1, (step + 1) / warmup_steps)
+  end
+end
+
+-- Linear warmup over opts.warmup steps (as linear_warmup), then half a cosine from lr down to
+-- opts.min_lr over the remaining total_steps - warmup steps; min_lr after total_steps.
+function optim.schedules.cosine(lr, total_steps, opts)
+  opts = opts or {}
+  local min_lr, warmup = opts.min_lr or 0, opts.warmup or 0
+  check_number(3, "schedules.cosine", "lr", lr, 0, math.huge)
+  check_number(3, "schedules.cosine", "total_steps", total_steps, 0, math.huge, true)
+  check_number(3, "schedules.cosine", "min_lr", min_lr, 0, lr)
+  check_number(3, "schedules.cosine", "warmup", warmup, 0, total_steps)
+  return function(step)
+    if step < warmup then return lr * (step + 1) / warmup end
+    local decay = total_steps - warmup
+    local progress = decay > 0 and math.min(1, (step - warmup) / decay) or 1
+    return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+  end
+end
+
+return optim
