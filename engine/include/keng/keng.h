@@ -300,6 +300,7 @@ uint64_t kg_flop_count(void);
 void kg_flop_add(uint64_t n);
 
 #include "ops_api.h"
+#include "io.h"
 
 #ifdef __cplusplus
 }

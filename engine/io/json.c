@@ -1,0 +1,444 @@
+/* json.c — the strict JSON reader and the small writer used by safetensors.c (see json.h).
+ * Recursive descent over a byte buffer; every read is bounds-checked against the end pointer,
+ * depth is capped, and duplicate keys are found by sorting each object's keys once. */
+#include "json.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  const char *start, *p, *end;
+  char *err;
+  size_t errlen;
+  bool failed;
+} parser;
+
+static bool fail(parser *ps, const char *fmt, ...) {
+  if (ps->failed) return false;
+  ps->failed = true;
+  int n = snprintf(ps->err, ps->errlen, "invalid JSON at byte %zu: ", (size_t)(ps->p - ps->start));
+  va_list ap;
+  va_start(ap, fmt);
+  if (n >= 0 && (size_t)n < ps->errlen) vsnprintf(ps->err + n, ps->errlen - (size_t)n, fmt, ap);
+  va_end(ap);
+  return false;
+}
+
+static void skip_ws(parser *ps) {
+  while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+    ps->p++;
+}
+
+/* Length of the UTF-8 sequence at s (bytes available: n), or 0 if malformed. */
+static int utf8_seq(const unsigned char *s, size_t n) {
+  unsigned c = s[0];
+  if (c < 0x80) return 1;
+  int len;
+  unsigned cp;
+  if (c >= 0xC2 && c <= 0xDF)
+    len = 2, cp = c & 0x1F;
+  else if (c >= 0xE0 && c <= 0xEF)
+    len = 3, cp = c & 0x0F;
+  else if (c >= 0xF0 && c <= 0xF4)
+    len = 4, cp = c & 0x07;
+  else
+    return 0;
+  if ((size_t)len > n) return 0;
+  for (int i = 1; i < len; i++) {
+    if ((s[i] & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (s[i] & 0x3F);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0; /* overlong, too big */
+  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;                                              /* surrogates */
+  return len;
+}
+
+bool kg_utf8_valid(const char *s, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+  for (size_t i = 0; i < n;) {
+    int k = utf8_seq(u + i, n - i);
+    if (!k) return false;
+    i += (size_t)k;
+  }
+  return true;
+}
+
+static void put_utf8(char *out, size_t *o, unsigned cp) {
+  if (cp < 0x80)
+    out[(*o)++] = (char)cp;
+  else if (cp < 0x800) {
+    out[(*o)++] = (char)(0xC0 | (cp >> 6));
+    out[(*o)++] = (char)(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out[(*o)++] = (char)(0xE0 | (cp >> 12));
+    out[(*o)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[(*o)++] = (char)(0x80 | (cp & 0x3F));
+  } else {
+    out[(*o)++] = (char)(0xF0 | (cp >> 18));
+    out[(*o)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[(*o)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[(*o)++] = (char)(0x80 | (cp & 0x3F));
+  }
+}
+
+static int hex4(parser *ps, unsigned *out) {
+  if (ps->end - ps->p < 4) return fail(ps, "truncated \\u escape");
+  unsigned v = 0;
+  for (int i = 0; i < 4; i++) {
+    char c = ps->p[i];
+    v <<= 4;
+    if (c >= '0' && c <= '9')
+      v |= (unsigned)(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v |= (unsigned)(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      v |= (unsigned)(c - 'A' + 10);
+    else
+      return fail(ps, "bad hex digit in \\u escape");
+  }
+  ps->p += 4;
+  *out = v;
+  return true;
+}
+
+/* ps->p is just past the opening quote. The decoded string is never longer than the source. */
+static bool parse_string(parser *ps, char **out, size_t *outlen) {
+  const char *q = ps->p;
+  while (q < ps->end && *q != '"')
+    q += (*q == '\\' && q + 1 < ps->end) ? 2 : 1;
+  if (q >= ps->end) return fail(ps, "unterminated string");
+  char *s = malloc((size_t)(q - ps->p) + 1);
+  if (!s) return fail(ps, "out of memory");
+  size_t o = 0;
+  while (ps->p < ps->end) {
+    unsigned char c = (unsigned char)*ps->p;
+    if (c == '"') {
+      ps->p++;
+      s[o] = 0;
+      *out = s;
+      *outlen = o;
+      return true;
+    }
+    if (c < 0x20) {
+      free(s);
+      return fail(ps, "control character 0x%02x inside a string", c);
+    }
+    if (c == '\\') {
+      ps->p++;
+      if (ps->p >= ps->end) break;
+      char e = *ps->p++;
+      switch (e) {
+      case '"': s[o++] = '"'; break;
+      case '\\': s[o++] = '\\'; break;
+      case '/': s[o++] = '/'; break;
+      case 'b': s[o++] = '\b'; break;
+      case 'f': s[o++] = '\f'; break;
+      case 'n': s[o++] = '\n'; break;
+      case 'r': s[o++] = '\r'; break;
+      case 't': s[o++] = '\t'; break;
+      case 'u': {
+        unsigned cp, lo;
+        if (!hex4(ps, &cp)) return free(s), false;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) return free(s), fail(ps, "lone low surrogate in \\u escape");
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          if (ps->end - ps->p < 2 || ps->p[0] != '\\' || ps->p[1] != 'u')
+            return free(s), fail(ps, "high surrogate not followed by a low one");
+          ps->p += 2;
+          if (!hex4(ps, &lo)) return free(s), false;
+          if (lo < 0xDC00 || lo > 0xDFFF) return free(s), fail(ps, "high surrogate not followed by a low one");
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        put_utf8(s, &o, cp); /* at most 4 bytes out of 6 or 12 in */
+        break;
+      }
+      default: free(s); return fail(ps, "bad escape '\\%c'", e);
+      }
+      continue;
+    }
+    int k = utf8_seq((const unsigned char *)ps->p, (size_t)(ps->end - ps->p));
+    if (!k) {
+      free(s);
+      return fail(ps, "invalid UTF-8 in a string");
+    }
+    memcpy(s + o, ps->p, (size_t)k);
+    o += (size_t)k;
+    ps->p += k;
+  }
+  free(s);
+  return fail(ps, "unterminated string");
+}
+
+static bool parse_number(parser *ps, kg_json *v) {
+  const char *b = ps->p;
+  bool neg = false, frac = false, expo = false;
+  if (ps->p < ps->end && *ps->p == '-') neg = true, ps->p++;
+  if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail(ps, "bad number");
+  if (*ps->p == '0') {
+    ps->p++;
+    if (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') return fail(ps, "leading zero in a number");
+  } else
+    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9')
+      ps->p++;
+  const char *int_end = ps->p;
+  if (ps->p < ps->end && *ps->p == '.') {
+    frac = true;
+    ps->p++;
+    if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail(ps, "bad fraction");
+    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9')
+      ps->p++;
+  }
+  if (ps->p < ps->end && (*ps->p == 'e' || *ps->p == 'E')) {
+    expo = true;
+    ps->p++;
+    if (ps->p < ps->end && (*ps->p == '+' || *ps->p == '-')) ps->p++;
+    if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail(ps, "bad exponent");
+    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9')
+      ps->p++;
+  }
+  v->type = KG_JSON_NUMBER;
+  if (!neg && !frac && !expo) {
+    uint64_t u = 0;
+    bool fits = true;
+    for (const char *c = b; c < int_end; c++) {
+      unsigned d = (unsigned)(*c - '0');
+      if (u > (UINT64_MAX - d) / 10)
+        fits = false;
+      else
+        u = u * 10 + d;
+    }
+    v->is_uint = fits;
+    v->uint = fits ? u : 0;
+  }
+  size_t n = (size_t)(ps->p - b);
+  char *tmp = malloc(n + 1); /* src is not NUL-terminated; strtod needs a terminated copy */
+  if (!tmp) return fail(ps, "out of memory");
+  memcpy(tmp, b, n);
+  tmp[n] = 0;
+  v->number = strtod(tmp, NULL);
+  free(tmp);
+  return true;
+}
+
+static bool parse_value(parser *ps, kg_json *v, int depth);
+
+typedef struct {
+  const char *key;
+  size_t len;
+} keyref;
+static int keyref_cmp(const void *a, const void *b) {
+  const keyref *x = a, *y = b;
+  size_t n = x->len < y->len ? x->len : y->len;
+  int c = memcmp(x->key, y->key, n);
+  return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+static bool grow(parser *ps, kg_json *v, int *cap, bool object) {
+  if (v->n < *cap) return true;
+  int nc = *cap ? *cap * 2 : 4;
+  kg_json *items = realloc(v->items, sizeof *items * (size_t)nc);
+  if (!items) return fail(ps, "out of memory");
+  v->items = items;
+  if (object) {
+    char **keys = realloc(v->keys, sizeof *keys * (size_t)nc);
+    if (!keys) return fail(ps, "out of memory");
+    v->keys = keys;
+    size_t *kl = realloc(v->key_lens, sizeof *kl * (size_t)nc);
+    if (!kl) return fail(ps, "out of memory");
+    v->key_lens = kl;
+  }
+  *cap = nc;
+  return true;
+}
+
+static bool check_duplicates(parser *ps, kg_json *v) {
+  if (v->n < 2) return true;
+  keyref *r = malloc(sizeof *r * (size_t)v->n);
+  if (!r) return fail(ps, "out of memory");
+  for (int i = 0; i < v->n; i++)
+    r[i] = (keyref){v->keys[i], v->key_lens[i]};
+  qsort(r, (size_t)v->n, sizeof *r, keyref_cmp);
+  for (int i = 1; i < v->n; i++)
+    if (!keyref_cmp(&r[i - 1], &r[i])) {
+      fail(ps, "duplicate key \"%.200s\"", r[i].key);
+      free(r);
+      return false;
+    }
+  free(r);
+  return true;
+}
+
+static bool parse_container(parser *ps, kg_json *v, int depth, bool object) {
+  char close = object ? '}' : ']';
+  v->type = object ? KG_JSON_OBJECT : KG_JSON_ARRAY;
+  int cap = 0;
+  ps->p++;
+  skip_ws(ps);
+  if (ps->p < ps->end && *ps->p == close) {
+    ps->p++;
+    return true;
+  }
+  for (;;) {
+    if (!grow(ps, v, &cap, object)) return false;
+    kg_json *item = &v->items[v->n];
+    memset(item, 0, sizeof *item);
+    if (object) {
+      skip_ws(ps);
+      if (ps->p >= ps->end || *ps->p != '"') return fail(ps, "expected a string key");
+      ps->p++;
+      char *key;
+      size_t klen;
+      if (!parse_string(ps, &key, &klen)) return false;
+      v->keys[v->n] = key;
+      v->key_lens[v->n] = klen;
+      v->n++; /* counted now so kg_json_free releases the key on any later failure */
+      skip_ws(ps);
+      if (ps->p >= ps->end || *ps->p != ':') return fail(ps, "expected ':' after a key");
+      ps->p++;
+    } else
+      v->n++;
+    if (!parse_value(ps, item, depth + 1)) return false;
+    skip_ws(ps);
+    if (ps->p >= ps->end) return fail(ps, "unterminated %s", object ? "object" : "array");
+    if (*ps->p == ',') {
+      ps->p++;
+      continue;
+    }
+    if (*ps->p == close) {
+      ps->p++;
+      return object ? check_duplicates(ps, v) : true;
+    }
+    return fail(ps, "expected ',' or '%c'", close);
+  }
+}
+
+static bool literal(parser *ps, const char *word) {
+  size_t n = strlen(word);
+  if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n)) return fail(ps, "unexpected character");
+  ps->p += n;
+  return true;
+}
+
+static bool parse_value(parser *ps, kg_json *v, int depth) {
+  if (depth > KG_JSON_MAX_DEPTH) return fail(ps, "nested deeper than %d levels", KG_JSON_MAX_DEPTH);
+  skip_ws(ps);
+  if (ps->p >= ps->end) return fail(ps, "unexpected end of input");
+  switch (*ps->p) {
+  case '{': return parse_container(ps, v, depth, true);
+  case '[': return parse_container(ps, v, depth, false);
+  case '"':
+    ps->p++;
+    v->type = KG_JSON_STRING;
+    return parse_string(ps, &v->str, &v->len);
+  case 't': v->type = KG_JSON_BOOL, v->boolean = true; return literal(ps, "true");
+  case 'f': v->type = KG_JSON_BOOL; return literal(ps, "false");
+  case 'n': v->type = KG_JSON_NULL; return literal(ps, "null");
+  default: return parse_number(ps, v);
+  }
+}
+
+static void free_inner(kg_json *v) {
+  free(v->str);
+  for (int i = 0; i < v->n; i++) {
+    free_inner(&v->items[i]);
+    if (v->keys) free(v->keys[i]);
+  }
+  free(v->items);
+  free(v->keys);
+  free(v->key_lens);
+}
+
+void kg_json_free(kg_json *v) {
+  if (!v) return;
+  free_inner(v);
+  free(v);
+}
+
+kg_json *kg_json_parse(const char *src, size_t len, char *err, size_t errlen) {
+  parser ps = {src, src, src + len, err, errlen, false};
+  kg_json *v = calloc(1, sizeof *v);
+  if (!v) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  if (parse_value(&ps, v, 0)) {
+    skip_ws(&ps);
+    if (ps.p != ps.end) fail(&ps, "trailing characters after the value");
+  }
+  if (ps.failed) {
+    kg_json_free(v);
+    return NULL;
+  }
+  return v;
+}
+
+const kg_json *kg_json_get(const kg_json *obj, const char *key) {
+  if (!obj || obj->type != KG_JSON_OBJECT) return NULL;
+  size_t n = strlen(key);
+  for (int i = 0; i < obj->n; i++)
+    if (obj->key_lens[i] == n && !memcmp(obj->keys[i], key, n)) return &obj->items[i];
+  return NULL;
+}
+
+const char *kg_json_type_name(kg_json_type t) {
+  static const char *names[] = {"null", "boolean", "number", "string", "array", "object"};
+  return (unsigned)t < 6 ? names[t] : "?";
+}
+
+/* ---- writer --------------------------------------------------------------------------------- */
+
+void kg_jb_raw(kg_json_buf *b, const char *s, size_t n) {
+  if (b->failed) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t nc = b->cap ? b->cap : 256;
+    while (nc < b->len + n + 1)
+      nc *= 2;
+    char *d = realloc(b->data, nc);
+    if (!d) {
+      b->failed = true;
+      return;
+    }
+    b->data = d;
+    b->cap = nc;
+  }
+  memcpy(b->data + b->len, s, n);
+  b->len += n;
+  b->data[b->len] = 0;
+}
+
+void kg_jb_puts(kg_json_buf *b, const char *s) { kg_jb_raw(b, s, strlen(s)); }
+
+void kg_jb_string(kg_json_buf *b, const char *s, size_t n) {
+  kg_jb_raw(b, "\"", 1);
+  size_t run = 0; /* bytes copied verbatim in one go */
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    kg_jb_raw(b, s + run, i - run);
+    run = i + 1;
+    char esc[8];
+    switch (c) {
+    case '"': kg_jb_raw(b, "\\\"", 2); break;
+    case '\\': kg_jb_raw(b, "\\\\", 2); break;
+    case '\n': kg_jb_raw(b, "\\n", 2); break;
+    case '\r': kg_jb_raw(b, "\\r", 2); break;
+    case '\t': kg_jb_raw(b, "\\t", 2); break;
+    default: snprintf(esc, sizeof esc, "\\u%04x", c); kg_jb_raw(b, esc, 6);
+    }
+  }
+  kg_jb_raw(b, s + run, n - run);
+  kg_jb_raw(b, "\"", 1);
+}
+
+void kg_jb_uint(kg_json_buf *b, uint64_t v) {
+  char tmp[24];
+  int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+  kg_jb_raw(b, tmp, (size_t)n);
+}
+
+void kg_jb_free(kg_json_buf *b) {
+  free(b->data);
+  memset(b, 0, sizeof *b);
+}
