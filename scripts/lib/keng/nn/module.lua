@@ -580,8 +580,9 @@ function Module:summary(opts)
   out[#out + 1] = string.format("Frozen params: %s (%s)", commas(total - trainable),
     human_bytes(total_bytes - trainable_bytes))
   local s = table.concat(out, "\n")
-  if not opts.quiet then (opts.print_fn or print)(s) end
-  return s
+  if opts.quiet then return s end
+  if opts.print_fn then opts.print_fn(s); return s end
+  print(s) -- printed once; nothing returned, so the REPL does not echo the table again
 end
 
 ---------------------------------------------------------------------------------------------
