@@ -1,0 +1,199 @@
+/* norm.cu — layer_norm, rms_norm, group_norm and their backward kernels, with engine/cpu/norm.c's
+ * layout and formulas: `rows` rows of M contiguous elements, one mean/rstd each; element i of
+ * row r belongs to channel (r % G) * cpg + i / S.
+ *
+ *   forward   y = (x - mean) * (w[c] * rstd) + b[c]     (rms: mean = 0, no b; w -> 1 + w if unit_offset)
+ *   backward  xhat = (x - mean) * rstd
+ *             dx = rstd * (dy * w[c] - mean(dy * w) - xhat * mean(dy * w * xhat))   (rms: no mean(dy*w))
+ *             dw[c] = Σ dy * xhat, db[c] = Σ dy   (over rows and spatial positions)
+ *
+ * Compute in float (double for f64) with row sums in double. Forward and dx: one block per row.
+ * dw/db: a second kernel, one block per channel reducing in double over its rows (no atomics,
+ * deterministic). */
+#include "util.cuh"
+
+struct norm_plan {
+  int64_t rows, M, S, cpg, G;
+  bool center, unit_offset;
+  double eps;
+  const char *w, *b;
+  int wdt, bdt;
+};
+
+static norm_plan plan_of(const kg_tensor *x, const kg_norm_params *p, bool group, bool center) {
+  norm_plan q = {};
+  q.center = center, q.unit_offset = p->unit_offset, q.eps = p->eps;
+  int nd = x->ndim;
+  q.S = 1;
+  if (group) {
+    q.G = p->groups;
+    q.cpg = x->shape[1] / q.G;
+    for (int d = 2; d < nd; d++) q.S *= x->shape[d];
+    q.rows = x->shape[0] * q.G;
+  } else {
+    q.G = 1;
+    q.cpg = x->shape[nd - 1];
+    q.rows = 1;
+    for (int d = 0; d < nd - 1; d++) q.rows *= x->shape[d];
+  }
+  q.M = q.cpg * q.S;
+  return q;
+}
+
+template <class T> __device__ __forceinline__ T weight(const norm_plan &q, int64_t c) {
+  return q.w ? kg_load<T>(q.w, q.wdt, c) + (T)(q.unit_offset ? 1 : 0) : (T)1;
+}
+template <class T> __device__ __forceinline__ T bias(const norm_plan &q, int64_t c) {
+  return q.b ? kg_load<T>(q.b, q.bdt, c) : (T)0;
+}
+
+template <class T>
+__global__ void norm_forward_kernel(norm_plan q, const char *x, int xdt, char *y, int ydt, char *smean, char *srstd,
+                                    int sdt) {
+  for (int64_t r = blockIdx.x; r < q.rows; r += gridDim.x) {
+    int64_t base = r * q.M, c0 = (r % q.G) * q.cpg;
+    T mean = 0;
+    if (q.center) {
+      double sum = 0;
+      for (int64_t i = threadIdx.x; i < q.M; i += blockDim.x) sum += (double)kg_load<T>(x, xdt, base + i);
+      mean = (T)(kg_block_sum(sum) / (double)q.M);
+    }
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < q.M; i += blockDim.x) {
+      T d = kg_load<T>(x, xdt, base + i) - mean;
+      ss += (double)d * d;
+    }
+    ss = kg_block_sum(ss);
+    T rstd = (T)(1.0 / sqrt(ss / (double)q.M + q.eps));
+    for (int64_t i = threadIdx.x; i < q.M; i += blockDim.x) {
+      int64_t ch = c0 + i / q.S;
+      T sc = weight<T>(q, ch) * rstd, sh = bias<T>(q, ch);
+      kg_store(y, ydt, base + i, (kg_load<T>(x, xdt, base + i) - mean) * sc + sh);
+    }
+    if (threadIdx.x == 0) {
+      if (smean) kg_store(smean, sdt, r, mean);
+      kg_store(srstd, sdt, r, rstd);
+    }
+  }
+}
+
+template <class T>
+__global__ void norm_dx_kernel(norm_plan q, const char *g, int gdt, const char *x, int xdt, const char *smean,
+                               const char *srstd, int sdt, char *dx, int ddt) {
+  for (int64_t r = blockIdx.x; r < q.rows; r += gridDim.x) {
+    int64_t base = r * q.M, c0 = (r % q.G) * q.cpg;
+    T mean = smean ? kg_load<T>(smean, sdt, r) : (T)0, rstd = kg_load<T>(srstd, sdt, r);
+    double sa = 0, sb = 0; /* Σ dy * w, Σ dy * w * xhat */
+    for (int64_t i = threadIdx.x; i < q.M; i += blockDim.x) {
+      T wc = weight<T>(q, c0 + i / q.S), gv = kg_load<T>(g, gdt, base + i);
+      T xh = (kg_load<T>(x, xdt, base + i) - mean) * rstd;
+      sa += (double)gv * wc;
+      sb += (double)gv * xh * wc;
+    }
+    sa = kg_block_sum(sa);
+    sb = kg_block_sum(sb);
+    T A = q.center ? (T)(sa / (double)q.M) : (T)0, B = (T)(sb / (double)q.M);
+    for (int64_t i = threadIdx.x; i < q.M; i += blockDim.x) {
+      T wc = weight<T>(q, c0 + i / q.S), gv = kg_load<T>(g, gdt, base + i);
+      T xh = (kg_load<T>(x, xdt, base + i) - mean) * rstd;
+      kg_store(dx, ddt, base + i, rstd * (gv * wc - A - xh * B));
+    }
+  }
+}
+
+/* block per channel c: dw[c] = Σ dy * xhat, db[c] = Σ dy over (batch of its group rows, spatial) */
+template <class T>
+__global__ void norm_dwdb_kernel(norm_plan q, const char *g, int gdt, const char *x, int xdt, const char *smean,
+                                 const char *srstd, int sdt, char *dw, int dwdt, char *db, int dbdt) {
+  int64_t C = q.cpg * q.G, count = q.rows / q.G * q.S;
+  for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+    int64_t grp = c / q.cpg, k = c % q.cpg;
+    double aw = 0, ab = 0;
+    for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+      int64_t b = e / q.S, s = e - b * q.S, r = b * q.G + grp, off = r * q.M + k * q.S + s;
+      T mean = smean ? kg_load<T>(smean, sdt, r) : (T)0, rstd = kg_load<T>(srstd, sdt, r);
+      T gv = kg_load<T>(g, gdt, off), xh = (kg_load<T>(x, xdt, off) - mean) * rstd;
+      aw += (double)gv * xh;
+      ab += (double)gv;
+    }
+    aw = kg_block_sum(aw);
+    ab = kg_block_sum(ab);
+    if (threadIdx.x == 0) {
+      kg_store(dw, dwdt, c, aw);
+      if (db) kg_store(db, dbdt, c, ab);
+    }
+  }
+}
+
+static const kg_tensor *in_or_null(const kg_op_call *c, int i) { return c->nin > i ? c->in[i] : NULL; }
+
+/* in = {x, w, b}; out = {y, mean, rstd} (centred) or {y, rstd} */
+static kg_status forward(const kg_op_call *c, bool group, bool center) {
+  const kg_tensor *x = c->in[0], *w = in_or_null(c, 1), *b = in_or_null(c, 2);
+  norm_plan q = plan_of(x, (const kg_norm_params *)c->params, group, center);
+  q.w = w ? (const char *)kg_data(w) : NULL, q.wdt = w ? w->dtype : 0;
+  q.b = b ? (const char *)kg_data(b) : NULL, q.bdt = b ? b->dtype : 0;
+  kg_tensor *y = c->out[0], *sm = center ? c->out[1] : NULL, *sr = c->out[center ? 2 : 1];
+  if (q.rows == 0) return KG_OK;
+  int dev = y->device.index;
+  cudaStream_t s = kg_cuda_stream(dev);
+  unsigned th = kg_row_threads(q.M);
+  char *smb = sm ? (char *)kg_data(sm) : NULL;
+  if (x->dtype == KG_F64)
+    norm_forward_kernel<double><<<kg_grid(q.rows), th, 0, s>>>(q, (const char *)kg_data(x), x->dtype, (char *)kg_data(y),
+                                                               y->dtype, smb, (char *)kg_data(sr), sr->dtype);
+  else
+    norm_forward_kernel<float><<<kg_grid(q.rows), th, 0, s>>>(q, (const char *)kg_data(x), x->dtype, (char *)kg_data(y),
+                                                              y->dtype, smb, (char *)kg_data(sr), sr->dtype);
+  return kg_cuda_check(kg_op_info[c->op].name, dev);
+}
+
+/* in = {dy, x, w, mean, rstd} (centred) or {dy, x, w, rstd}; out = {dx, dw[, db]} */
+static kg_status backward(const kg_op_call *c, bool group, bool center) {
+  const kg_tensor *g = c->in[0], *x = c->in[1], *w = c->in[2];
+  const kg_tensor *sm = center ? c->in[3] : NULL, *sr = c->in[center ? 4 : 3];
+  norm_plan q = plan_of(x, (const kg_norm_params *)c->params, group, center);
+  q.w = w ? (const char *)kg_data(w) : NULL, q.wdt = w ? w->dtype : 0;
+  kg_tensor *dx = c->out[0], *dw = c->nout > 1 ? c->out[1] : NULL, *db = c->nout > 2 ? c->out[2] : NULL;
+  int64_t C = q.cpg * q.G;
+  int dev = dx->device.index;
+  cudaStream_t s = kg_cuda_stream(dev);
+  const char *gb = (const char *)kg_data(g), *xb = (const char *)kg_data(x);
+  const char *smb = sm ? (const char *)kg_data(sm) : NULL, *srb = (const char *)kg_data(sr);
+  if (q.rows > 0) {
+    unsigned th = kg_row_threads(q.M);
+    if (x->dtype == KG_F64)
+      norm_dx_kernel<double><<<kg_grid(q.rows), th, 0, s>>>(q, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype,
+                                                            (char *)kg_data(dx), dx->dtype);
+    else
+      norm_dx_kernel<float><<<kg_grid(q.rows), th, 0, s>>>(q, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype,
+                                                           (char *)kg_data(dx), dx->dtype);
+    KG_TRY(kg_cuda_check(kg_op_info[c->op].name, dev));
+  }
+  if (dw && C > 0) {
+    char *dbb = db ? (char *)kg_data(db) : NULL;
+    int dbdt = db ? db->dtype : 0;
+    if (q.rows == 0 || q.S == 0) { /* nothing summed: zeros */
+      kg_cuda_ew_args a = {KG_EW_FILL, 0, 0, NAN, 0, 0, 0};
+      KG_TRY(kg_cuda_ew("norm_backward", a, dw, 0, NULL));
+      if (db) KG_TRY(kg_cuda_ew("norm_backward", a, db, 0, NULL));
+      return KG_OK;
+    }
+    unsigned th = kg_row_threads(q.rows / q.G * q.S);
+    if (x->dtype == KG_F64)
+      norm_dwdb_kernel<double><<<kg_grid(C), th, 0, s>>>(q, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype,
+                                                         (char *)kg_data(dw), dw->dtype, dbb, dbdt);
+    else
+      norm_dwdb_kernel<float><<<kg_grid(C), th, 0, s>>>(q, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype,
+                                                        (char *)kg_data(dw), dw->dtype, dbb, dbdt);
+    KG_TRY(kg_cuda_check(kg_op_info[c->op].name, dev));
+  }
+  return KG_OK;
+}
+
+extern "C" kg_status kg_cuda_layer_norm(const kg_op_call *c) { return forward(c, false, true); }
+extern "C" kg_status kg_cuda_rms_norm(const kg_op_call *c) { return forward(c, false, false); }
+extern "C" kg_status kg_cuda_group_norm(const kg_op_call *c) { return forward(c, true, true); }
+extern "C" kg_status kg_cuda_layer_norm_backward(const kg_op_call *c) { return backward(c, false, true); }
+extern "C" kg_status kg_cuda_rms_norm_backward(const kg_op_call *c) { return backward(c, false, false); }
+extern "C" kg_status kg_cuda_group_norm_backward(const kg_op_call *c) { return backward(c, true, true); }

@@ -1,0 +1,340 @@
+-- all.lua — the benchmark suite: every row of the Keras 3 table (../shared/BENCH_SPEC.md).
+--
+--   keng scripts/bench/all.lua [--tier cpu|gpu] [--only bert,gemma_fit] [--steps N]
+--        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
+--
+-- Rows come from scripts/bench/config.lua and run through scripts/bench/<family>.lua. A row whose
+-- model file (scripts/models/<family>.lua) is not there prints "not implemented"; a row that
+-- raises prints "failed: <reason>" and the suite goes on, exiting 1 at the end. Writes
+-- DIR/<date>-<tier>.json, .md and .png (default DIR bench-results). docs/benchmarks.md explains it.
+local keng = keng or require "keng"
+
+-- make `require "bench.x"` work from any working directory
+local here = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$")
+if here then package.path = here .. "/?.lua;" .. here .. "/lib/?.lua;" .. package.path end
+
+local bench = require "keng.bench"
+local progress = require "keng.progress"
+local config = require "bench.config"
+local json = require "bench.json"
+
+------------------------------------------------------------------------------------------------
+-- command line
+
+local usage = [[usage: keng scripts/bench/all.lua [--tier cpu|gpu] [--only a,b] [--steps N]
+       [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
+  --only takes families (bert, gemma, mistral, sam, stable_diffusion/sd) or row ids (bert_fit, ...)]]
+
+local function die(msg)
+  io.stderr:write("all.lua: ", msg, "\n", usage, "\n")
+  os.exit(2)
+end
+
+local function parse(argv)
+  local o = {dtype = "keras", format = "md", out = "bench-results"}
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    local key, val = a:match("^%-%-([%w_]+)=(.*)$")
+    if not key then
+      key = a:match("^%-%-([%w_]+)$")
+      if not key then die("unexpected argument '" .. a .. "'") end
+      if key == "help" then print(usage); os.exit(0) end
+      val = argv[i + 1]
+      if val == nil then die("--" .. key .. " needs a value") end
+      i = i + 1
+    end
+    if key == "tier" or key == "dtype" or key == "format" or key == "out" or key == "compare" or key == "only" then
+      o[key] = val
+    elseif key == "steps" then
+      o.steps = tonumber(val)
+      if not o.steps or o.steps < 1 or o.steps % 1 ~= 0 then die("--steps must be a positive integer") end
+    else
+      die("unknown option --" .. key)
+    end
+    i = i + 1
+  end
+  o.tier = o.tier or (keng.cuda.is_available() and "gpu" or "cpu")
+  if o.tier ~= "cpu" and o.tier ~= "gpu" then die("--tier must be cpu or gpu") end
+  if o.tier == "gpu" and not keng.cuda.is_available() then die("--tier gpu needs a CUDA device (none found)") end
+  if o.dtype ~= "keras" and o.dtype ~= "f32" and o.dtype ~= "bf16" then die("--dtype must be f32, bf16 or keras") end
+  if o.format ~= "md" and o.format ~= "csv" and o.format ~= "json" then die("--format must be md, csv or json") end
+  o.steps = o.steps or config.default_steps[o.tier]
+  return o
+end
+
+local opts = parse(arg or {})
+
+local aliases = {sd = "stable_diffusion"}
+local function selected(row)
+  if not opts.only then return true end
+  for name in opts.only:gmatch("[^,%s]+") do
+    name = aliases[name] or name
+    if name == row.family or name == row.id then return true end
+  end
+  return false
+end
+
+------------------------------------------------------------------------------------------------
+-- the machine
+
+local function popen_line(cmd)
+  local p = io.popen(cmd .. " 2>/dev/null")
+  if not p then return nil end
+  local s = p:read("l")
+  p:close()
+  return s and s ~= "" and s or nil
+end
+
+local function cpu_name()
+  local f = io.open("/proc/cpuinfo")
+  local name
+  if f then
+    for line in f:lines() do
+      name = line:match("^model name%s*:%s*(.-)%s*$")
+      if name then break end
+    end
+    f:close()
+  end
+  return name or "unknown cpu"
+end
+
+local device = opts.tier == "gpu" and "cuda" or "cpu"
+local device_name = opts.tier == "gpu"
+  and (popen_line("nvidia-smi --query-gpu=name --format=csv,noheader") or "cuda")
+  or cpu_name()
+local threads = keng.num_threads()
+local commit = popen_line("git rev-parse --short=12 HEAD") or "unknown"
+local date = os.date("%Y-%m-%d")
+
+-- peak TFLOP/s for a dtype: the known-GPU table, or a short matmul probe on the CPU (the best of
+-- a few 1024³ matmuls in that dtype), cached in DIR/cpu-peak.json per cpu, threads and dtype
+local peaks = {}
+local function peak_tflops(dtype)
+  if peaks[dtype] ~= nil then return peaks[dtype] or nil end
+  local p
+  if opts.tier == "gpu" then
+    for _, g in ipairs(config.gpu_peaks) do
+      if device_name:find(g.match, 1, true) then p = g[dtype] or g.bf16; break end
+    end
+  else
+    local file, key = opts.out .. "/cpu-peak.json", device_name .. " / " .. threads .. " threads / " .. dtype
+    local cache = {}
+    local f = io.open(file)
+    if f then
+      local ok, c = pcall(json.decode, f:read("a"))
+      f:close()
+      if ok and type(c) == "table" then cache = c end
+    end
+    p = cache[key]
+    if type(p) ~= "number" then
+      local N = 1024
+      local a, b = keng.randn({N, N}):to(dtype), keng.randn({N, N}):to(dtype)
+      local r = keng.no_grad(function()
+        return bench.run(function() return a:matmul(b) end, {steps = 3, warmup = 1})
+      end)
+      p = 2 * N ^ 3 / (r.min_ms / 1e3) / 1e12
+      cache[key] = p
+      os.execute("mkdir -p '" .. opts.out .. "'")
+      local w = io.open(file, "w")
+      if w then w:write(json.encode(cache, {indent = "  "}), "\n"); w:close() end
+    end
+  end
+  peaks[dtype] = p or false
+  return p
+end
+
+------------------------------------------------------------------------------------------------
+-- running rows
+
+local function module_exists(name)
+  return package.searchpath(name, package.path) ~= nil
+end
+
+local tty = progress.is_terminal()
+local rows = {}
+for _, row in ipairs(config.rows) do if selected(row) then rows[#rows + 1] = row end end
+if #rows == 0 then die("--only '" .. tostring(opts.only) .. "' matches no row") end
+
+print(string.format("keng %s (%s) · %s tier · %s · %d threads · %d timed steps per row%s",
+  keng.version, commit, opts.tier, device_name, threads, opts.steps,
+  opts.dtype ~= "keras" and (" · all rows in " .. opts.dtype) or ""))
+
+local results = {}
+local any_failed = false
+for i, row in ipairs(rows) do
+  local dtype = opts.dtype == "keras" and row.dtype or opts.dtype
+  local size = row[opts.tier]
+  local label = string.format("[%2d/%d] %-24s batch %-3d %-4s %s", i, #rows, row.name, row.batch, dtype, size.preset)
+  io.write(label, " ... ")
+  io.flush()
+  local res = {id = row.id, row = row.name, family = row.family, task = row.task, batch = row.batch,
+               dtype = dtype, tier = opts.tier, device = device_name, threads = threads,
+               preset = size.preset, keras = row.keras, framework = "keng", keng_version = keng.version,
+               commit = commit}
+  local fam_file = "bench." .. row.family
+  if not module_exists(row.module) or not module_exists(fam_file) then
+    res.status = "not implemented"
+    res.reason = (not module_exists(row.module) and row.module:gsub("%.", "/") .. ".lua" or fam_file:gsub("%.", "/") .. ".lua")
+      .. " is not there yet"
+    print("not implemented")
+  else
+    local ctx = {tier = opts.tier, steps = opts.steps, dtype = dtype, device = device}
+    if tty then
+      ctx.on_step = function(s, n, ms)
+        io.write(string.format("\r%s ... step %d/%d %.1f ms ", label, s, n, ms))
+        io.flush()
+      end
+    end
+    collectgarbage()
+    local ok, r = xpcall(function() return require(fam_file).run(row, ctx) end, function(e)
+      return {msg = tostring(e), trace = debug.traceback(nil, 2)}
+    end)
+    if tty then io.write("\r", label, " ... ") end
+    if ok then
+      r.times_ms = json.array(r.times_ms)
+      for k, v in pairs(r) do if res[k] == nil then res[k] = v end end
+      res.status = "ok"
+      local pk = peak_tflops(dtype)
+      if pk and res.tflops then res.peak_tflops, res.pct_peak = pk, 100 * res.tflops / pk end
+      print(string.format("%.2f ms/step (median %.2f, min %.2f, sd %.2f)%s  %.3f TFLOP/s%s", res.mean_ms,
+        res.median_ms, res.min_ms, res.stddev_ms,
+        res.items_per_s and string.format("  %.1f items/s", res.items_per_s) or "", res.tflops or 0,
+        res.pct_peak and string.format(" (%.1f%% of peak)", res.pct_peak) or ""))
+    else
+      any_failed = true
+      res.status = "failed"
+      res.reason = (r.msg:gsub("\n.*", ""))
+      print("failed: " .. res.reason)
+      if os.getenv("KENG_BENCH_TRACE") then io.stderr:write(r.trace, "\n") end
+    end
+  end
+  results[#results + 1] = res
+  collectgarbage()
+end
+
+------------------------------------------------------------------------------------------------
+-- comparison with an earlier run or a peer (--compare FILE.json)
+
+local other, other_name
+if opts.compare then
+  local f = io.open(opts.compare)
+  if not f then die("--compare: cannot open " .. opts.compare) end
+  local ok, doc = pcall(json.decode, f:read("a"))
+  f:close()
+  if not ok or type(doc) ~= "table" or type(doc.rows) ~= "table" then
+    die("--compare: " .. opts.compare .. " is not a benchmark JSON (" .. tostring(ok and "no rows" or doc) .. ")")
+  end
+  other, other_name = {}, doc.framework or "other"
+  if other_name == "keng" then other_name = "keng " .. tostring(doc.commit or doc.date or "earlier") end
+  for _, r in ipairs(doc.rows) do
+    if r.status == "ok" and type(r.mean_ms) == "number" then other[r.id] = r end
+  end
+end
+
+------------------------------------------------------------------------------------------------
+-- the report
+
+local function f2(x) return x and string.format("%.2f", x) or "NA" end
+
+local function cells(r)
+  local ms = r.status == "ok" and string.format("%.2f", r.mean_ms) or
+             (r.status == "failed" and ("failed: " .. r.reason) or "not implemented")
+  local c = {r.row, tostring(r.batch), r.dtype, ms, f2(r.keras.best), f2(r.keras.k2),
+             r.tflops and string.format("%.3f", r.tflops) or "", r.pct_peak and string.format("%.1f", r.pct_peak) or ""}
+  if other then
+    local o = other[r.id]
+    c[#c + 1] = o and string.format("%.2f", o.mean_ms) or ""
+    c[#c + 1] = (o and r.status == "ok") and string.format("%.2f", r.mean_ms / o.mean_ms) or ""
+  end
+  return c
+end
+
+local header = {"row", "batch", "dtype", "keng ms/step", "Keras 3 best", "Keras 2 TF", "TFLOP/s", "% of peak"}
+if other then
+  header[#header + 1] = other_name .. " ms/step"
+  header[#header + 1] = "keng/" .. other_name
+end
+
+local function markdown()
+  local out = {"| " .. table.concat(header, " | ") .. " |",
+               "|" .. string.rep("---|", #header)}
+  for _, r in ipairs(results) do out[#out + 1] = "| " .. table.concat(cells(r), " | ") .. " |" end
+  return table.concat(out, "\n")
+end
+
+local function csv()
+  local function q(s) return s:find('[,"]') and '"' .. s:gsub('"', '""') .. '"' or s end
+  local out = {}
+  local h = {}
+  for i, s in ipairs(header) do h[i] = q(s) end
+  out[1] = table.concat(h, ",")
+  for _, r in ipairs(results) do
+    local c = cells(r)
+    for i, s in ipairs(c) do c[i] = q(s) end
+    out[#out + 1] = table.concat(c, ",")
+  end
+  return table.concat(out, "\n")
+end
+
+local doc = {schema = "keng-bench/1", framework = "keng", keng_version = keng.version, commit = commit,
+             date = date, tier = opts.tier, device = device_name, threads = threads, steps = opts.steps,
+             dtype = opts.dtype, rows = json.array(results)}
+local note = opts.tier == "cpu" and
+  "Keras figures are the published A100 40GB numbers at the GPU-tier sizes, for reference only; " ..
+  "CPU-tier rows run the scaled-down presets of BENCH_SPEC." or
+  "Keras figures: published A100 40GB numbers (keras.io benchmarks)."
+
+print()
+if opts.format == "json" then print(json.encode(doc, {indent = "  "}))
+elseif opts.format == "csv" then print(csv())
+else print(markdown()); print(); print(note) end
+
+os.execute("mkdir -p '" .. opts.out .. "'")
+local base = opts.out .. "/" .. date .. "-" .. opts.tier
+local function write(path, text)
+  local f, err = io.open(path, "w")
+  if not f then io.stderr:write("all.lua: cannot write ", tostring(err), "\n"); return end
+  f:write(text, "\n")
+  f:close()
+end
+write(base .. ".json", json.encode(doc, {indent = "  "}))
+write(base .. ".md", table.concat({
+  string.format("# keng benchmarks — %s tier, %s", opts.tier, date), "",
+  string.format("keng %s (commit %s) on %s, %d threads, %d timed steps per row after one warm-up%s.",
+    keng.version, commit, device_name, threads, opts.steps,
+    opts.dtype ~= "keras" and (", all rows in " .. opts.dtype) or ""), "",
+  markdown(), "", note, "", "![chart](" .. date .. "-" .. opts.tier .. ".png)"}, "\n"))
+
+-- the chart: keng vs Keras 3 best (vs the compared run when given), log scale
+local short = {fit = "FIT", predict = "PRED", generate = "GEN"}
+local fam = {sam = "SAM", stable_diffusion = "SD", bert = "BERT", gemma = "GEMMA", mistral = "MISTRAL"}
+local groups = {}
+for _, r in ipairs(results) do
+  local task = short[r.task] .. (r.task == "generate" and tostring(r.batch) or "")
+  local vals = {r.status == "ok" and r.mean_ms or nil, r.keras.best}
+  if other then vals[3] = other[r.id] and other[r.id].mean_ms end
+  groups[#groups + 1] = {label = {fam[r.family] or r.family:upper(), task}, values = vals}
+end
+local series = {"KENG " .. opts.tier:upper() .. " TIER", "KERAS 3 BEST A100"}
+if other then series[3] = other_name:upper() end
+local ok, err = pcall(function()
+  require("bench.chart").draw(base .. ".png", groups, {series = series,
+    title = string.format("KENG VS KERAS, MS/STEP (LOG SCALE), %s", device_name:upper():sub(1, 40))})
+end)
+if not ok then io.stderr:write("all.lua: chart not written: ", tostring(err), "\n") end
+
+if other then
+  print()
+  print(string.format("keng / %s (mean ms/step; below 1 = keng faster):", other_name))
+  for _, r in ipairs(results) do
+    local o = other[r.id]
+    if o and r.status == "ok" then
+      print(string.format("  %-26s %9.2f / %9.2f = %.2f", r.row .. (r.task == "generate" and " " .. r.batch or ""),
+        r.mean_ms, o.mean_ms, r.mean_ms / o.mean_ms))
+    end
+  end
+end
+print()
+print("wrote " .. base .. ".json, .md, .png")
+if any_failed then os.exit(1) end

@@ -1,0 +1,112 @@
+-- keng.bench — the one timing harness every benchmark uses (BENCH_SPEC.md, "Timing rules").
+--
+--   local bench = require "keng.bench"
+--   local r = bench.run(step_fn, {steps = 100, warmup = 1, items = 32})
+--   r.mean_ms, r.median_ms, r.min_ms, r.stddev_ms, r.items_per_s, r.tflops
+--
+-- Rules: `warmup` untimed calls first (they build and compile); then `steps` timed calls, each
+-- between two clock reads taken after keng.synchronize(), so queued device work is counted in
+-- the step that queued it. The FLOPs the engine counted (keng.flop_count(): matmul, conv,
+-- attention) over the timed steps give TFLOP/s. `bench.run_diff` is the generate / diffusion
+-- rule: (time of a long run - time of a short run) / difference, so fixed costs cancel.
+local keng = require "keng"
+
+local bench = {}
+
+local function sync()
+  if keng.cuda.is_available() then keng.synchronize() end
+end
+
+-- statistics of a list of numbers: mean, median, min, max, stddev (population, n; 0 for n < 2)
+function bench.stats(xs)
+  local n = #xs
+  if n == 0 then error("bench.stats: empty sample", 2) end
+  local sorted, sum = {}, 0
+  for i, x in ipairs(xs) do sorted[i] = x; sum = sum + x end
+  table.sort(sorted)
+  local mean = sum / n
+  local ss = 0
+  for _, x in ipairs(xs) do ss = ss + (x - mean) ^ 2 end
+  local median = n % 2 == 1 and sorted[(n + 1) // 2] or (sorted[n // 2] + sorted[n // 2 + 1]) / 2
+  return {n = n, mean = mean, median = median, min = sorted[1], max = sorted[n],
+          stddev = n > 1 and math.sqrt(ss / (n - 1)) or 0}
+end
+
+-- fills the result table r from per-step seconds, FLOPs and items per step
+local function finish(r, secs, flops, items)
+  local s = bench.stats(secs)
+  r.steps, r.times_ms = s.n, {}
+  for i, t in ipairs(secs) do r.times_ms[i] = t * 1e3 end
+  r.mean_ms, r.median_ms, r.min_ms, r.max_ms, r.stddev_ms =
+    s.mean * 1e3, s.median * 1e3, s.min * 1e3, s.max * 1e3, s.stddev * 1e3
+  r.flops_per_step = flops / s.n
+  r.tflops = s.mean > 0 and r.flops_per_step / s.mean / 1e12 or 0
+  if items then r.items_per_s = s.mean > 0 and items / s.mean or 0 end
+  return r
+end
+
+-- Times fn(i) for opts.steps (default 100) calls after opts.warmup (default 1) untimed calls.
+-- opts.items: items per step (samples, tokens) for items/s; opts.on_step(i, steps, ms) is called
+-- after each timed step (live progress); opts.gc: run a full collection before each step
+-- outside the clock (default true, so one step's garbage is not charged to the next).
+function bench.run(fn, opts)
+  opts = opts or {}
+  if type(fn) ~= "function" then error("bench.run: expected a function, got " .. type(fn), 2) end
+  local steps, warmup = opts.steps or 100, opts.warmup or 1
+  if steps < 1 then error("bench.run: steps must be >= 1, got " .. tostring(steps), 2) end
+  local gc = opts.gc ~= false
+  for i = 1, warmup do fn(-i) end
+  local secs, flops = {}, 0
+  for i = 1, steps do
+    if gc then collectgarbage() end
+    sync()
+    local f0, t0 = keng.flop_count(), keng.time()
+    fn(i)
+    sync()
+    local t1, f1 = keng.time(), keng.flop_count()
+    secs[i], flops = t1 - t0, flops + (f1 - f0)
+    if opts.on_step then opts.on_step(i, steps, secs[i] * 1e3) end
+  end
+  return finish({warmup = warmup}, secs, flops, opts.items)
+end
+
+-- The difference rule: fn(k) runs the workload with k repetitions inside (k generate() calls,
+-- or k diffusion steps). After one untimed fn(short), times fn(short) and fn(long) `repeats`
+-- times (default 1) and reports (t_long - t_short) / (long - short) per repetition; the sample
+-- kept in times_ms is one value per repeat. Defaults short = 1, long = short + opts.steps.
+function bench.run_diff(fn, opts)
+  opts = opts or {}
+  local short = opts.short or 1
+  local long = opts.long or short + (opts.steps or 100)
+  if long <= short then error("bench.run_diff: long must exceed short", 2) end
+  local repeats = opts.repeats or 1
+  fn(short)
+  local per, flops = {}, 0
+  for i = 1, repeats do
+    local function clock(k)
+      collectgarbage()
+      sync()
+      local f0, t0 = keng.flop_count(), keng.time()
+      fn(k)
+      sync()
+      return keng.time() - t0, keng.flop_count() - f0
+    end
+    local ts, fs = clock(short)
+    local tl, fl = clock(long)
+    per[i] = math.max(tl - ts, 0) / (long - short)
+    flops = flops + math.max(fl - fs, 0) / (long - short)
+    if opts.on_step then opts.on_step(i, repeats, per[i] * 1e3) end
+  end
+  local r = finish({warmup = 1, short = short, long = long}, per, flops, opts.items)
+  r.steps = long - short
+  return r
+end
+
+-- "12.3" / "1.23k" style number for tables
+function bench.fmt(x, digits)
+  if x == nil then return "-" end
+  if type(x) ~= "number" then return tostring(x) end
+  return string.format("%." .. (digits or 2) .. "f", x)
+end
+
+return bench

@@ -1,0 +1,110 @@
+-- keng.clip_tokenize — CLIP prompts to the fixed-length id batches the text encoder reads, on top
+-- of the C tokenizer keng.clip_tokenizer (engine/io/clip_bpe.c).
+--
+--   local ct = require "keng.clip_tokenize"
+--   local tok = ct.load("sd/tokenizer")                    -- vocab.json, merges.txt, pad from the config
+--   local tok = ct.load("vocab.json", "merges.txt", {pad_id = 49407})
+--   tok:encode_batch({"a cat", "a dog"})                    -- i64 [B, 77]: BOS ids EOS pad pad ...
+--   ct.encode_batch(raw, texts, {max_length = 77, pad_id = raw.eos_id})   -- raw = keng.clip_tokenizer(...)
+--
+-- Rows are <|startoftext|> ids <|endoftext|> then pad ids, as transformers' CLIPTokenizer with
+-- padding="max_length", truncation=True: a prompt over max_length - 2 ids keeps its first ones and
+-- warns on stderr (the words dropped are printed, as diffusers' pipelines do). SD v1 pads with
+-- <|endoftext|>; SD v2's tokenizer pads with "!" (id 0): the pad comes from the tokenizer config.
+local keng = require "keng"
+
+local M = {}
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- encode_batch(tok, texts, {max_length=77, pad_id=tok.eos_id}) -> i64 [B, max_length]
+-- tok: a keng.clip_tokenizer; texts: a string or a list of strings
+function M.encode_batch(tok, texts, opts)
+  opts = opts or {}
+  if type(texts) == "string" then texts = {texts} end
+  if type(texts) ~= "table" or #texts == 0 then
+    error("clip_tokenize: texts must be a string or a non-empty list of strings", 2)
+  end
+  local T = opts.max_length or 77
+  if math.type(T) ~= "integer" or T < 2 then error("clip_tokenize: max_length must be an integer >= 2", 2) end
+  local pad = opts.pad_id or tok.eos_id
+  local rows = {}
+  for b, text in ipairs(texts) do
+    if type(text) ~= "string" then error(string.format("clip_tokenize: texts[%d] is a %s, not a string", b, type(text)), 2) end
+    local ids = tok:encode(text)
+    if #ids > T - 2 then
+      local dropped = {}
+      for i = T - 1, #ids do dropped[#dropped + 1] = ids[i] end
+      io.stderr:write(string.format(
+        "clip_tokenize: warning: prompt %d has %d tokens; CLIP reads %d, so it was truncated, dropping: %q\n",
+        b, #ids, T - 2, tok:decode(dropped)))
+    end
+    local row = {tok.bos_id}
+    for i = 1, math.min(#ids, T - 2) do row[#row + 1] = ids[i] end
+    row[#row + 1] = tok.eos_id
+    while #row < T do row[#row + 1] = pad end
+    rows[b] = row
+  end
+  return keng.tensor(rows, {dtype = "i64"})
+end
+
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+
+function Tokenizer:encode(text) return self.raw:encode(text) end
+function Tokenizer:decode(ids) return self.raw:decode(ids) end
+function Tokenizer:vocab_size() return self.raw:vocab_size() end
+function Tokenizer:token_to_id(s) return self.raw:token_to_id(s) end
+function Tokenizer:id_to_token(id) return self.raw:id_to_token(id) end
+function Tokenizer:encode_batch(texts, opts)
+  opts = opts or {}
+  return M.encode_batch(self.raw, texts, {max_length = opts.max_length or self.max_length,
+                                          pad_id = opts.pad_id or self.pad_id})
+end
+
+-- the pad token of a tokenizer directory: tokenizer_config.json or special_tokens_map.json
+local function pad_token(dir)
+  local json = require "bench.json"
+  for _, name in ipairs{"/tokenizer_config.json", "/special_tokens_map.json"} do
+    local text = read_file(dir .. name)
+    if text then
+      local ok, j = pcall(json.decode, text)
+      if ok and type(j) == "table" then
+        local p = j.pad_token
+        if type(p) == "table" then p = p.content end
+        if type(p) == "string" then return p, type(j.model_max_length) == "number" and j.model_max_length or nil end
+      end
+    end
+  end
+end
+
+-- load(dir) or load(vocab_json, merges_txt), opts {pad_id=, max_length=77} -> a tokenizer with
+-- encode, decode, vocab_size, token_to_id, id_to_token, encode_batch, and fields bos_id, eos_id,
+-- pad_id, max_length, raw (the keng.clip_tokenizer)
+function M.load(path, merges, opts)
+  if type(merges) == "table" then merges, opts = nil, merges end
+  opts = opts or {}
+  local vocab, pad_name, max_len = path, nil, nil
+  if not merges then
+    vocab, merges = path .. "/vocab.json", path .. "/merges.txt"
+    pad_name, max_len = pad_token(path)
+  end
+  local ok, raw = pcall(keng.clip_tokenizer, vocab, merges)
+  if not ok then error(tostring(raw), 2) end
+  local pad_id = opts.pad_id
+  if not pad_id and pad_name then
+    pad_id = raw:token_to_id(pad_name)
+    if not pad_id then error("clip_tokenize: the pad token '" .. pad_name .. "' of " .. path .. " is not in the vocabulary", 2) end
+  end
+  if max_len and max_len > 1e6 then max_len = nil end  -- transformers' "no limit" sentinel
+  return setmetatable({raw = raw, bos_id = raw.bos_id, eos_id = raw.eos_id, pad_id = pad_id or raw.eos_id,
+                       max_length = opts.max_length or max_len or 77}, Tokenizer)
+end
+
+return M

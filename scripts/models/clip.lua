@@ -1,0 +1,247 @@
+-- models.clip — the CLIP text encoder (Radford et al. 2021), as Hugging Face's CLIPTextModel:
+-- token + learned position embeddings, pre-LN Transformer layers with causal self-attention and
+-- a quick-GELU MLP, a final LayerNorm. Stable Diffusion v1 conditions on last_hidden_state.
+--
+--   local clip = require "models.clip"
+--   local te = clip.from_preset("clip_vit_l14_text", {device = "meta"})   -- te:num_params() 123060480
+--   local te = clip.from_pretrained("sd/text_encoder")                   -- config.json + model.safetensors
+--   local h = te(ids)                 -- ids i64 [B, T] (0-based, T <= 77) -> last_hidden_state [B, T, C]
+--   local tok = clip.tokenizer("sd/tokenizer")   -- keng.clip_tokenize: tok:encode_batch(prompts) -> [B, 77]
+--
+-- Shape letters: B batch, T tokens, C width, H heads, D head dim (C/H), F MLP width, V vocab.
+-- Module names are Hugging Face's (text_model.embeddings.token_embedding,
+-- text_model.encoder.layers.0.self_attn.q_proj, ..., text_model.final_layer_norm), so a
+-- transformers / diffusers text_encoder checkpoint loads with no renaming.
+local keng = require "keng"
+local nn = require "keng.nn"
+
+local M = {}
+
+M.presets = {
+  clip_vit_l14_text = {vocab = 49408, width = 768, layers = 12, heads = 12, mlp = 3072},  -- SD v1
+  sd_tiny_text = {vocab = 49408, width = 64, layers = 2, heads = 4, mlp = 256},           -- CPU tier
+}
+local DEFAULTS = {max_positions = 77, eps = 1e-5, activation = "quick_gelu"}
+
+local ACT = {
+  quick_gelu = keng.quick_gelu,
+  gelu = function(x) return keng.gelu(x) end,
+}
+
+local function shape_str(shape) return "[" .. table.concat(shape, ", ") .. "]" end
+
+---------------------------------------------------------------------------------------------
+-- one pre-LN layer: h = h + attn(LN1(h)) (causal); h = h + fc2(act(fc1(LN2(h))))
+
+local Attention = nn.Module:extend("CLIPAttention")
+
+function Attention:init(c, lo)
+  self.heads = c.heads
+  self.k_proj = nn.Linear(c.width, c.width, lo)    -- [C, C]
+  self.v_proj = nn.Linear(c.width, c.width, lo)    -- [C, C]
+  self.q_proj = nn.Linear(c.width, c.width, lo)    -- [C, C]
+  self.out_proj = nn.Linear(c.width, c.width, lo)  -- [C, C]
+end
+
+function Attention:forward(x)  -- x [B, T, C]
+  local B, T, C = x.shape[1], x.shape[2], x.shape[3]
+  local H = self.heads
+  local D = C // H
+  local q = self.q_proj(x):view{B, T, H, D}:transpose(2, 3)  -- [B, H, T, D]
+  local k = self.k_proj(x):view{B, T, H, D}:transpose(2, 3)  -- [B, H, T, D]
+  local v = self.v_proj(x):view{B, T, H, D}:transpose(2, 3)  -- [B, H, T, D]
+  local a = keng.scaled_dot_product_attention(q, k, v, {causal = true})  -- [B, H, T, D]
+  return self.out_proj(a:transpose(2, 3):reshape{B, T, C})   -- [B, T, C]
+end
+
+local MLP = nn.Module:extend("CLIPMLP")
+
+function MLP:init(c, lo)
+  self.act = ACT[c.activation]
+  self.fc1 = nn.Linear(c.width, c.mlp, lo)  -- [F, C]
+  self.fc2 = nn.Linear(c.mlp, c.width, lo)  -- [C, F]
+end
+
+function MLP:forward(x) return self.fc2(self.act(self.fc1(x))) end  -- [B, T, C]
+
+local Layer = nn.Module:extend("CLIPEncoderLayer")
+
+function Layer:init(c, lo, no)
+  self.self_attn = Attention(c, lo)
+  self.layer_norm1 = nn.LayerNorm(c.width, no)
+  self.mlp = MLP(c, lo)
+  self.layer_norm2 = nn.LayerNorm(c.width, no)
+end
+
+function Layer:forward(h)  -- h [B, T, C]
+  h = h + self.self_attn(self.layer_norm1(h))
+  return h + self.mlp(self.layer_norm2(h))
+end
+
+-- children named "0", "1", ... as in the checkpoints (a ModuleList would count from 1)
+local Layers = nn.Module:extend("CLIPLayers")
+
+function Layers:init(c, lo, no)
+  self.n = c.layers
+  for i = 0, c.layers - 1 do self[tostring(i)] = Layer(c, lo, no) end
+end
+
+function Layers:forward(h)
+  for i = 0, self.n - 1 do h = self[tostring(i)](h) end
+  return h
+end
+
+---------------------------------------------------------------------------------------------
+-- embeddings, encoder, final norm
+
+local Embeddings = nn.Module:extend("CLIPTextEmbeddings")
+
+function Embeddings:init(c, o)
+  local eo = {dtype = o.dtype, device = o.device, init = "normal", std = 0.02}
+  self.token_embedding = nn.Embedding(c.vocab, c.width, eo)             -- [V, C]
+  self.position_embedding = nn.Embedding(c.max_positions, c.width, eo)  -- [77, C]
+end
+
+function Embeddings:forward(ids)  -- ids [B, T] -> [B, T, C]
+  local T = ids.shape[2]
+  local pos = self.position_embedding.weight:narrow(1, 1, T)  -- [T, C]
+  return self.token_embedding(ids) + pos
+end
+
+local Encoder = nn.Module:extend("CLIPEncoder")
+
+function Encoder:init(c, lo, no) self.layers = Layers(c, lo, no) end
+function Encoder:forward(h) return self.layers(h) end
+
+local TextTransformer = nn.Module:extend("CLIPTextTransformer")
+
+function TextTransformer:init(c, o)
+  local lo = {dtype = o.dtype, device = o.device, weight_init = "normal", std = 0.02}
+  local no = {eps = c.eps, dtype = o.dtype, device = o.device}
+  self.embeddings = Embeddings(c, o)
+  self.encoder = Encoder(c, lo, no)
+  self.final_layer_norm = nn.LayerNorm(c.width, no)
+end
+
+function TextTransformer:forward(ids)
+  return self.final_layer_norm(self.encoder(self.embeddings(ids)))
+end
+
+local TextModel = nn.Module:extend("CLIPTextModel")
+M.TextModel = TextModel
+
+-- TextModel(cfg, {dtype=, device=}); cfg: vocab, width, layers, heads, mlp, max_positions (77),
+-- eps (1e-5), activation ("quick_gelu" | "gelu")
+function TextModel:init(cfg, opts)
+  opts = opts or {}
+  local c = {}
+  for k, v in pairs(DEFAULTS) do c[k] = v end
+  for k, v in pairs(cfg) do c[k] = v end
+  if not ACT[c.activation] then error("clip: unknown activation '" .. tostring(c.activation) .. "'", 3) end
+  if c.width % c.heads ~= 0 then
+    error(string.format("clip: width %d does not split into %d heads", c.width, c.heads), 3)
+  end
+  self.config = c
+  self.text_model = TextTransformer(c, opts)
+end
+
+-- forward(ids): ids i64 [B, T] (0-based, T <= max_positions) -> last_hidden_state [B, T, C]
+function TextModel:forward(ids)
+  local c = self.config
+  if not keng.is_tensor(ids) or ids.ndim ~= 2 then
+    error("clip: token ids must be an integer tensor [B, T], got " .. (keng.is_tensor(ids) and shape_str(ids.shape) or type(ids)), 2)
+  end
+  if ids.shape[2] > c.max_positions then
+    error(string.format("clip: %d tokens exceed the %d positions of the model (encode_batch truncates)",
+      ids.shape[2], c.max_positions), 2)
+  end
+  if ids.device ~= "meta" and ids:numel() > 0 then
+    local hi, lo = ids:max():item(), ids:min():item()
+    if hi >= c.vocab or lo < 0 then
+      error(string.format("clip: token id %d is outside the vocabulary [0, %d)", hi >= c.vocab and hi or lo, c.vocab), 2)
+    end
+  end
+  return self.text_model(ids)
+end
+
+---------------------------------------------------------------------------------------------
+-- constructors
+
+local function preset_names()
+  local names = {}
+  for k in pairs(M.presets) do names[#names + 1] = k end
+  table.sort(names)
+  return table.concat(names, ", ")
+end
+
+-- loads a state dict in Hugging Face names (ours are the same) with every tensor checked;
+-- transformers 5 writes the names without the "text_model." prefix, diffusers checkpoints with it
+local function load_weights(m, sd, where)
+  local sub = {}
+  for name, t in pairs(sd) do
+    if not name:match("position_ids$") then  -- older checkpoints keep this buffer
+      sub[name:match("^text_model%.") and name or "text_model." .. name] = t
+    end
+  end
+  local ok, err = pcall(m.load_state_dict, m, sub)
+  if not ok then error("clip: " .. where .. ": " .. tostring(err), 3) end
+end
+
+-- from_preset(name, {dtype=, device=, weights=path}) -> TextModel with random weights (normal 0.02),
+-- or the tensors of `weights` (a .safetensors file or a directory)
+function M.from_preset(name, opts)
+  opts = opts or {}
+  local p = M.presets[name]
+  if not p then
+    error(string.format("clip.from_preset: unknown preset '%s' (valid: %s)", tostring(name), preset_names()), 2)
+  end
+  local device = opts.device
+  if opts.weights and not device then device = "meta" end
+  local m = TextModel(p, {dtype = opts.dtype, device = device})
+  if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
+  return m
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local HF_ACT = {quick_gelu = "quick_gelu", gelu = "gelu"}
+
+-- Hugging Face CLIPTextConfig (json table) -> our config
+function M.config_from_hf(j)
+  local act = HF_ACT[j.hidden_act or "quick_gelu"]
+  if not act then error("clip: unsupported hidden_act '" .. tostring(j.hidden_act) .. "'", 3) end
+  return {vocab = j.vocab_size, width = j.hidden_size, layers = j.num_hidden_layers, heads = j.num_attention_heads,
+          mlp = j.intermediate_size, max_positions = j.max_position_embeddings or 77, eps = j.layer_norm_eps or 1e-5,
+          activation = act}
+end
+
+-- from_pretrained(dir, {dtype=, device=}) -> TextModel from a transformers / diffusers
+-- text_encoder directory (config.json + model.safetensors or a sharded index)
+function M.from_pretrained(dir, opts)
+  opts = opts or {}
+  local text = read_file(dir .. "/config.json")
+  if not text then error("clip.from_pretrained: no config.json in " .. dir, 2) end
+  local ok, j = pcall(require("bench.json").decode, text)
+  if not ok then error("clip.from_pretrained: " .. dir .. "/config.json: " .. tostring(j), 2) end
+  if j.text_config then j = j.text_config end  -- a full CLIPModel config
+  for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do
+    if type(j[key]) ~= "number" then error("clip.from_pretrained: " .. dir .. "/config.json lacks " .. key, 2) end
+  end
+  local m = TextModel(M.config_from_hf(j), {dtype = opts.dtype, device = "meta"})
+  local okl, sd = pcall(keng.load, dir)
+  if not okl then error("clip.from_pretrained: " .. tostring(sd), 2) end
+  load_weights(m, sd, dir)
+  if opts.device and opts.device ~= "cpu" and opts.device ~= "meta" then m:to(opts.device) end
+  return m
+end
+
+-- tokenizer(dir or vocab.json, merges.txt?, {pad_id=}) -> keng.clip_tokenize tokenizer
+function M.tokenizer(...) return require("keng.clip_tokenize").load(...) end
+
+return M

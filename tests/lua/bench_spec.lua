@@ -1,0 +1,243 @@
+-- bench_spec.lua — the benchmark suite: keng.bench statistics and timing rules, keng.image PNG
+-- files and drawing, the JSON reader/writer, and a CI smoke run of
+-- `keng scripts/bench/all.lua --steps 2 --only bert --out <tmp>` as a child process whose JSON
+-- is checked against the schema (rows whose model file is missing must say "not implemented").
+local keng = require "keng"
+local H = require "helper"
+
+local root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/bench_spec.lua$") or "."
+package.path = root .. "/scripts/?.lua;" .. package.path
+local bench = require "keng.bench"
+local image = require "keng.image"
+local json = require "bench.json"
+local config = require "bench.config"
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function is_keng(path)
+  if not path or path == "" then return false end
+  local f = io.open(path, "rb")
+  if not f then return false end
+  f:close()
+  return path:match("keng$") ~= nil
+end
+
+-- $KENG_BIN (tests/run_all.sh), else the keng running this spec, else the first build*/keng
+local function find_keng()
+  local env = os.getenv("KENG_BIN")
+  if is_keng(env) then return env end
+  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
+  local self = p:read("a"):gsub("%s+$", "")
+  p:close()
+  if is_keng(self) then return self end
+  p = io.popen("ls -d " .. sh_quote(root) .. "/build*/keng 2>/dev/null | head -n 1")
+  local found = p:read("a"):gsub("%s+$", "")
+  p:close()
+  return is_keng(found) and found or nil
+end
+
+local tmp = os.tmpname()
+os.remove(tmp)
+os.execute("mkdir -p " .. sh_quote(tmp))
+
+describe("keng.bench statistics", function()
+  it("computes mean, median, min, max and sample stddev", function()
+    local s = bench.stats({4, 1, 3, 2})
+    assert.are.equal(4, s.n)
+    H.close(s.mean, 2.5)
+    H.close(s.median, 2.5)
+    assert.are.equal(1, s.min)
+    assert.are.equal(4, s.max)
+    H.close(s.stddev, math.sqrt(5 / 3), 1e-12)                      -- sum of squares 5, n - 1 = 3
+    local odd = bench.stats({7, 1, 5})
+    assert.are.equal(5, odd.median)
+    assert.are.equal(0, bench.stats({3}).stddev)
+  end)
+
+  it("rejects an empty sample and bad steps", function()
+    H.raises(function() bench.stats({}) end, "empty sample")
+    H.raises(function() bench.run(function() end, {steps = 0}) end, "steps must be >= 1")
+    H.raises(function() bench.run(42) end, "expected a function")
+  end)
+
+  it("excludes the warm-up calls from the clock and counts FLOPs of timed steps only", function()
+    local calls = {}
+    local a, b = keng.randn({16, 32}), keng.randn({32, 8})
+    local r = bench.run(function(i)
+      calls[#calls + 1] = i
+      if i < 0 then
+        local t0 = keng.time()
+        while keng.time() - t0 < 0.05 do end                         -- a slow "compile" step
+      end
+      return a:matmul(b)
+    end, {steps = 3, warmup = 2, items = 16})
+    assert.are.same({-1, -2, 1, 2, 3}, calls)
+    assert.are.equal(3, r.steps)
+    assert.are.equal(3, #r.times_ms)
+    assert.is_true(r.mean_ms < 50, "warm-up leaked into the timed steps: " .. r.mean_ms)
+    assert.is_true(r.min_ms <= r.median_ms and r.median_ms <= r.max_ms)
+    assert.are.equal(2 * 16 * 32 * 8, r.flops_per_step)              -- matmul FLOPs per step
+    assert.is_true(r.items_per_s > 0)
+  end)
+
+  it("applies the difference rule for generate: (t(long) - t(short)) / (long - short)", function()
+    local seen = {}
+    local r = bench.run_diff(function(k)
+      seen[#seen + 1] = k
+      local t0 = keng.time()
+      while keng.time() - t0 < 0.01 + 0.002 * k do end                -- 10 ms fixed + 2 ms per call
+    end, {short = 1, steps = 5})
+    assert.are.same({1, 1, 6}, seen)                                  -- untimed, short, long
+    assert.are.equal(5, r.steps)
+    assert.is_true(math.abs(r.mean_ms - 2) < 1.5, "per-call time " .. r.mean_ms .. " ms, expected ~2")
+  end)
+end)
+
+describe("keng.image PNG", function()
+  it("round-trips RGB and gray pixels exactly", function()
+    keng.manual_seed(3)
+    local rgb = keng.randint(0, 256, {7, 5, 3}):to("u8")
+    local path = tmp .. "/rgb.png"
+    image.write_png(path, rgb)
+    local back = image.read_png(path)
+    assert.are.same({7, 5, 3}, back.shape)
+    assert.are.equal("u8", back.dtype)
+    assert.are.same(rgb:long():tolist(), back:long():tolist())
+    local gray = keng.randint(0, 256, {4, 9, 1}):to("u8")
+    image.write_png(tmp .. "/gray.png", gray)
+    local g = image.read_png(tmp .. "/gray.png")
+    assert.are.same({4, 9, 1}, g.shape)
+    assert.are.same(gray:long():tolist(), g:long():tolist())
+  end)
+
+  it("writes a non-contiguous view as the pixels it shows", function()
+    local base = keng.randint(0, 256, {6, 4, 3}):to("u8")
+    local view = base:transpose(1, 2)                                 -- [4, 6, 3], strided
+    image.write_png(tmp .. "/view.png", view)
+    assert.are.same(view:long():tolist(), image.read_png(tmp .. "/view.png"):long():tolist())
+  end)
+
+  it("raises cleanly on missing, corrupt and truncated files and on bad tensors", function()
+    H.raises(function() image.read_png(tmp .. "/nope.png") end, "png_read: " .. tmp .. "/nope.png")
+    local f = assert(io.open(tmp .. "/bad.png", "wb"))
+    f:write("\137PNG\r\n\26\n" .. string.rep("x", 40))
+    f:close()
+    H.raises(function() image.read_png(tmp .. "/bad.png") end, "png_read")
+    -- a real PNG cut in half
+    image.write_png(tmp .. "/full.png", keng.randint(0, 256, {32, 32, 3}):to("u8"))
+    local whole = assert(io.open(tmp .. "/full.png", "rb")):read("a")
+    f = assert(io.open(tmp .. "/half.png", "wb"))
+    f:write(whole:sub(1, #whole // 2))
+    f:close()
+    H.raises(function() image.read_png(tmp .. "/half.png") end, "png_read")
+    H.raises(function() image.write_png(tmp .. "/f.png", keng.zeros({2, 2, 3})) end, "expected u8")
+    H.raises(function() image.write_png(tmp .. "/f.png", keng.zeros({2, 2, 5}, {dtype = "u8"})) end, "C in 1..4")
+  end)
+
+  it("fills clipped rectangles and draws text", function()
+    local img = image.new(10, 12, {0, 0, 0})
+    image.fill_rect(img, 11, 9, 5, 5, {10, 20, 30})                  -- runs off the corner
+    assert.are.same({10, 20, 30}, img[10][12]:long():tolist())
+    assert.are.same({10, 20, 30}, img[9][11]:long():tolist())
+    assert.are.same({0, 0, 0}, img[8][11]:long():tolist())
+    assert.are.equal(4 * 60, img:long():sum():item())                 -- 2x2 pixels coloured
+    local t = image.new(9, 8, {0}, 1)
+    image.text(t, 1, 1, "1", {255})
+    -- "1": rows 04 0C 04 04 04 04 0E -> 1+2+1+1+1+1+3 = 10 pixels
+    assert.are.equal(10 * 255, t:long():sum():item())
+  end)
+end)
+
+describe("bench json", function()
+  it("round-trips nested values and rejects malformed input", function()
+    local v = {a = 1, b = {1.5, 2, "x\"y"}, c = {d = true, e = json.array()}}
+    local back = json.decode(json.encode(v, {indent = "  "}))
+    assert.are.equal(1, back.a)
+    assert.are.same({1.5, 2, "x\"y"}, {back.b[1], back.b[2], back.b[3]})
+    assert.is_true(back.c.d)
+    assert.are.equal(0, #back.c.e)
+    H.raises(function() json.decode("{\"a\": }") end, "json:")
+    H.raises(function() json.decode("[1, 2") end, "json:")
+  end)
+end)
+
+describe("benchmark config", function()
+  it("holds the 12 rows of BENCH_SPEC with both tiers", function()
+    assert.are.equal(12, #config.rows)
+    local ids = {}
+    for _, r in ipairs(config.rows) do
+      assert.is_nil(ids[r.id], "duplicate id " .. r.id)
+      ids[r.id] = true
+      assert.is_truthy(r.cpu and r.cpu.preset, r.id)
+      assert.is_truthy(r.gpu and r.gpu.preset, r.id)
+      assert.is_truthy(r.keras.best, r.id)
+    end
+    assert.are.same({3, 4, 6}, config.tuple(2 * 14 * 14 + 3 * 14 + 5, 3, 14))   -- base-14 digits + 1
+  end)
+end)
+
+describe("all.lua smoke (child process)", function()
+  local KENG = find_keng()
+
+  it("runs --steps 2 --only bert and writes a JSON that follows the schema", function()
+    assert.is_truthy(KENG, "no keng binary found (set KENG_BIN)")
+    local out_dir = tmp .. "/results"
+    local cmd = string.format("cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --steps 2 --only bert --out %s 2>&1",
+      sh_quote(root), sh_quote(KENG), sh_quote(out_dir))
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    local _, _, code = p:close()
+    local bert_exists = io.open(root .. "/scripts/models/bert.lua") ~= nil
+    local p2 = io.popen("ls " .. sh_quote(out_dir) .. "/*-cpu.json 2>/dev/null")
+    local file = p2:read("a"):gsub("%s+$", "")
+    p2:close()
+    assert.is_truthy(file ~= "", "no JSON written; output:\n" .. out)
+    local doc = json.decode(assert(io.open(file)):read("a"))
+    assert.are.equal("keng-bench/1", doc.schema)
+    assert.are.equal("cpu", doc.tier)
+    assert.are.equal(2, doc.steps)
+    assert.is_string(doc.commit)
+    assert.is_string(doc.device)
+    assert.is_number(doc.threads)
+    assert.are.equal(keng.version, doc.keng_version)
+    assert.are.equal(2, #doc.rows)
+    for _, r in ipairs(doc.rows) do
+      for _, k in ipairs({"id", "row", "task", "dtype", "tier", "device", "status", "preset"}) do
+        assert.is_string(r[k], "row field " .. k)
+      end
+      assert.is_number(r.batch)
+      assert.are.equal("f32", r.dtype)
+      if r.status == "ok" then
+        for _, k in ipairs({"mean_ms", "median_ms", "min_ms", "stddev_ms", "steps", "tflops", "threads"}) do
+          assert.is_number(r[k], r.id .. " field " .. k)
+        end
+        assert.are.equal(2, r.steps)
+        assert.are.equal(2, #r.times_ms)
+        assert.is_true(r.min_ms <= r.mean_ms)
+        assert.is_table(r.shapes.token_ids)
+      else
+        assert.are.equal(bert_exists and "failed" or "not implemented", r.status, r.id .. ": " .. tostring(r.reason))
+        assert.is_nil(r.mean_ms)
+      end
+    end
+    if bert_exists then
+      for _, r in ipairs(doc.rows) do assert.are.equal("ok", r.status, r.id .. ": " .. tostring(r.reason)) end
+      assert.are.equal(0, code, out)
+    else
+      assert.is_truthy(out:find("not implemented", 1, true), out)
+      assert.are.equal(0, code, "missing models must not fail the suite:\n" .. out)   -- missing ≠ failed
+    end
+    assert.is_truthy(io.open((file:gsub("%.json$", ".md"))), "no Markdown file")
+    local png = image.read_png((file:gsub("%.json$", ".png")))
+    assert.are.equal(3, png.shape[3])
+  end)
+
+  it("rejects a bad option with exit status 2", function()
+    assert.is_truthy(KENG, "no keng binary found")
+    local p = io.popen(string.format("cd %s && %s scripts/bench/all.lua --tier tpu 2>&1", sh_quote(root), sh_quote(KENG)))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    assert.are.equal(2, code)
+    assert.is_truthy(out:find("--tier must be cpu or gpu", 1, true), out)
+  end)
+end)
