@@ -89,8 +89,10 @@ static int l_token_to_id(lua_State *L) {
   size_t n;
   const char *s = luaL_checklstring(L, 2, &n);
   int64_t id = kg_clip_bpe_token_to_id(t, s, n);
-  if (id < 0) lua_pushnil(L);
-  else lua_pushinteger(L, id);
+  if (id < 0)
+    lua_pushnil(L);
+  else
+    lua_pushinteger(L, id);
   return 1;
 }
 
@@ -98,8 +100,10 @@ static int l_id_to_token(lua_State *L) {
   kg_clip_bpe *t = check_tok(L);
   size_t n;
   const char *s = kg_clip_bpe_id_to_token(t, luaL_checkinteger(L, 2), &n);
-  if (s) lua_pushlstring(L, s, n);
-  else lua_pushnil(L);
+  if (s)
+    lua_pushlstring(L, s, n);
+  else
+    lua_pushnil(L);
   return 1;
 }
 
@@ -107,8 +111,10 @@ static int l_id_to_token(lua_State *L) {
 static int l_index(lua_State *L) {
   kg_clip_bpe *t = check_tok(L);
   const char *k = lua_tostring(L, 2);
-  if (k && strcmp(k, "bos_id") == 0) lua_pushinteger(L, kg_clip_bpe_bos_id(t));
-  else if (k && strcmp(k, "eos_id") == 0) lua_pushinteger(L, kg_clip_bpe_eos_id(t));
+  if (k && strcmp(k, "bos_id") == 0)
+    lua_pushinteger(L, kg_clip_bpe_bos_id(t));
+  else if (k && strcmp(k, "eos_id") == 0)
+    lua_pushinteger(L, kg_clip_bpe_eos_id(t));
   else {
     lua_pushvalue(L, 2);
     lua_rawget(L, lua_upvalueindex(1));
@@ -123,8 +129,9 @@ static int l_tostring(lua_State *L) {
 
 void kgl_register_clip(lua_State *L, int methods, int keng) {
   (void)methods;
-  static const luaL_Reg m[] = {{"encode", l_encode}, {"decode", l_decode}, {"vocab_size", l_vocab_size},
-                               {"token_to_id", l_token_to_id}, {"id_to_token", l_id_to_token}, {NULL, NULL}};
+  static const luaL_Reg m[] = {{"encode", l_encode},           {"decode", l_decode},
+                               {"vocab_size", l_vocab_size},   {"token_to_id", l_token_to_id},
+                               {"id_to_token", l_id_to_token}, {NULL, NULL}};
   luaL_newmetatable(L, CLIP_MT);
   lua_pushcfunction(L, l_gc);
   lua_setfield(L, -2, "__gc");

@@ -43,7 +43,8 @@ struct kg_clip_bpe {
 
 static uint64_t hash(const char *s, size_t n) {
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
   return h;
 }
 
@@ -87,7 +88,8 @@ const char *kg_clip_bpe_id_to_token(const kg_clip_bpe *t, int64_t id, size_t *n)
 void kg_clip_bpe_free(kg_clip_bpe *t) {
   if (!t) return;
   if (t->tokens)
-    for (int64_t i = 0; i < t->n; i++) free(t->tokens[i]);
+    for (int64_t i = 0; i < t->n; i++)
+      free(t->tokens[i]);
   free(t->tokens);
   free(t->lens);
   free(t->slots);
@@ -140,15 +142,17 @@ static int utf8_put(char *o, uint32_t cp) {
 
 /* ---- Unicode facts -------------------------------------------------------------------------- */
 
-#define RUN_LOOKUP(table, cp)                                                     \
-  do {                                                                            \
-    int lo_ = 0, hi_ = (int)(sizeof table / sizeof table[0]) - 1;                 \
-    while (lo_ < hi_) { /* the last run with lo <= cp */                          \
-      int mid_ = (lo_ + hi_ + 1) / 2;                                             \
-      if (table[mid_].lo <= (cp)) lo_ = mid_;                                     \
-      else hi_ = mid_ - 1;                                                        \
-    }                                                                             \
-    return table[lo_].v;                                                          \
+#define RUN_LOOKUP(table, cp)                                                                                          \
+  do {                                                                                                                 \
+    int lo_ = 0, hi_ = (int)(sizeof table / sizeof table[0]) - 1;                                                      \
+    while (lo_ < hi_) { /* the last run with lo <= cp */                                                               \
+      int mid_ = (lo_ + hi_ + 1) / 2;                                                                                  \
+      if (table[mid_].lo <= (cp))                                                                                      \
+        lo_ = mid_;                                                                                                    \
+      else                                                                                                             \
+        hi_ = mid_ - 1;                                                                                                \
+    }                                                                                                                  \
+    return table[lo_].v;                                                                                               \
   } while (0)
 
 static int cp_class(uint32_t cp) {
@@ -177,11 +181,14 @@ static int to_lower(uint32_t cp, uint32_t *out) {
     int mid = (lo + hi) / 2;
     if (kg_clip_lower[mid][0] == cp) {
       int n = 0;
-      for (int k = 1; k < 4 && kg_clip_lower[mid][k]; k++) out[n++] = kg_clip_lower[mid][k];
+      for (int k = 1; k < 4 && kg_clip_lower[mid][k]; k++)
+        out[n++] = kg_clip_lower[mid][k];
       return n;
     }
-    if (kg_clip_lower[mid][0] < cp) lo = mid + 1;
-    else hi = mid - 1;
+    if (kg_clip_lower[mid][0] < cp)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
   }
   return 1;
 }
@@ -205,11 +212,14 @@ static int decompose(uint32_t cp, uint32_t *out) {
     int mid = (lo + hi) / 2;
     if (kg_clip_decomp[mid].cp == cp) {
       int n = kg_clip_decomp[mid].len;
-      for (int k = 0; k < n; k++) out[k] = kg_clip_decomp_pool[kg_clip_decomp[mid].off + k];
+      for (int k = 0; k < n; k++)
+        out[k] = kg_clip_decomp_pool[kg_clip_decomp[mid].off + k];
       return n;
     }
-    if (kg_clip_decomp[mid].cp < cp) lo = mid + 1;
-    else hi = mid - 1;
+    if (kg_clip_decomp[mid].cp < cp)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
   }
   out[0] = cp;
   return 1;
@@ -227,8 +237,10 @@ static uint32_t compose(uint32_t a, uint32_t b) {
     int mid = (lo + hi) / 2;
     const uint32_t *e = kg_clip_comp[mid];
     if (e[0] == a && e[1] == b) return e[2];
-    if (e[0] < a || (e[0] == a && e[1] < b)) lo = mid + 1;
-    else hi = mid - 1;
+    if (e[0] < a || (e[0] == a && e[1] < b))
+      lo = mid + 1;
+    else
+      hi = mid - 1;
   }
   return 0;
 }
@@ -238,7 +250,8 @@ static bool nfc(const uint32_t *cp, size_t n, uint32_t **res, size_t *rn) {
   uint32_t *d = malloc((4 * n + 1) * sizeof *d);
   if (!d) return false;
   size_t m = 0;
-  for (size_t i = 0; i < n; i++) m += (size_t)decompose(cp[i], d + m);
+  for (size_t i = 0; i < n; i++)
+    m += (size_t)decompose(cp[i], d + m);
   /* canonical ordering: a stable sort of each run of non-starters by combining class */
   for (size_t i = 1; i < m; i++) {
     int c = ccc(d[i]);
@@ -315,7 +328,8 @@ static char *read_all(const char *path, const char *what, size_t *len, kg_status
 
 static size_t pow2_above(size_t n) {
   size_t s = 16;
-  while (s < 2 * n) s *= 2;
+  while (s < 2 * n)
+    s *= 2;
   return s;
 }
 
@@ -342,15 +356,15 @@ static kg_status load_vocab(kg_clip_bpe *t, const char *path) {
     kg_json_free(j);
     return kg_error(KG_ERR_OOM, OP, "out of memory loading '%s' (%d tokens)", path, j->n);
   }
-  for (size_t i = 0; i < t->nslots; i++) t->slots[i] = -1;
+  for (size_t i = 0; i < t->nslots; i++)
+    t->slots[i] = -1;
   for (int k = 0; k < j->n; k++) {
     const kg_json *v = &j->items[k];
     const char *key = j->keys[k];
     size_t kl = j->key_lens[k];
     if (v->type != KG_JSON_NUMBER || !v->is_uint || v->uint >= (uint64_t)j->n) {
       st = kg_error(KG_ERR_VALUE, OP, "'%s': token \"%.40s\" has id %s%.0f; ids must be the integers 0..%d", path, key,
-                    v->type == KG_JSON_NUMBER ? "" : "of type ", v->type == KG_JSON_NUMBER ? v->number : 0.0,
-                    j->n - 1);
+                    v->type == KG_JSON_NUMBER ? "" : "of type ", v->type == KG_JSON_NUMBER ? v->number : 0.0, j->n - 1);
       kg_json_free(j);
       return st;
     }
@@ -382,7 +396,8 @@ static kg_status load_vocab(kg_clip_bpe *t, const char *path) {
     return kg_error(KG_ERR_VALUE, OP, "'%s' lacks the special token %s", path,
                     t->bos < 0 ? "<|startoftext|>" : "<|endoftext|>");
   /* GPT-2's byte-to-unicode table: printable bytes stand for themselves, the rest get 256+k */
-  for (int i = 0; i < 324; i++) t->cp_byte[i] = -1;
+  for (int i = 0; i < 324; i++)
+    t->cp_byte[i] = -1;
   int extra = 0;
   for (int b = 0; b < 256; b++) {
     bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
@@ -405,7 +420,8 @@ static kg_status load_merges(kg_clip_bpe *t, const char *path) {
   char *buf = read_all(path, "merges", &len, &st);
   if (!buf) return st;
   size_t lines = 1;
-  for (size_t i = 0; i < len; i++) lines += buf[i] == '\n';
+  for (size_t i = 0; i < len; i++)
+    lines += buf[i] == '\n';
   t->mslots = pow2_above(lines);
   t->mkeys = malloc(t->mslots * sizeof *t->mkeys);
   t->mrank = malloc(t->mslots * sizeof *t->mrank);
@@ -414,13 +430,15 @@ static kg_status load_merges(kg_clip_bpe *t, const char *path) {
     free(buf);
     return kg_error(KG_ERR_OOM, OP, "out of memory loading '%s'", path);
   }
-  for (size_t i = 0; i < t->mslots; i++) t->mkeys[i] = UINT64_MAX;
+  for (size_t i = 0; i < t->mslots; i++)
+    t->mkeys[i] = UINT64_MAX;
   int32_t rank = 0;
   char *tmp = NULL;
   size_t start = 0;
   for (long long line = 1; start < len; line++) {
     size_t end = start;
-    while (end < len && buf[end] != '\n') end++;
+    while (end < len && buf[end] != '\n')
+      end++;
     size_t e = end > start && buf[end - 1] == '\r' ? end - 1 : end;
     const char *s = buf + start;
     size_t n = e - start;
@@ -448,8 +466,13 @@ static kg_status load_merges(kg_clip_bpe *t, const char *path) {
     int64_t ab = kg_clip_bpe_token_to_id(t, tmp, na + nb);
     if (a < 0 || b < 0 || ab < 0) {
       st = kg_error(KG_ERR_VALUE, OP, "'%s' line %lld: merge \"%.*s\": \"%.*s\" is not in the vocabulary", path, line,
-                    (int)(n > 60 ? 60 : n), s, (int)(a < 0 ? na : b < 0 ? nb : na + nb),
-                    a < 0 ? s : b < 0 ? sp + 1 : tmp);
+                    (int)(n > 60 ? 60 : n), s,
+                    (int)(a < 0   ? na
+                          : b < 0 ? nb
+                                  : na + nb),
+                    a < 0   ? s
+                    : b < 0 ? sp + 1
+                            : tmp);
       free(buf);
       free(tmp);
       return st;
@@ -504,34 +527,92 @@ static bool ipush(ivec *a, int32_t x) {
   return true;
 }
 
-/* BPE over the word cp[0..n) (lower-cased code points); appends its ids to out */
-static bool bpe_word(const kg_clip_bpe *t, const uint32_t *cp, size_t n, ivec *sym, ivec *out) {
-  sym->n = 0;
+typedef struct {
+  int32_t rank, pos, a, b; /* merge (a, b) of rank `rank` at symbol pos and the one after it */
+} pair;
+
+static bool pair_less(pair x, pair y) { return x.rank < y.rank || (x.rank == y.rank && x.pos < y.pos); }
+
+/* a binary min-heap by (rank, pos); the storage is the caller's, sized for every push */
+static void heap_push(pair *h, size_t *n, pair p) {
+  size_t i = (*n)++;
+  while (i > 0 && pair_less(p, h[(i - 1) / 2])) {
+    h[i] = h[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  h[i] = p;
+}
+
+static pair heap_pop(pair *h, size_t *n) {
+  pair top = h[0], last = h[--*n];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= *n) break;
+    if (c + 1 < *n && pair_less(h[c + 1], h[c])) c++;
+    if (!pair_less(h[c], last)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  if (*n) h[i] = last;
+  return top;
+}
+
+/* pushes the merge of the symbols at i and next[i], if there is one */
+static void push_pair(const kg_clip_bpe *t, const int32_t *sym, const int32_t *next, pair *h, size_t *hn, int32_t i) {
+  if (i < 0 || next[i] < 0) return;
+  int32_t id, r = merge_rank(t, sym[i], sym[next[i]], &id);
+  if (r >= 0) heap_push(h, hn, (pair){r, i, sym[i], sym[next[i]]});
+}
+
+/* BPE over the word cp[0..n) (lower-cased code points); appends its ids to out. The lowest-rank
+ * adjacent pair merges first, the leftmost among equals (a heap keyed by rank then position, with
+ * stale entries skipped), so a long word costs O(m log m) for m bytes. */
+static bool bpe_word(const kg_clip_bpe *t, const uint32_t *cp, size_t n, ivec *work, ivec *out) {
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++)
+    m += cp[i] < 0x80 ? 1 : cp[i] < 0x800 ? 2 : cp[i] < 0x10000 ? 3 : 4;
+  if (m > INT32_MAX / 8) return false;
+  /* work holds sym[m], prev[m], next[m] and a heap of at most 3m pairs (4 ints each) */
+  size_t need = 15 * m;
+  if (work->cap < need) {
+    int32_t *nv = realloc(work->v, need * sizeof *nv);
+    if (!nv) return false;
+    work->v = nv;
+    work->cap = need;
+  }
+  int32_t *sym = work->v, *prev = sym + m, *next = prev + m;
+  pair *h = (pair *)(next + m);
+  size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     char s[4];
-    int k = utf8_put(s, cp[i]);
-    for (int j = 0; j < k; j++) {
+    int nb = utf8_put(s, cp[i]);
+    for (int j = 0; j < nb; j++, k++) {
       uint8_t b = (uint8_t)s[j];
-      int32_t id = i + 1 == n && j + 1 == k ? t->sym_end[b] : t->sym[b];
-      if (!ipush(sym, id < 0 ? (int32_t)t->eos : id)) return false;
+      int32_t id = k + 1 == m ? t->sym_end[b] : t->sym[b];
+      sym[k] = id < 0 ? (int32_t)t->eos : id;
+      prev[k] = (int32_t)k - 1;
+      next[k] = k + 1 < m ? (int32_t)k + 1 : -1;
     }
   }
-  int32_t *s = sym->v;
-  size_t m = sym->n;
-  while (m > 1) {
-    size_t best = 0;
-    int32_t best_rank = -1, best_id = 0;
-    for (size_t i = 0; i + 1 < m; i++) {
-      int32_t id, r = merge_rank(t, s[i], s[i + 1], &id);
-      if (r >= 0 && (best_rank < 0 || r < best_rank)) best = i, best_rank = r, best_id = id;
-    }
-    if (best_rank < 0) break;
-    s[best] = best_id;
-    memmove(s + best + 1, s + best + 2, (m - best - 2) * sizeof *s);
-    m--;
+  size_t hn = 0;
+  for (size_t i = 0; i + 1 < m; i++)
+    push_pair(t, sym, next, h, &hn, (int32_t)i);
+  while (hn) {
+    pair p = heap_pop(h, &hn);
+    int32_t i = p.pos, j = next[i];
+    if (sym[i] < 0 || j < 0 || sym[i] != p.a || sym[j] != p.b) continue; /* stale */
+    int32_t id = 0;
+    merge_rank(t, p.a, p.b, &id);
+    sym[i] = id;
+    sym[j] = -1;
+    next[i] = next[j];
+    if (next[j] >= 0) prev[next[j]] = i;
+    push_pair(t, sym, next, h, &hn, prev[i]);
+    push_pair(t, sym, next, h, &hn, i);
   }
-  for (size_t i = 0; i < m; i++)
-    if (!ipush(out, s[i])) return false;
+  for (int32_t i = m ? 0 : -1; i >= 0; i = next[i])
+    if (!ipush(out, sym[i])) return false;
   return true;
 }
 
@@ -547,7 +628,8 @@ static bool encode_stretch(const kg_clip_bpe *t, const uint32_t *raw, size_t n, 
   uint32_t *d;
   size_t m;
   bool ascii = true;
-  for (size_t i = 0; i < n && ascii; i++) ascii = raw[i] < 0x300;
+  for (size_t i = 0; i < n && ascii; i++)
+    ascii = raw[i] < 0x300;
   if (ascii) {
     d = malloc(n * sizeof *d);
     if (!d) return false;
@@ -585,14 +667,18 @@ static bool encode_stretch(const kg_clip_bpe *t, const uint32_t *raw, size_t n, 
            bpe_word(t, c + i + L - 2, 2, sym, out);
       i += L;
       continue;
-    } else if (c[i] == '\'' && i + 1 < cn && (c[i + 1] == 's' || c[i + 1] == 't' || c[i + 1] == 'm' || c[i + 1] == 'd')) {
+    } else if (c[i] == '\'' && i + 1 < cn &&
+               (c[i + 1] == 's' || c[i + 1] == 't' || c[i + 1] == 'm' || c[i + 1] == 'd')) {
       j = i + 2;
-    } else if (c[i] == '\'' && (match_ascii(c, cn, i, "'re") || match_ascii(c, cn, i, "'ve") || match_ascii(c, cn, i, "'ll"))) {
+    } else if (c[i] == '\'' &&
+               (match_ascii(c, cn, i, "'re") || match_ascii(c, cn, i, "'ve") || match_ascii(c, cn, i, "'ll"))) {
       j = i + 3;
     } else if (k == KG_CLIP_LETTER) {
-      while (j < cn && cp_class(c[j]) == KG_CLIP_LETTER) j++;
+      while (j < cn && cp_class(c[j]) == KG_CLIP_LETTER)
+        j++;
     } else if (k == KG_CLIP_OTHER) {
-      while (j < cn && cp_class(c[j]) == KG_CLIP_OTHER) j++;
+      while (j < cn && cp_class(c[j]) == KG_CLIP_OTHER)
+        j++;
     }
     ok = ok && bpe_word(t, c + i, j - i, sym, out);
     i = j;
@@ -649,10 +735,14 @@ static int utf8_check(const uint8_t *s, size_t n) {
   if (c < 0x80) return 1;
   int need;
   uint8_t lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) need = 1;
-  else if (c >= 0xE0 && c <= 0xEF) need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-  else if (c >= 0xF0 && c <= 0xF4) need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-  else return -1;
+  if (c >= 0xC2 && c <= 0xDF)
+    need = 1;
+  else if (c >= 0xE0 && c <= 0xEF)
+    need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4)
+    need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else
+    return -1;
   for (int k = 1; k <= need; k++) {
     if ((size_t)k >= n || s[k] < lo || s[k] > hi) return -k;
     lo = 0x80, hi = 0xBF;
@@ -684,8 +774,10 @@ kg_status kg_clip_bpe_decode(const kg_clip_bpe *t, const int64_t *ids, int64_t n
     bool mapped = true;
     for (size_t k = 0; k < sl && mapped;) {
       int32_t c = utf8_next((const uint8_t *)s, sl, &k);
-      if (c < 0 || c >= 324 || t->cp_byte[c] < 0) mapped = false;
-      else bytes[nb++] = (uint8_t)t->cp_byte[c];
+      if (c < 0 || c >= 324 || t->cp_byte[c] < 0)
+        mapped = false;
+      else
+        bytes[nb++] = (uint8_t)t->cp_byte[c];
     }
     if (!mapped) { /* a token outside the byte alphabet stands for its own UTF-8 */
       memcpy(bytes + at, s, sl);
@@ -720,7 +812,8 @@ kg_status kg_clip_bpe_decode(const kg_clip_bpe *t, const int64_t *ids, int64_t n
   }
   while (b > a) {
     size_t k = b - 1;
-    while (k > a && ((uint8_t)o[k] & 0xC0) == 0x80) k--;
+    while (k > a && ((uint8_t)o[k] & 0xC0) == 0x80)
+      k--;
     size_t q = k;
     int32_t c = utf8_next((const uint8_t *)o, b, &q);
     if (cp_class((uint32_t)c) != KG_CLIP_SPACE && c != 0x1C && c != 0x1D && c != 0x1E && c != 0x1F) break;

@@ -29,6 +29,21 @@ kg_status kg_matmul(kg_tensor **out, const kg_tensor *a, const kg_tensor *b) {
   if (!kg_dtype_info[a->dtype].is_float || !kg_dtype_info[b->dtype].is_float)
     return kg_error(KG_ERR_TYPE, "matmul", "%s %s @ %s %s: floating point tensors expected", kg_dtype_info[a->dtype].name,
                     KG_SHAPE(a, x), kg_dtype_info[b->dtype].name, KG_SHAPE(b, y));
+  if (a->ndim > 2 && b->ndim == 2) {
+    /* [..., N, K] @ [K, M]: fold the batch into the rows, one GEMM instead of one per batch
+     * element (and one conversion of b for bf16/f16, not one per batch element) */
+    int64_t rows[2] = {-1, a->shape[a->ndim - 1]}, shape[KG_MAX_DIMS];
+    kg_tensor *a2, *r;
+    KG_TRY(kg_reshape(&a2, a, 2, rows));
+    kg_status s = matmul_nd(&r, a2, b);
+    kg_tensor_release(a2);
+    KG_TRY(s);
+    for (int i = 0; i < a->ndim - 1; i++) shape[i] = a->shape[i];
+    shape[a->ndim - 1] = b->shape[1];
+    s = kg_reshape(out, r, a->ndim, shape);
+    kg_tensor_release(r);
+    return s;
+  }
   if (a->ndim >= 2 && b->ndim >= 2) return matmul_nd(out, a, b);
   /* 1-D operands: a [K] acts as [1, K], b [K] as [K, 1]; the added dim is removed after */
   kg_tensor *a2 = NULL, *b2 = NULL, *r = NULL, *t = NULL;

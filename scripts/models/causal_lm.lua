@@ -180,9 +180,13 @@ end
 
 -- head(h [B, T, C]) -> f32 logits [B, T, V]: the matmul runs in the model dtype with f32
 -- accumulation, then the logits are cast to f32 (softmax and the loss see f32)
+-- (h is flattened to [B·T, C] first: one GEMM, not one per batch row, which matters on the CPU
+-- where a bf16 weight is converted per GEMM call)
 function CausalLM:head(h)
-  if self.lm_head then return self.lm_head(h):float() end
-  return keng.linear(h, self.model.embed_tokens.weight:to(h.dtype)):float()
+  local B, T, C = h.shape[1], h.shape[2], h.shape[3]
+  local x = h:reshape{B * T, C}                                     -- [B·T, C]
+  local y = self.lm_head and self.lm_head(x) or keng.linear(x, self.model.embed_tokens.weight:to(h.dtype))
+  return y:float():view{B, T, -1}                                   -- [B, T, V]
 end
 
 -- logits(ids) -> f32 [B, T, V] over the whole sequence (causal, sliding window)
@@ -242,9 +246,10 @@ function CausalLM:prompt_rows(prompts, level)
       if not self.tokenizer then
         error("generate: string prompts need a tokenizer (from_pretrained with tokenizer.model, or set lm.tokenizer)", level)
       end
-      local ids = self.tokenizer:encode(p)
+      local tok = self.tokenizer                                    -- BOS first, as HF and Keras do
+      local bos = self.add_bos and (tok.bos_id == nil or tok.bos_id >= 0)
+      local ids = tok:encode(p, {add_bos = bos})
       if keng.is_tensor(ids) then ids = ids:view{-1}:tolist() end
-      if self.add_bos and ids[1] ~= self.cfg.bos_id then table.insert(ids, 1, self.cfg.bos_id) end
       rows[i] = ids
     elseif keng.is_tensor(p) then
       rows[i] = p:view{-1}:tolist()
@@ -476,19 +481,14 @@ function M.load_hf(lm, tensors, level)
   return lm
 end
 
--- a tokenizer for dir/tokenizer.model when keng.sentencepiece is available, else nil
+-- keng.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else nil
 function M.load_tokenizer(dir)
   local path = dir .. "/tokenizer.model"
   local f = io.open(path, "rb")
   if not f then return nil end
   f:close()
-  local ok, sp = pcall(require, "keng.sentencepiece")
-  if not ok then sp = keng.sentencepiece end
-  if type(sp) ~= "table" then return nil end
-  local load = sp.load or sp.new or sp.from_file
-  if not load then return nil end
-  local ok2, tok = pcall(load, path)
-  return ok2 and tok or nil
+  if not keng.sentencepiece then return nil end
+  return keng.sentencepiece(path)
 end
 
 ---------------------------------------------------------------------------------------------

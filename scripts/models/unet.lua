@@ -383,7 +383,7 @@ end
 function UNet:forward(x, t, context)
   local cfg = self.config
   local levels = #cfg.block_out_channels
-  local mult = 2 ^ (levels - 1)
+  local mult = 1 << (levels - 1)
   if not keng.is_tensor(x) or x.ndim ~= 4 or x.shape[2] ~= cfg.in_channels
      or x.shape[3] % mult ~= 0 or x.shape[4] % mult ~= 0 then
     error(string.format("UNet2DConditionModel: latents %s must be [B, %d, H, W] with H and W multiples of %d",
@@ -442,9 +442,9 @@ function M.read_file(path)
   return s
 end
 
--- reads dir/config.json -> table (errors name the file)
-function M.read_config(dir, who, level)
-  local path = dir .. "/config.json"
+-- reads dir/config.json (or dir/name) -> table, nulls dropped (errors name the file)
+function M.read_config(dir, who, level, name)
+  local path = dir .. "/" .. (name or "config.json")
   local text = M.read_file(path)
   if not text then error(string.format("%s: missing %s", who, path), level + 1) end
   local json = require "bench.json"

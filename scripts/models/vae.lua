@@ -113,7 +113,7 @@ function Encoder:init(cfg, o)
 end
 
 function Encoder:forward(x)                                    -- x [B, 3, H, W]
-  local mult = 2 ^ (self.levels - 1)
+  local mult = 1 << (self.levels - 1)
   if not keng.is_tensor(x) or x.ndim ~= 4 or x.shape[2] ~= self.in_channels
      or x.shape[3] % mult ~= 0 or x.shape[4] % mult ~= 0 then
     error(string.format("VAE encoder: image %s must be [B, %d, H, W] with H and W multiples of %d",

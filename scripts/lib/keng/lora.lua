@@ -8,7 +8,11 @@
 --   y = x·Wᵀ + b + (x·A)·B · scale          scale = alpha / r, or 1 when alpha is nil (Keras)
 -- The module stays a Linear, so state_dict names keep their Hugging Face form and the adapters
 -- show up as "<layer>.lora_a" / "<layer>.lora_b". Every other parameter is frozen.
--- Shape letters: r rank, in/out the Linear's features.
+-- A projection that Keras keeps per head (an EinsumDense kernel [in, n, D]; the model marks the
+-- Linear with `einsum_heads = n`) gets Keras's per-head adapters instead: lora_a [in, n, r] and
+-- lora_b [r, D], delta kernel[c, h, d] = Σ_r A[c, h, r]·B[r, d] — which is why Gemma 7B has
+-- 11,067,392 trainable LoRA parameters, not rank·(in + out) per layer.
+-- Shape letters: r rank, n heads, D head dim, in/out the Linear's features.
 local keng = require "keng"
 
 local lora = {}
@@ -20,10 +24,31 @@ local function is_linear(m)
 end
 
 -- the forward every adapted Linear gets (an instance field, so the class stays untouched)
+-- delta kernel in Keras's orientation: [in, out]
+local function delta_kernel(m)
+  local a, b = m.lora_a:float(), m.lora_b:float()
+  if a.ndim == 2 then return a:matmul(b) end                        -- [in, r] @ [r, out]
+  local fin, n, r = a.shape[1], a.shape[2], a.shape[3]
+  return a:reshape{fin * n, r}:matmul(b):reshape{fin, n * b.shape[2]}  -- [in, n, D] -> [in, out]
+end
+
 local function adapted_forward(self, x)
   local y = getmetatable(self).forward(self, x)                    -- [..., out], frozen path
-  local a, b = self.lora_a, self.lora_b                            -- [in, r], [r, out]
-  local d = x:to(a.dtype):matmul(a):matmul(b)                      -- [..., out]
+  local a, b = self.lora_a, self.lora_b
+  local d
+  if a.ndim == 2 then                                              -- [in, r], [r, out]
+    d = x:to(a.dtype):matmul(a):matmul(b)                          -- [..., out]
+  else                                                             -- [in, n, r], [r, D]
+    local fin, n, r = a.shape[1], a.shape[2], a.shape[3]
+    local lead = x.shape
+    lead[#lead] = nil
+    local xr = x:to(a.dtype):matmul(a:reshape{fin, n * r})         -- [..., n*r]
+    local shape = {table.unpack(lead)}
+    shape[#shape + 1], shape[#shape + 2] = n, r
+    d = xr:reshape(shape):matmul(b)                                -- [..., n, D]
+    lead[#lead + 1] = -1
+    d = d:reshape(lead)                                            -- [..., out]
+  end
   local scale = rawget(self, "lora_scale")
   if scale ~= 1 then d = d * scale end
   return y + d:to(y.dtype)
@@ -83,8 +108,15 @@ function lora.enable(model, opts)
     end
     local fin, fout = m.in_features or m.weight.shape[2], m.out_features or m.weight.shape[1]
     local o = {dtype = m.weight.dtype, device = m.weight.device}
-    m:param("lora_a", {fin, rank}, "he_uniform", {dtype = o.dtype, device = o.device, fan_in = fin, fan_out = rank})
-    m:param("lora_b", {rank, fout}, "zeros", o)
+    local n = rawget(m, "einsum_heads") or m.einsum_heads
+    if n and n > 1 and fout % n == 0 then -- Keras's per-head kernel: fans as Keras computes them
+      m:param("lora_a", {fin, n, rank}, "he_uniform",
+        {dtype = o.dtype, device = o.device, fan_in = fin * n, fan_out = rank * fin})
+      m:param("lora_b", {rank, fout // n}, "zeros", o)
+    else
+      m:param("lora_a", {fin, rank}, "he_uniform", {dtype = o.dtype, device = o.device, fan_in = fin, fan_out = rank})
+      m:param("lora_b", {rank, fout}, "zeros", o)
+    end
     rawset(m, "lora_rank", rank)
     rawset(m, "lora_scale", opts.alpha and opts.alpha / rank or 1)
     rawset(m, "forward", adapted_forward)
@@ -111,7 +143,7 @@ function lora.merge(model)
     for _, e in ipairs(layers) do
       local m = e[2]
       local w = m.weight                                                   -- [out, in]
-      local delta = m.lora_a:float():matmul(m.lora_b:float()):transpose(1, 2)  -- [out, in]
+      local delta = delta_kernel(m):transpose(1, 2)                        -- [out, in]
       local scale = rawget(m, "lora_scale")
       if scale ~= 1 then delta = delta * scale end
       w:copy_(w:float() + delta)

@@ -1,0 +1,362 @@
+-- models.stable_diffusion — text-to-image with latent diffusion (Rombach et al. 2022): the CLIP
+-- text encoder (models.clip), the UNet denoiser (models.unet), the VAE (models.vae), a DDIM
+-- scheduler (Song et al. 2020, eta 0) and classifier-free guidance (Ho & Salimans 2022).
+-- Reference: diffusers StableDiffusionPipeline and DDIMScheduler (SD v1 scheduler config:
+-- scaled-linear betas 0.00085 .. 0.012 over 1000 steps, "leading" spacing, steps_offset 1,
+-- set_alpha_to_one false, epsilon prediction).
+--
+--   local sd = require "models.stable_diffusion"
+--   local pipe = sd.from_preset("sd_tiny")                     -- random weights (noise pictures)
+--   local pipe = sd.from_pretrained("path/to/stable-diffusion-v1-4")  -- the diffusers layout
+--   local img = pipe:text_to_image("an astronaut riding a horse", {num_steps = 50, seed = 0})
+--   require("keng.image").write_png("out.png", img[1])        -- img: u8 [B, H, W, 3]
+--
+-- Shape letters: B batch, L latent channels (4), h/w latent size (H/f, W/f with f the VAE's
+-- downscale, 8 for SD v1), H/W image size, S = 77 prompt tokens, X text width (768 for v1).
+-- pipe.image_encoder is the VAE encoder up to its 8-channel conv output (BENCH_SPEC's SD fit row).
+local keng = require "keng"
+local nn = require "keng.nn"
+local U = require "models.unet"
+local V = require "models.vae"
+
+local M = {}
+local shape_str = U.shape_str
+
+-- a pipeline preset names the presets of its parts
+M.presets = {
+  stable_diffusion_v1 = {unet = "sd_v1", vae = "sd_v1", text_encoder = "clip_vit_l14_text"},
+  sd_tiny = {unet = "sd_tiny", vae = "sd_tiny", text_encoder = "sd_tiny_text"},
+}
+M.presets.sd_v1 = M.presets.stable_diffusion_v1
+
+---------------------------------------------------------------------------------------------
+-- DDIM scheduler (deterministic, eta 0)
+
+local DDIM = {}
+DDIM.__index = DDIM
+M.DDIM = DDIM
+
+M.DDIM_V1 = {num_train_timesteps = 1000, beta_start = 0.00085, beta_end = 0.012, beta_schedule = "scaled_linear",
+             steps_offset = 1, set_alpha_to_one = false, timestep_spacing = "leading", prediction_type = "epsilon"}
+
+-- DDIM.new(cfg) with diffusers' scheduler_config.json keys (defaults: SD v1's)
+function DDIM.new(cfg)
+  local c = {}
+  for k, v in pairs(M.DDIM_V1) do c[k] = v end
+  for k, v in pairs(cfg or {}) do c[k] = v end
+  if c.clip_sample or c.thresholding then error("DDIM: clip_sample and thresholding are not supported", 2) end
+  if c.prediction_type ~= "epsilon" and c.prediction_type ~= "v_prediction" then
+    error("DDIM: unsupported prediction_type " .. tostring(c.prediction_type), 2)
+  end
+  local N = c.num_train_timesteps
+  local ac, prod = {}, 1.0
+  for i = 0, N - 1 do                                            -- alphas_cumprod[t + 1] for t = 0..N-1
+    local beta
+    if c.beta_schedule == "scaled_linear" then
+      local s, e = math.sqrt(c.beta_start), math.sqrt(c.beta_end)
+      beta = (s + (e - s) * i / (N - 1)) ^ 2
+    elseif c.beta_schedule == "linear" then
+      beta = c.beta_start + (c.beta_end - c.beta_start) * i / (N - 1)
+    else
+      error("DDIM: unsupported beta_schedule " .. tostring(c.beta_schedule), 2)
+    end
+    prod = prod * (1 - beta)
+    ac[i + 1] = prod
+  end
+  local s = setmetatable({config = c, num_train_timesteps = N, alphas_cumprod = ac,
+    final_alpha_cumprod = c.set_alpha_to_one and 1.0 or ac[1], init_noise_sigma = 1.0}, DDIM)
+  return s
+end
+
+-- alpha_bar(t) for a 0-based training timestep; t < 0 is the final (clean) value
+function DDIM:alpha_bar(t)
+  if t < 0 then return self.final_alpha_cumprod end
+  return self.alphas_cumprod[t + 1]
+end
+
+-- set_timesteps(n) -> the n timesteps, descending (also self.timesteps)
+function DDIM:set_timesteps(n)
+  local N, c = self.num_train_timesteps, self.config
+  if math.type(n) ~= "integer" or n < 1 or n > N then
+    error(string.format("DDIM: num_steps must be an integer in [1, %d], got %s", N, tostring(n)), 2)
+  end
+  local ts = {}
+  if c.timestep_spacing == "leading" then
+    local ratio = N // n
+    for i = n - 1, 0, -1 do ts[#ts + 1] = i * ratio + c.steps_offset end
+  elseif c.timestep_spacing == "trailing" then
+    local ratio = N / n
+    for i = 0, n - 1 do ts[#ts + 1] = math.floor(N - i * ratio + 0.5) - 1 end
+  elseif c.timestep_spacing == "linspace" then
+    for i = n - 1, 0, -1 do ts[#ts + 1] = math.floor((N - 1) * (n > 1 and i / (n - 1) or 0) + 0.5) end
+  else
+    error("DDIM: unsupported timestep_spacing " .. tostring(c.timestep_spacing), 2)
+  end
+  self.timesteps, self.num_inference_steps = ts, n
+  return ts
+end
+
+-- step(eps, t, x) -> x at the previous timestep (eta 0): x0 = (x - sqrt(1-ab_t)·eps)/sqrt(ab_t),
+-- x_prev = sqrt(ab_prev)·x0 + sqrt(1-ab_prev)·eps. eps, x [B, L, h, w].
+function DDIM:step(eps, t, x)
+  if not self.num_inference_steps then error("DDIM: call set_timesteps before step", 2) end
+  local prev = t - self.num_train_timesteps // self.num_inference_steps
+  local a, ap = self:alpha_bar(t), self:alpha_bar(prev)
+  if self.config.prediction_type == "v_prediction" then               -- v = sqrt(a)·eps - sqrt(1-a)·x0
+    local x0 = x * math.sqrt(a) - eps * math.sqrt(1 - a)
+    eps = x * math.sqrt(1 - a) + eps * math.sqrt(a)
+    return x0 * math.sqrt(ap) + eps * math.sqrt(1 - ap)
+  end
+  local x0 = (x - eps * math.sqrt(1 - a)) / math.sqrt(a)
+  return x0 * math.sqrt(ap) + eps * math.sqrt(1 - ap)
+end
+
+---------------------------------------------------------------------------------------------
+-- a stand-in tokenizer for random-weight presets (no vocabulary files): BOS, one id per byte,
+-- EOS, EOS padding; ids 0..255 are CLIP's byte symbols, so the rows are well-formed ids
+
+local ByteTokenizer = {}
+ByteTokenizer.__index = ByteTokenizer
+M.ByteTokenizer = ByteTokenizer
+
+function ByteTokenizer.new(vocab)
+  return setmetatable({bos_id = vocab - 2, eos_id = vocab - 1, pad_id = vocab - 1, max_length = 77}, ByteTokenizer)
+end
+
+function ByteTokenizer:encode_batch(texts)
+  local T, rows = self.max_length, {}
+  for b, text in ipairs(texts) do
+    local row = {self.bos_id}
+    for i = 1, math.min(#text, T - 2) do row[#row + 1] = text:byte(i) end
+    if #text > T - 2 then
+      io.stderr:write(string.format("stable_diffusion: warning: prompt %d is over %d tokens; truncated\n", b, T - 2))
+    end
+    row[#row + 1] = self.eos_id
+    while #row < T do row[#row + 1] = self.pad_id end
+    rows[b] = row
+  end
+  return keng.tensor(rows, {dtype = "i64"})
+end
+
+---------------------------------------------------------------------------------------------
+-- the pipeline
+
+local Pipeline = nn.Module:extend("StableDiffusionPipeline")
+M.Pipeline = Pipeline
+
+-- Pipeline{text_encoder=, tokenizer=, unet=, vae=, scheduler=}: the modules are children
+-- (num_params / to / state_dict cover them); image_encoder is the VAE encoder, not a new child
+function Pipeline:init(parts)
+  self.text_encoder, self.unet, self.vae = parts.text_encoder, parts.unet, parts.vae
+  rawset(self, "tokenizer", parts.tokenizer)
+  rawset(self, "scheduler", parts.scheduler or DDIM.new())
+  rawset(self, "image_encoder", parts.vae.encoder)
+  local vc, uc = parts.vae.config, parts.unet.config
+  rawset(self, "vae_scale", 1 << (#vc.block_out_channels - 1))
+  rawset(self, "latent_channels", vc.latent_channels)
+  rawset(self, "scaling_factor", parts.vae.scaling_factor)
+  if uc.in_channels ~= vc.latent_channels then
+    error(string.format("stable_diffusion: the UNet reads %d channels, the VAE has %d latent channels",
+      uc.in_channels, vc.latent_channels), 3)
+  end
+  local tw = parts.text_encoder and parts.text_encoder.config.width
+  if tw and tw ~= uc.cross_attention_dim then
+    error(string.format("stable_diffusion: the text encoder is %d wide, the UNet cross-attends to %d",
+      tw, uc.cross_attention_dim), 3)
+  end
+  self:eval()
+end
+
+local function as_list(prompt, who)
+  if type(prompt) == "string" then return {prompt} end
+  if type(prompt) ~= "table" or #prompt == 0 then
+    error(who .. ": prompt must be a string or a non-empty list of strings", 3)
+  end
+  for i, p in ipairs(prompt) do
+    if type(p) ~= "string" then error(string.format("%s: prompt[%d] is a %s, not a string", who, i, type(p)), 3) end
+  end
+  return prompt
+end
+
+-- encode_prompt(prompt or list) -> text embeddings [B, 77, X] (the last hidden state)
+function Pipeline:encode_prompt(prompt)
+  local prompts = as_list(prompt, "encode_prompt")
+  if not self.text_encoder or not self.tokenizer then
+    error("encode_prompt: this pipeline has no text encoder or tokenizer", 2)
+  end
+  local ids = self.tokenizer:encode_batch(prompts)             -- i64 [B, 77]
+  return keng.no_grad(function() return self.text_encoder(ids) end)
+end
+
+-- denoise(latents, cond, uncond, {num_steps = 50, guidance_scale = 7.5, callback =}) -> latents:
+-- latents [B, L, h, w] (already times init_noise_sigma), cond [B, S, X], uncond [B, S, X] or nil
+-- (no guidance). Each step runs the UNet on uncond and on cond at batch B, then guides:
+-- eps = eps_u + g·(eps_c - eps_u), and takes the DDIM step.
+function Pipeline:denoise(latents, cond, uncond, opts)
+  opts = opts or {}
+  local g = opts.guidance_scale or 7.5
+  local sched = self.scheduler
+  local ts = sched:set_timesteps(opts.num_steps or 50)
+  return keng.no_grad(function()
+    for i, t in ipairs(ts) do
+      local eps
+      if uncond and g ~= 1 then
+        local eu = self.unet(latents, t, uncond)                -- [B, L, h, w]
+        local ec = self.unet(latents, t, cond)
+        eps = eu + (ec - eu) * g
+      else
+        eps = self.unet(latents, t, cond)
+      end
+      if eps.dtype ~= latents.dtype then eps = eps:to(latents.dtype) end   -- a bf16 UNet, f32 latents
+      latents = sched:step(eps, t, latents)
+      if opts.callback then opts.callback(i, t, latents) end
+    end
+    return latents
+  end)
+end
+
+-- decode_latents(latents [B, L, h, w]) -> u8 images [B, H, W, 3]: VAE decode of latents / scale,
+-- [-1, 1] -> [0, 255], rounded
+function Pipeline:decode_latents(latents)
+  return keng.no_grad(function()
+    local img = self.vae:decode(latents / self.scaling_factor):float()  -- [B, 3, H, W]
+    img = ((img / 2 + 0.5):clamp(0, 1) * 255 + 0.5):clamp(0, 255)
+    return img:permute{1, 3, 4, 2}:contiguous():to("u8")        -- [B, H, W, 3]
+  end)
+end
+
+-- text_to_image(prompt or list, {batch_size=, num_steps=50, guidance_scale=7.5, seed=, height=,
+-- width=, negative_prompt="", latents=}) -> u8 [B, H, W, 3]. A list of P prompts with
+-- batch_size B (a multiple of P) makes B/P images per prompt; latents [B, L, h, w] replace the
+-- seeded noise.
+function Pipeline:text_to_image(prompt, opts)
+  opts = opts or {}
+  local prompts = as_list(prompt, "text_to_image")
+  local B = opts.batch_size or #prompts
+  if math.type(B) ~= "integer" or B < 1 or B % #prompts ~= 0 then
+    error(string.format("text_to_image: batch_size %s is not a positive multiple of the %d prompts",
+      tostring(opts.batch_size), #prompts), 2)
+  end
+  local per = B // #prompts
+  local list = {}
+  for _, p in ipairs(prompts) do for _ = 1, per do list[#list + 1] = p end end
+  local f = self.vae_scale
+  local sample = self.unet.config.sample_size or 64
+  local Hh, Ww = opts.height or sample * f, opts.width or sample * f
+  local mult = f * (1 << (#self.unet.config.block_out_channels - 1))
+  if Hh % mult ~= 0 or Ww % mult ~= 0 then
+    error(string.format("text_to_image: height %d and width %d must be multiples of %d", Hh, Ww, mult), 2)
+  end
+  local g = opts.guidance_scale or 7.5
+  local cond = self:encode_prompt(list)                         -- [B, S, X]
+  local uncond
+  if g ~= 1 then
+    local neg = opts.negative_prompt or ""
+    if type(neg) == "string" then
+      local u = self:encode_prompt({neg})                       -- [1, S, X]
+      uncond = u:expand{B, u.shape[2], u.shape[3]}:contiguous()
+    else
+      uncond = self:encode_prompt(neg)
+    end
+  end
+  local latents = opts.latents
+  local shape = {B, self.latent_channels, Hh // f, Ww // f}
+  if latents then
+    if not keng.is_tensor(latents) or latents.ndim ~= 4 or latents.shape[1] ~= B or latents.shape[2] ~= shape[2]
+       or latents.shape[3] ~= shape[3] or latents.shape[4] ~= shape[4] then
+      error(string.format("text_to_image: latents %s must be [%s]",
+        keng.is_tensor(latents) and shape_str(latents) or type(latents), table.concat(shape, ", ")), 2)
+    end
+  else
+    if opts.seed then keng.manual_seed(opts.seed) end
+    local device = self.unet.conv_in.weight.device
+    latents = keng.randn(shape, {device = device ~= "meta" and device or nil})
+  end
+  latents = latents * self.scheduler.init_noise_sigma
+  latents = self:denoise(latents, cond, uncond, {num_steps = opts.num_steps or opts.num_inference_steps or 50,
+    guidance_scale = g, callback = opts.callback})
+  return self:decode_latents(latents)
+end
+
+-- forward(prompt, opts) = text_to_image
+function Pipeline:forward(prompt, opts) return self:text_to_image(prompt, opts) end
+
+---------------------------------------------------------------------------------------------
+-- construction and loading
+
+local function preset_names()
+  local names = {}
+  for k in pairs(M.presets) do names[#names + 1] = k end
+  table.sort(names)
+  return table.concat(names, ", ")
+end
+
+local function load_tokenizer(spec, vocab)
+  if type(spec) == "table" then return spec end
+  if type(spec) == "string" then return require("models.clip").tokenizer(spec) end
+  return ByteTokenizer.new(vocab)
+end
+
+-- from_preset("sd_tiny" | "stable_diffusion_v1", {dtype=, device=, tokenizer= dir or object,
+-- seed=}) -> Pipeline with random weights; on device="meta" shapes only (for counting).
+-- Without a tokenizer the prompt is tokenized byte by byte (the weights are random anyway).
+function M.from_preset(name, opts)
+  opts = opts or {}
+  local p = M.presets[name]
+  if not p then
+    error(string.format("stable_diffusion.from_preset: unknown preset '%s' (valid: %s)", tostring(name), preset_names()), 2)
+  end
+  if opts.seed then keng.manual_seed(opts.seed) end
+  local o = {dtype = opts.dtype, device = opts.device}
+  local clip = require "models.clip"
+  local te = clip.from_preset(p.text_encoder, o)
+  local unet = U.from_preset(p.unet, o)
+  local vae = V.from_preset(p.vae, o)
+  return Pipeline({text_encoder = te, unet = unet, vae = vae, scheduler = DDIM.new(),
+    tokenizer = load_tokenizer(opts.tokenizer, te.config.vocab)})
+end
+
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+-- from_pretrained(dir, {dtype=, device=}) -> Pipeline from the diffusers layout: unet/, vae/,
+-- text_encoder/, tokenizer/ (each with its files), scheduler/scheduler_config.json (optional:
+-- SD v1's DDIM config otherwise; other scheduler classes are replaced by DDIM with their betas)
+function M.from_pretrained(dir, opts)
+  opts = opts or {}
+  local o = {dtype = opts.dtype, device = opts.device}
+  for _, part in ipairs{"unet", "vae", "text_encoder", "tokenizer"} do
+    local probe = part == "tokenizer" and "/vocab.json" or "/config.json"
+    if not exists(dir .. "/" .. part .. probe) then
+      error(string.format("stable_diffusion.from_pretrained: missing %s/%s%s", dir, part, probe), 2)
+    end
+  end
+  local function load(fn, ...)
+    local ok, r = pcall(fn, ...)
+    if not ok then error("stable_diffusion.from_pretrained: " .. tostring(r), 3) end
+    return r
+  end
+  local clip = require "models.clip"
+  local te = load(clip.from_pretrained, dir .. "/text_encoder", o)
+  local tok = load(clip.tokenizer, dir .. "/tokenizer")
+  local unet = load(U.from_pretrained, dir .. "/unet", o)
+  local vae = load(V.from_pretrained, dir .. "/vae", o)
+  local sc = {}
+  if exists(dir .. "/scheduler/scheduler_config.json") then
+    local j = U.read_config(dir .. "/scheduler", "stable_diffusion.from_pretrained", 2,
+      "scheduler_config.json")  -- errors name the file
+    for _, k in ipairs{"num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "steps_offset",
+                       "set_alpha_to_one", "timestep_spacing", "prediction_type"} do
+      sc[k] = j[k]
+    end
+  end
+  local ok, pipe = pcall(Pipeline, {text_encoder = te, tokenizer = tok, unet = unet, vae = vae,
+    scheduler = DDIM.new(sc)})
+  if not ok then error(tostring(pipe), 2) end
+  return pipe
+end
+
+return M
