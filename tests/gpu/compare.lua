@@ -273,5 +273,231 @@ do
   end)
 end
 
+-- ---- along one dim: max/min/argmax/argmin, cumsum, topk, softmax ------------------------
+local function ints(shape, lo, hi, dt)
+  seed = seed + 1
+  keng.manual_seed(seed)
+  return keng.randint(lo, hi, shape, {dtype = dt or "i64"})
+end
+for _, dt in ipairs(FLOATS) do
+  local x = ints({6, 50, 7}, -4, 5, "f64"):to(dt) -- many ties: the first index must win
+  for _, op in ipairs({"max", "min"}) do
+    check(op .. " dim 2 (ties)", dt, function(dev) return {on(x, dev)[op](on(x, dev), 2)} end)
+    check(op .. " dim 3 keepdim (non-contiguous)", dt, function(dev) return {nc(on(x, dev))[op](nc(on(x, dev)), 3, true)} end)
+  end
+  check("argmax dim 1", dt, function(dev) return on(x, dev):argmax(1) end)
+  check("argmin dim -1", dt, function(dev) return on(x, dev):argmin(-1) end)
+  local r = input({5, 300}, dt)
+  check("argmax dim 2 of [5,300] (block per row)", dt, function(dev) return on(r, dev):argmax(2) end)
+  check("cumsum dim 2", dt, function(dev) return on(r, dev):cumsum(2) end)
+  check("cumsum dim 1 (non-contiguous)", dt, function(dev) return nc(on(r, dev)):cumsum(1) end)
+  check("topk 7 of [5,300]", dt, function(dev) return {on(r, dev):topk(7, 2)} end)
+  check("softmax dim -1", dt, function(dev) return keng.softmax(on(r, dev), -1) end)
+  check("softmax dim 1 (strided rows)", dt, function(dev) return keng.softmax(on(r, dev), 1) end)
+  check("log_softmax dim -1", dt, function(dev) return keng.log_softmax(on(r, dev), -1) end)
+  check("log_softmax (non-contiguous)", dt, function(dev) return keng.log_softmax(nc(on(r, dev)), 1) end)
+end
+do
+  local x = input({4, 5000}, "f32")
+  check("topk 5 of [4,5000] (selection passes)", "f32", function(dev) return {on(x, dev):topk(5, 2)} end)
+  check("max dim 2 of [4,5000]", "f32", function(dev) return {on(x, dev):max(2)} end)
+  local n = input({3, 9}, "f32")
+  n = keng.where(n:gt(keng.full({}, 1.0)), keng.full({}, 0 / 0), n)
+  check("max with NaN (NaN wins)", "f32", function(dev) return {on(n, dev):max(2)} end)
+end
+
+-- ---- losses --------------------------------------------------------------------------------
+for _, dt in ipairs({"f32", "f64", "bf16"}) do
+  local logits, t = input({16, 10}, dt), ints({16}, 0, 10)
+  local ti = t:clone()
+  ti:narrow(1, 3, 2):fill_(-100)
+  for _, red in ipairs({"mean", "sum", "none"}) do
+    check("cross_entropy " .. red, dt, function(dev)
+      return keng.cross_entropy(on(logits, dev), on(t, dev), {reduction = red})
+    end, dt == "bf16" and 2e-2 or 1e-5)
+  end
+  check("cross_entropy ignore_index", dt, function(dev)
+    return keng.cross_entropy(on(logits, dev), on(ti, dev), {ignore_index = -100})
+  end, dt == "bf16" and 2e-2 or 1e-5)
+  check("grad cross_entropy (mean, ignore)", dt, function(dev)
+    local l = on(logits, dev):detach()
+    l:requires_grad_(true)
+    keng.cross_entropy(l, on(ti, dev), {ignore_index = -100}):backward()
+    return l.grad
+  end, dt == "bf16" and 2e-2 or 1e-5)
+end
+
+-- ---- indexing ------------------------------------------------------------------------------
+for _, dt in ipairs({"f32", "bf16", "i64"}) do
+  local a, b = input({3, 4, 5}, dt, function(t) return t * 10 end), input({3, 2, 5}, dt, function(t) return t * 10 end)
+  check("cat dim 2", dt, function(dev) return keng.cat({on(a, dev), on(b, dev)}, 2) end)
+  check("cat dim 3 (non-contiguous)", dt, function(dev) return keng.cat({nc(on(a, dev)), nc(on(a, dev))}, 3) end)
+  check("pad {1,2,-1,3}", dt, function(dev) return keng.pad(on(a, dev), {1, 2, -1, 3}, 7) end)
+  local idx = ints({3, 4, 2}, 0, 5)
+  check("gather dim 3", dt, function(dev) return on(a, dev):gather(3, on(idx, dev)) end)
+  local sel = ints({6}, 0, 4)
+  check("index_select dim 2", dt, function(dev) return on(a, dev):index_select(2, on(sel, dev)) end)
+  check("index_select dim 3 (non-contiguous)", dt, function(dev) return nc(on(a, dev)):index_select(3, on(sel, dev)) end)
+end
+for _, dt in ipairs({"f32", "f64", "bf16"}) do
+  local tbl, ids = input({50, 24}, dt), ints({3, 7}, 0, 50)
+  check("embedding", dt, function(dev) return keng.embedding(on(ids, dev), on(tbl, dev)) end)
+  check("grad embedding (index_add_)", dt, function(dev)
+    local t = on(tbl, dev):detach()
+    t:requires_grad_(true)
+    ;(keng.embedding(on(ids, dev), t) * 3):sum():backward()
+    return t.grad
+  end)
+  local src, idx = input({6, 40}, dt), ints({6, 40}, 0, 9)
+  check("scatter_add_ dim 1 (duplicates)", dt, function(dev)
+    local d = keng.zeros({9, 40}, {dtype = dt, device = dev})
+    return d:scatter_add_(1, on(idx, dev), on(src, dev))
+  end, dt == "bf16" and 5e-2 or TOL[dt])
+  local big_idx, big_src = ints({5000, 1}, 0, 3), input({5000, 1}, dt)
+  check("scatter_add_ few lines (atomic path)", dt, function(dev)
+    local d = keng.zeros({3, 1}, {dtype = dt, device = dev})
+    return d:scatter_add_(1, on(big_idx, dev), on(big_src, dev))
+  end, dt == "bf16" and 1e-1 or dt == "f32" and 1e-4 or 1e-10)
+  local isrc, iidx = input({5, 8, 3}, dt), ints({8}, 0, 4)
+  check("index_add_ dim 2", dt, function(dev)
+    local d = keng.zeros({5, 4, 3}, {dtype = dt, device = dev})
+    return d:index_add_(2, on(iidx, dev), on(isrc, dev))
+  end, dt == "bf16" and 5e-2 or TOL[dt])
+end
+do -- errors are raised as on the cpu
+  local tbl, bad = input({5, 4}, "f32"), keng.tensor({1, 7, 2}, {dtype = "i64"})
+  total = total + 1
+  local ok1, e1 = pcall(keng.embedding, bad, tbl)
+  local ok2, e2 = pcall(keng.embedding, on(bad, DEV), on(tbl, DEV))
+  local same = not ok1 and not ok2 and e1 == e2
+  if not same then failed = failed + 1 end
+  print(string.format("%-34s %-5s %s (%s | %s)", "embedding index out of range", "f32", same and "ok" or "FAIL",
+    tostring(e1), tostring(e2)))
+end
+
+-- ---- normalisation ---------------------------------------------------------------------------
+local NTOL = {f32 = 1e-4, f64 = 1e-10, bf16 = 3e-2, f16 = 5e-3}
+for _, dt in ipairs(FLOATS) do
+  local x, w, b, g = input({6, 40}, dt), input({40}, dt), input({40}, dt), input({6, 40}, dt)
+  local function grads(dev, f)
+    local xl, wl, bl = on(x, dev):detach(), on(w, dev):detach(), on(b, dev):detach()
+    xl:requires_grad_(true); wl:requires_grad_(true); bl:requires_grad_(true)
+    local y = f(xl, wl, bl)
+    local outs = {y:detach()}
+    ;(y * on(g, dev)):sum():backward()
+    outs[#outs + 1] = xl.grad
+    outs[#outs + 1] = wl.grad
+    if bl.grad then outs[#outs + 1] = bl.grad end
+    return outs
+  end
+  check("layer_norm + grads", dt, function(dev) return grads(dev, function(a, w1, b1) return keng.layer_norm(a, w1, b1, 1e-5) end) end, NTOL[dt])
+  check("rms_norm + grads", dt, function(dev) return grads(dev, function(a, w1) return keng.rms_norm(a, w1, 1e-6) end) end, NTOL[dt])
+  check("rms_norm unit_offset + grads", dt, function(dev)
+    return grads(dev, function(a, w1) return keng.rms_norm(a, w1, 1e-6, {unit_offset = true}) end)
+  end, NTOL[dt])
+  local gx, gw, gb, gg = input({2, 8, 5, 3}, dt), input({8}, dt), input({8}, dt), input({2, 8, 5, 3}, dt)
+  check("group_norm 4 groups + grads", dt, function(dev)
+    local xl, wl, bl = on(gx, dev):detach(), on(gw, dev):detach(), on(gb, dev):detach()
+    xl:requires_grad_(true); wl:requires_grad_(true); bl:requires_grad_(true)
+    local y = keng.group_norm(xl, 4, wl, bl, 1e-5)
+    local yd = y:detach()
+    ;(y * on(gg, dev)):sum():backward()
+    return {yd, xl.grad, wl.grad, bl.grad}
+  end, NTOL[dt])
+end
+
+-- ---- convolution and resampling --------------------------------------------------------------
+local CTOL = {f32 = 1e-4, f64 = 1e-10, bf16 = 3e-2, f16 = 5e-3}
+for _, dt in ipairs(FLOATS) do
+  local x, w, b = input({2, 4, 9, 8}, dt), input({6, 2, 3, 3}, dt), input({6}, dt)
+  local opts = {stride = 2, padding = 1, dilation = 1, groups = 2}
+  check("conv2d + grads (groups 2, stride 2)", dt, function(dev)
+    local xl, wl, bl = on(x, dev):detach(), on(w, dev):detach(), on(b, dev):detach()
+    xl:requires_grad_(true); wl:requires_grad_(true); bl:requires_grad_(true)
+    local y = keng.conv2d(xl, wl, bl, opts)
+    local yd = y:detach()
+    ;(y * y:detach()):sum():backward()
+    return {yd, xl.grad, wl.grad, bl.grad}
+  end, CTOL[dt])
+  local tw = input({4, 3, 3, 3}, dt)
+  check("conv_transpose2d + grads", dt, function(dev)
+    local xl, wl = on(x, dev):detach(), on(tw, dev):detach()
+    xl:requires_grad_(true); wl:requires_grad_(true)
+    local y = keng.conv_transpose2d(xl, wl, nil, {stride = 2, padding = 1})
+    local yd = y:detach()
+    ;(y * y:detach()):sum():backward()
+    return {yd, xl.grad, wl.grad}
+  end, CTOL[dt])
+  check("interpolate x2 + grad", dt, function(dev)
+    local xl = on(x, dev):detach()
+    xl:requires_grad_(true)
+    local y = keng.interpolate(xl, {scale = 2, mode = "nearest"})
+    local yd = y:detach()
+    ;(y * y:detach()):sum():backward()
+    return {yd, xl.grad}
+  end)
+end
+
+-- ---- randomness ------------------------------------------------------------------------------
+for _, dt in ipairs(FLOATS) do
+  local x = input({33, 65}, dt)
+  check("dropout p=0.3 (same Philox words)", dt, function(dev)
+    keng.manual_seed(77)
+    return keng.dropout(on(x, dev), 0.3, true)
+  end)
+end
+do
+  local p = input({3, 40}, "f32", function(t) return t:abs() end)
+  check("multinomial with replacement", "i64", function(dev)
+    keng.manual_seed(5)
+    return keng.multinomial(on(p, dev), 12, {replacement = true})
+  end)
+  check("multinomial without replacement", "i64", function(dev)
+    keng.manual_seed(6)
+    return keng.multinomial(on(p, dev), 10)
+  end)
+end
+
+-- ---- attention -------------------------------------------------------------------------------
+local ATOL = {f32 = 1e-4, f64 = 1e-10, bf16 = 3e-2, f16 = 5e-3}
+for _, dt in ipairs(FLOATS) do
+  local x, pos = input({2, 3, 10, 8}, dt), keng.arange(3, 13, 1, {dtype = "i64"})
+  check("rope + grad", dt, function(dev)
+    local xl = on(x, dev):detach()
+    xl:requires_grad_(true)
+    local y = keng.rope(xl, on(pos, dev), {base = 10000})
+    local yd = y:detach()
+    ;(y * y:detach()):sum():backward()
+    return {yd, xl.grad}
+  end, ATOL[dt])
+  local q, k, v = input({2, 4, 37, 16}, dt), input({2, 2, 45, 16}, dt), input({2, 2, 45, 16}, dt)
+  local fmask = input({37, 45}, dt)
+  local bmask = input({2, 1, 37, 45}, "f64"):gt(keng.full({}, -1.0, {dtype = "f64"}))
+  local cases = {
+    {"sdpa", {}}, {"sdpa causal", {causal = true}}, {"sdpa causal window 8", {causal = true, window = 8}},
+    {"sdpa float mask", {mask = fmask}}, {"sdpa bool mask, scale", {mask = bmask, scale = 0.3}},
+  }
+  for _, c in ipairs(cases) do
+    check(c[1] .. " + grads (GQA)", dt, function(dev)
+      local o = {}
+      for key, val in pairs(c[2]) do o[key] = keng.is_tensor(val) and on(val, dev) or val end
+      local ql, kl, vl = on(q, dev):detach(), on(k, dev):detach(), on(v, dev):detach()
+      ql:requires_grad_(true); kl:requires_grad_(true); vl:requires_grad_(true)
+      local y = keng.scaled_dot_product_attention(ql, kl, vl, o)
+      local yd = y:detach()
+      ;(y * y:detach()):sum():backward()
+      return {yd, ql.grad, kl.grad, vl.grad}
+    end, ATOL[dt])
+  end
+end
+do
+  local q, k = input({1, 2, 5, 64}, "f32"), input({1, 2, 300, 64}, "f32")
+  check("sdpa T=5 S=300 causal (KV cache)", "f32", function(dev)
+    return keng.scaled_dot_product_attention(on(q, dev), on(k, dev), on(k, dev), {causal = true})
+  end, 1e-4)
+  local q2 = input({1, 1, 40, 256}, "f32")
+  check("sdpa D=256", "f32", function(dev) return keng.scaled_dot_product_attention(on(q2, dev), on(q2, dev), on(q2, dev)) end, 1e-4)
+end
+
 print(string.format("\n%d cases on %s: %d passed, %d failed", total, DEV, total - failed, failed))
 if failed > 0 then os.exit(1) end

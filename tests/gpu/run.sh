@@ -34,6 +34,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 nvcc --version 2>&1 | tail -1; cmake --version | head -1; echo "pkg-config: $pc"
 
+# cuDNN (conv ops): the toolkit's, else the pip wheel's (nvidia-cudnn-cu13) found through Python
+if ! ls /usr/local/cuda/lib64/libcudnn.so* >/dev/null 2>&1 && [ -z "${CUDNN_ROOT:-}" ]; then
+  CUDNN_ROOT=$(python3 -c 'import nvidia.cudnn as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])' 2>/dev/null)
+  [ -n "$CUDNN_ROOT" ] && export CUDNN_ROOT && export LD_LIBRARY_PATH="$CUDNN_ROOT/lib:$LD_LIBRARY_PATH"
+fi
+echo "cuDNN root: ${CUDNN_ROOT:-(toolkit)}"
+
 echo "== configure + build ($build)"
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKENG_CUDA="${CUDA:-ON}" \
@@ -41,7 +48,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKENG_CUDA="${CUDA:-
   -DOPENBLAS_INCLUDE="$prefix/include/x86_64-linux-gnu/openblas-openmp" \
   -DOPENBLAS_LIB="$lib/openblas-openmp/libopenblas.so" -DREADLINE_LIB="$lib/libreadline.so" \
   >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; echo "run.sh: configure failed"; exit 3; }
-grep "keng: CUDA backend" "$logs/configure.log"
+grep -E "keng: (CUDA backend|cuDNN)" "$logs/configure.log"
 ninja -C "$build" >"$logs/build.log" 2>&1 || { grep -B2 -A12 -m5 "error" "$logs/build.log" | head -80; echo "run.sh: build failed"; exit 4; }
 echo "built in $(( $(date +%s) - t0 )) s"
 keng="$top/$build/keng"
