@@ -228,7 +228,8 @@ if opts.compare then
   other, other_name = {}, doc.framework or "other"
   if other_name == "keng" then other_name = "keng " .. tostring(doc.commit or doc.date or "earlier") end
   for _, r in ipairs(doc.rows) do
-    if r.status == "ok" and type(r.mean_ms) == "number" then other[r.id] = r end
+    -- a zero mean (the difference rule clamped by noise) cannot be a ratio
+    if r.status == "ok" and type(r.mean_ms) == "number" and r.mean_ms > 0 then other[r.id] = r end
   end
 end
 

@@ -155,6 +155,8 @@ def time_diff(fn, steps):
     t0 = time.perf_counter()
     fn(1 + steps)
     t_long = time.perf_counter() - t0
+    if t_long < t_short:
+        print(f"(noise: t(1+N) {t_long:.3f}s < t(1) {t_short:.3f}s) ", end="")
     return [max(t_long - t_short, 0.0) / steps]
 
 

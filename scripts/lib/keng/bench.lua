@@ -81,7 +81,7 @@ function bench.run_diff(fn, opts)
   if long <= short then error("bench.run_diff: long must exceed short", 2) end
   local repeats = opts.repeats or 1
   fn(short)
-  local per, flops = {}, 0
+  local per, flops, raw = {}, 0, {}
   for i = 1, repeats do
     local function clock(k)
       collectgarbage()
@@ -93,16 +93,17 @@ function bench.run_diff(fn, opts)
     end
     local ts, fs = clock(short)
     local tl, fl = clock(long)
+    raw[i] = {short_ms = ts * 1e3, long_ms = tl * 1e3}               -- kept: noise can make tl < ts
     per[i] = math.max(tl - ts, 0) / (long - short)
     flops = flops + math.max(fl - fs, 0) / (long - short)
     if opts.on_step then opts.on_step(i, repeats, per[i] * 1e3) end
   end
   local r = finish({warmup = 1, short = short, long = long}, per, flops, opts.items)
-  r.steps = long - short
+  r.steps, r.raw = long - short, raw
   return r
 end
 
--- "12.3" / "1.23k" style number for tables
+-- a number with `digits` decimals (default 2), "-" for nil
 function bench.fmt(x, digits)
   if x == nil then return "-" end
   if type(x) ~= "number" then return tostring(x) end
