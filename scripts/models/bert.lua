@@ -287,7 +287,7 @@ function M.from_pretrained(dir, opts)
   opts = opts or {}
   local text = read_file(dir .. "/config.json")
   if not text then error("bert.from_pretrained: no config.json in " .. dir, 2) end
-  local ok, j = pcall(require("bench.json").decode, text)
+  local ok, j = pcall(require("keng.json").decode, text)
   if not ok then error("bert.from_pretrained: " .. dir .. "/config.json: " .. tostring(j), 2) end
   for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do
     if type(j[key]) ~= "number" then error("bert.from_pretrained: config.json lacks " .. key, 2) end

@@ -227,7 +227,7 @@ function M.from_pretrained(dir, opts)
   opts = opts or {}
   local text = read_file(dir .. "/config.json")
   if not text then error("clip.from_pretrained: no config.json in " .. dir, 2) end
-  local ok, j = pcall(require("bench.json").decode, text)
+  local ok, j = pcall(require("keng.json").decode, text)
   if not ok then error("clip.from_pretrained: " .. dir .. "/config.json: " .. tostring(j), 2) end
   if j.text_config then j = j.text_config end  -- a full CLIPModel config
   for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do

@@ -447,7 +447,7 @@ function M.read_config(dir, who, level, name)
   local path = dir .. "/" .. (name or "config.json")
   local text = M.read_file(path)
   if not text then error(string.format("%s: missing %s", who, path), level + 1) end
-  local json = require "bench.json"
+  local json = require "keng.json"
   local ok, j = pcall(json.decode, text)
   if not ok or type(j) ~= "table" then error(string.format("%s: %s: %s", who, path, tostring(j)), level + 1) end
   for k, v in pairs(j) do if v == json.null then j[k] = nil end end   -- null: the default

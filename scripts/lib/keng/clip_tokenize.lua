@@ -70,7 +70,7 @@ end
 
 -- the pad token of a tokenizer directory: tokenizer_config.json or special_tokens_map.json
 local function pad_token(dir)
-  local json = require "bench.json"
+  local json = require "keng.json"
   for _, name in ipairs{"/tokenizer_config.json", "/special_tokens_map.json"} do
     local text = read_file(dir .. name)
     if text then
