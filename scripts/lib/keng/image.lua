@@ -90,4 +90,25 @@ function image.text(img, x, y, str, color, scale)
   return img
 end
 
+-- grid(images, {cols =, pad = 2, background = 0}) -> one u8 image [rows*(H+pad)-pad, cols*(W+pad)-pad, C]
+-- tiling a batch [B, H, W, C] (e.g. text_to_image's output) row by row; cols defaults to
+-- ceil(sqrt(B)). Each tile is one narrow + copy_, so nothing loops over pixels.
+function image.grid(images, opts)
+  opts = opts or {}
+  if not keng.is_tensor(images) or images.ndim ~= 4 then
+    error("image.grid: images must be a tensor [B, H, W, C]", 2)
+  end
+  local B, H, W, C = table.unpack(images.shape)
+  local cols = opts.cols or math.ceil(math.sqrt(B))
+  if math.type(cols) ~= "integer" or cols < 1 then error("image.grid: cols must be a positive integer", 2) end
+  local rows, pad = math.ceil(B / cols), opts.pad or 2
+  local canvas = keng.full({rows * (H + pad) - pad, cols * (W + pad) - pad, C}, opts.background or 0,
+    {dtype = images.dtype})
+  for b = 1, B do
+    local r, c = (b - 1) // cols, (b - 1) % cols
+    canvas:narrow(1, r * (H + pad) + 1, H):narrow(2, c * (W + pad) + 1, W):copy_(images[b])
+  end
+  return canvas
+end
+
 return image
