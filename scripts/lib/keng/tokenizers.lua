@@ -113,4 +113,79 @@ Bert.__call = function(self, texts, opts) return self:encode_batch(texts, opts) 
 
 tokenizers.Bert = Bert
 
+---------------------------------------------------------------------------------------------
+-- SentencePiece (engine/io/sentencepiece.c): Gemma, Mistral
+
+local SentencePiece = {}
+SentencePiece.__index = SentencePiece
+
+-- tokenizers.sentencepiece(model_path) -> a tokenizer over a tokenizer.model file
+function tokenizers.sentencepiece(model_path)
+  if type(model_path) ~= "string" then error("tokenizers.sentencepiece: model_path must be a string", 2) end
+  local ok, sp = pcall(keng.sentencepiece, model_path)
+  if not ok then error(tostring(sp), 2) end
+  return setmetatable({sp = sp, bos_id = sp.bos_id, eos_id = sp.eos_id,
+                       pad_id = (sp.pad_id and sp.pad_id >= 0) and sp.pad_id or 0}, SentencePiece)
+end
+
+function SentencePiece:encode(text, opts) return self.sp:encode(text, opts) end
+function SentencePiece:decode(ids) return self.sp:decode(ids) end
+function SentencePiece:vocab_size() return self.sp:vocab_size() end
+
+-- encode_batch(texts, {max_length=, padding=true|"longest", truncation=true, add_bos=true,
+-- add_eos=false, side="right"|"left"}) -> {token_ids = i64 [B, T], padding_mask = bool [B, T]}.
+-- Truncation keeps the first tokens; left padding is what batched generation wants.
+function SentencePiece:encode_batch(texts, opts)
+  opts = opts or {}
+  if type(texts) == "string" then texts = {texts} end
+  if type(texts) ~= "table" or #texts == 0 then error("encode_batch: a non-empty list of texts expected", 2) end
+  local add = {add_bos = opts.add_bos ~= false, add_eos = opts.add_eos == true}
+  local rows, longest = {}, 0
+  for b, t in ipairs(texts) do
+    if type(t) ~= "string" then error(string.format("encode_batch: text %d is a %s", b, type(t)), 2) end
+    rows[b] = self.sp:encode(t, add)
+    longest = math.max(longest, #rows[b])
+  end
+  local T = opts.max_length or longest
+  if opts.padding == "longest" then T = math.min(T, longest) end
+  local ids, mask = {}, {}
+  for b, r in ipairs(rows) do
+    if #r > T then
+      if opts.truncation == false then
+        error(string.format("encode_batch: text %d has %d tokens, more than max_length %d", b, #r, T), 2)
+      end
+      r = table.move(r, 1, T, 1, {})
+    end
+    local pad = T - #r
+    local i_row, m_row = {}, {}
+    for j = 1, T do
+      local k = opts.side == "left" and j - pad or j
+      local real = k >= 1 and k <= #r
+      i_row[j], m_row[j] = real and r[k] or self.pad_id, real and 1 or 0
+    end
+    ids[b], mask[b] = i_row, m_row
+  end
+  return {token_ids = keng.tensor(ids, {dtype = "i64"}), padding_mask = keng.tensor(mask, {dtype = "i64"}):ne(0)}
+end
+
+-- pack(texts, {seq_len=128, add_bos=true, add_eos=true}) -> i64 [N, seq_len]: the texts' ids,
+-- each wrapped in BOS/EOS, laid end to end and cut into rows (the last partial row is dropped),
+-- as packed causal-LM training data is made
+function SentencePiece:pack(texts, opts)
+  opts = opts or {}
+  local L = opts.seq_len or 128
+  local stream = {}
+  for _, t in ipairs(texts) do
+    for _, id in ipairs(self.sp:encode(t, {add_bos = opts.add_bos ~= false, add_eos = opts.add_eos ~= false})) do
+      stream[#stream + 1] = id
+    end
+  end
+  local n = #stream // L
+  if n == 0 then error(string.format("pack: %d tokens do not fill one row of %d", #stream, L), 2) end
+  return keng.tensor(table.move(stream, 1, n * L, 1, {}), {dtype = "i64"}):reshape{n, L}
+end
+
+SentencePiece.__call = function(self, texts, opts) return self:encode_batch(texts, opts) end
+tokenizers.SentencePiece = SentencePiece
+
 return tokenizers
