@@ -50,7 +50,8 @@ static int docall(lua_State *L, int nargs, int nres) {
   return status;
 }
 
-int kgl_repl(lua_State *L); /* repl.c */
+int kgl_repl(lua_State *L);       /* repl.c */
+void kgl_text_only(lua_State *L); /* loadmode.c: binary chunks refused */
 
 static void usage(void) {
   printf("usage: keng [options] [script [args...]]\n"
@@ -63,9 +64,18 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+  /* libgomp reads OMP_WAIT_POLICY once, when it loads. Its default lets idle threads spin after
+   * every parallel region, which steals the core the next serial step needs whenever the machine
+   * is busy (measured in docs/kernels.md: BERT fit 1603 -> 1096 ms/step on 2 threads). So keng
+   * defaults to passive and re-executes itself once; an explicit setting wins. */
+  if (!getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv); /* on failure, carry on with the default policy */
+  }
   lua_State *L = luaL_newstate();
   if (!L) return 1;
   luaL_openlibs(L);
+  kgl_text_only(L);
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
   lua_pushcfunction(L, kgl_open);
   lua_setfield(L, -2, "keng");
@@ -99,7 +109,7 @@ int main(int argc, char **argv) {
         return 1;
       }
       ran = 1;
-      status = luaL_loadbuffer(L, argv[i], strlen(argv[i]), "=(command line)");
+      status = luaL_loadbufferx(L, argv[i], strlen(argv[i]), "=(command line)", "t");
       if (status == LUA_OK) status = docall(L, 0, 0);
       if (report(L, status)) return 1;
     } else if (a[0] == '-' && a[1]) {

@@ -165,12 +165,12 @@ int kgl_repl(lua_State *L) {
     lua_pushliteral(L, ";");
     lua_concat(L, 3);
     const char *ret = lua_tostring(L, -1);
-    status = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
+    status = luaL_loadbufferx(L, ret, strlen(ret), "=stdin", "t");
     lua_remove(L, -2);
     if (status != LUA_OK) lua_pop(L, 1);
     if (status != LUA_OK) {
       for (;;) {
-        status = luaL_loadbuffer(L, code, strlen(code), "=stdin");
+        status = luaL_loadbufferx(L, code, strlen(code), "=stdin", "t");
         if (!incomplete(L, status)) break;
         lua_pop(L, 1);
         char *more = read_line(">> ", tty);

@@ -1174,10 +1174,10 @@ int kgl_open(lua_State *L) {
     lua_getfield(L, methods, ops[i][1]);
     lua_setfield(L, mt, ops[i][0]);
   }
-  lua_settop(L, keng);
-  lua_pushstring(L, KENG_VERSION);
-  lua_setfield(L, keng, "version");
   lua_pushvalue(L, methods);
   lua_setfield(L, keng, "Tensor"); /* keng.Tensor: the method table (users may add methods) */
+  lua_pushstring(L, KENG_VERSION);
+  lua_setfield(L, keng, "version");
+  lua_settop(L, keng);
   return 1;
 }

@@ -51,7 +51,13 @@ void kg_memory_set_alloc_hook(void (*hook)(size_t, void *), void *ud) {
   pool.hook_ud = ud;
 }
 
+/* the cached blocks go back to the C library at exit (leak checkers then see a clean heap) */
+static void empty_at_exit(void) { kg_memory_empty_cache(KG_CPU); }
+static void register_exit(void) { atexit(empty_at_exit); }
+
 void *kg_cpu_alloc(size_t nbytes, size_t *rounded) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, register_exit);
   int c = size_class(nbytes, rounded);
   if (*rounded > physical_memory()) return NULL; /* Linux overcommits: refuse the impossible */
   void *p = NULL;

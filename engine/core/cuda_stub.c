@@ -21,3 +21,21 @@ kg_status kg_cuda_sync(int device) {
   (void)device;
   return KG_OK;
 }
+kg_status kg_cuda_graph_begin(int device) {
+  (void)device;
+  return kg_error(KG_ERR_DEVICE, "cuda.graph", "keng was built without CUDA");
+}
+kg_status kg_cuda_graph_end(int device, kg_cuda_graph **out) {
+  (void)device;
+  *out = NULL;
+  return kg_error(KG_ERR_DEVICE, "cuda.graph", "keng was built without CUDA");
+}
+kg_status kg_cuda_graph_launch(kg_cuda_graph *g) {
+  (void)g;
+  return kg_error(KG_ERR_DEVICE, "cuda.graph", "keng was built without CUDA");
+}
+void kg_cuda_graph_free(kg_cuda_graph *g) { (void)g; }
+bool kg_cuda_capturing(int device) {
+  (void)device;
+  return false;
+}

@@ -86,6 +86,103 @@ static void log_op(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_
   kg_log("%s %s %.3f ms", line, kg_device_name(nout && out[0] ? out[0]->device : in[0]->device, dev), ms);
 }
 
+/* ---- numerics guard (KENG_CHECK_NUMERICS=1 or kg_set_check_numerics) ------------------------ */
+
+static int check_numerics = -1;
+bool kg_check_numerics(void) {
+  if (check_numerics < 0) {
+    const char *e = getenv("KENG_CHECK_NUMERICS");
+    check_numerics = e && *e && strcmp(e, "0") != 0;
+  }
+  return check_numerics;
+}
+void kg_set_check_numerics(bool on) { check_numerics = on; }
+
+/* element i's class: 0 finite, 1 inf, 2 nan (float dtypes only) */
+static int nonfinite(kg_dtype dt, const char *p) {
+  switch (dt) {
+  case KG_F32: {
+    uint32_t b;
+    memcpy(&b, p, 4);
+    return (b & 0x7F800000u) != 0x7F800000u ? 0 : (b & 0x007FFFFFu) ? 2 : 1;
+  }
+  case KG_F64: {
+    uint64_t b;
+    memcpy(&b, p, 8);
+    return (b & 0x7FF0000000000000ull) != 0x7FF0000000000000ull ? 0 : (b & 0x000FFFFFFFFFFFFFull) ? 2 : 1;
+  }
+  case KG_BF16: {
+    uint16_t b;
+    memcpy(&b, p, 2);
+    return (b & 0x7F80u) != 0x7F80u ? 0 : (b & 0x007Fu) ? 2 : 1;
+  }
+  case KG_F16: {
+    uint16_t b;
+    memcpy(&b, p, 2);
+    return (b & 0x7C00u) != 0x7C00u ? 0 : (b & 0x03FFu) ? 2 : 1;
+  }
+  default: return 0;
+  }
+}
+
+/* Counts NaN and Inf values of a cpu float tensor (any strides); *first: the first bad index. */
+static void scan_numerics(const kg_tensor *t, int64_t *nan, int64_t *inf, int64_t *first) {
+  *nan = *inf = 0;
+  *first = -1;
+  if (t->device.type != KG_DEV_CPU || !kg_dtype_info[t->dtype].is_float || !t->storage || !t->storage->data) return;
+  int64_t n = kg_numel(t), idx[KG_MAX_DIMS] = {0};
+  size_t es = kg_elem_size(t);
+  const char *base = (const char *)t->storage->data;
+  int64_t off = t->offset;
+  for (int64_t i = 0; i < n; i++) {
+    int c = nonfinite(t->dtype, base + off * (int64_t)es);
+    if (c) {
+      if (*first < 0) *first = i;
+      if (c == 2) (*nan)++;
+      else (*inf)++;
+    }
+    for (int d = t->ndim - 1; d >= 0; d--) { /* next index, row-major */
+      off += t->stride[d];
+      if (++idx[d] < t->shape[d]) break;
+      off -= t->stride[d] * t->shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+/* After a kernel: a NaN in any float output, or an Inf that no input already held (fill is
+ * exempt: -inf masks are asked for), raises naming the op and the shapes. */
+static kg_status check_outputs(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in) {
+  for (int j = 0; j < nout; j++) {
+    if (!out[j]) continue;
+    int64_t nan, inf, first;
+    scan_numerics(out[j], &nan, &inf, &first);
+    if (!nan && !inf) continue;
+    if (!nan) {
+      if (op == KG_OP_FILL) continue;
+      bool had_inf = false;
+      for (int i = 0; i < nin && !had_inf; i++) {
+        int64_t n2, i2, f2;
+        if (!in[i]) continue;
+        scan_numerics(in[i], &n2, &i2, &f2);
+        had_inf = n2 || i2;
+      }
+      if (had_inf) continue;
+    }
+    char msg[700], b[KG_SHAPE_STR_MAX];
+    int n = snprintf(msg, sizeof msg, "(");
+    for (int i = 0; i < nin && n < 600; i++)
+      if (in[i]) n += snprintf(msg + n, sizeof msg - n, "%s%s%s", i ? ", " : "", kg_dtype_info[in[i]->dtype].name, KG_SHAPE(in[i], b));
+    snprintf(msg + n, sizeof msg - n, ")");
+    return kg_error(KG_ERR_VALUE, kg_op_info[op].name,
+                    "check_numerics: output %d %s%s has %lld NaN and %lld Inf values (first at flat index %lld); "
+                    "inputs %s",
+                    j + 1, kg_dtype_info[out[j]->dtype].name, KG_SHAPE(out[j], b), (long long)nan, (long long)inf,
+                    (long long)first, msg);
+  }
+  return KG_OK;
+}
+
 kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in,
                          const void *params) {
   kg_device dev = nout && out[0] ? out[0]->device : in[0]->device;
@@ -103,6 +200,7 @@ kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, con
   int dbg = kg_debug_level();
   double t0 = dbg ? now_ms() : 0;
   kg_status s = k(&call);
+  if (s == KG_OK && dev.type == KG_DEV_CPU && kg_check_numerics()) s = check_outputs(op, nout, out, nin, in);
   if (dbg && s == KG_OK) {
     if (dev.type == KG_DEV_CUDA) kg_device_synchronize(dev);
     log_op(op, nout, out, nin, in, now_ms() - t0);

@@ -19,6 +19,16 @@ void kg_cuda_free(void *p, int device);
 /* Copies n bytes between any two of cpu and cuda memory, ordered on the compute stream. */
 kg_status kg_cuda_memcpy(void *dst, kg_device ddev, const void *src, kg_device sdev, size_t n);
 kg_status kg_cuda_sync(int device);
+/* CUDA Graphs (runtime.cu): begin captures the work queued on the device's compute stream (no
+ * kernel runs until a launch); end stops it and instantiates the graph (*out NULL on failure);
+ * launch replays it (asynchronous); free waits for its replays and frees what it holds. While
+ * capturing, ops that read device memory on the host or synchronise raise an error. */
+typedef struct kg_cuda_graph kg_cuda_graph;
+kg_status kg_cuda_graph_begin(int device);
+kg_status kg_cuda_graph_end(int device, kg_cuda_graph **out);
+kg_status kg_cuda_graph_launch(kg_cuda_graph *g);
+void kg_cuda_graph_free(kg_cuda_graph *g);
+bool kg_cuda_capturing(int device);
 
 /* A new contiguous output with x's device. */
 static inline kg_status kg_new_like(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape,

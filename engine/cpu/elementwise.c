@@ -4,7 +4,135 @@
 #include "cpu.h"
 
 #include <keng/scalar.h>
+#include <string.h>
 #include <tgmath.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define KG_X86 1
+#endif
+
+/* ---- float tanh without libm: AVX2+FMA, 8 lanes (scalar: the same formula) -----------------
+ * |x| < 0.3: odd Taylor series through x^11 (truncation < 2e-9 relative);
+ * else: tanh a = (1 - e) / (1 + e), e = exp(-2a) with a clamped to 9 (tanh rounds to 1 above),
+ * exp by 2^n * p(r), r = z - n ln2 in [-ln2/2, ln2/2], p the degree-7 Taylor polynomial.
+ * Error against libm in double over every float: docs/kernels.md. f64 stays on libm. */
+/* Horner steps: acc = acc * u + c, for the scalar (S) and the vector (V) code */
+#define TANH_SMALL(P, C, a, a2) \
+  P(a, P(a2, P(a2, P(a2, P(a2, P(a2, C(-1382.0f / 155925), 62.0f / 2835), -17.0f / 315), 2.0f / 15), -1.0f / 3), 1.0f), 0.0f)
+#define EXP_POLY(P, C, r) \
+  P(r, P(r, P(r, P(r, P(r, P(r, P(r, C(1.0f / 5040), 1.0f / 720), 1.0f / 120), 1.0f / 24), 1.0f / 6), 0.5f), 1.0f), 1.0f)
+#define LN2_HI 0.693145751953125f
+#define LN2_LO 1.42860682030941723212e-6f
+
+static inline float tanh_scalar(float x) {
+#define SP(u, acc, c) ((acc) * (u) + (c))
+#define SC(c) (c)
+  float a = x < 0 ? -x : x, a2 = a * a;
+  float small = TANH_SMALL(SP, SC, a, a2);
+  float z = -2.0f * (a < 9.0f ? a : 9.0f);
+  float n = nearbyintf(z * 1.44269504088896341f);
+  float r = z - n * LN2_HI - n * LN2_LO;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float two_n;
+  memcpy(&two_n, &bits, 4);
+  float e = EXP_POLY(SP, SC, r) * two_n;
+  float t = a < 0.3f ? small : (1.0f - e) / (1.0f + e);
+  t = x < 0 ? -t : t;
+  return x != x ? x : t;
+#undef SP
+#undef SC
+}
+
+#ifdef KG_X86
+#include <immintrin.h>
+#define VP(u, acc, c) _mm256_fmadd_ps(acc, u, _mm256_set1_ps(c))
+#define VC(c) _mm256_set1_ps(c)
+__attribute__((target("avx2,fma"))) static inline __m256 tanh8(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 a = _mm256_andnot_ps(sign, x), a2 = _mm256_mul_ps(a, a);
+  __m256 small = TANH_SMALL(VP, VC, a, a2);
+  __m256 z = _mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_min_ps(a, _mm256_set1_ps(9.0f)));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(z, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), z));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 e = _mm256_mul_ps(EXP_POLY(VP, VC, r), _mm256_castsi256_ps(bits));
+  __m256 one = _mm256_set1_ps(1.0f);
+  __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+  __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.3f), _CMP_LT_OQ));
+  t = _mm256_or_ps(t, _mm256_and_ps(sign, x));                            /* sign of x */
+  return _mm256_blendv_ps(t, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));       /* NaN stays */
+}
+#undef VP
+#undef VC
+
+/* op 0: tanh, 1: gelu (tanh form), 2: g * gelu'(s); returns elements done */
+__attribute__((target("avx2,fma"))) static int64_t tanh_family8(int op, float *y, const float *x, const float *g, int64_t n) {
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f), k0 = _mm256_set1_ps((float)KG_SQRT2_PI),
+               k1 = _mm256_set1_ps(0.044715f), k3 = _mm256_set1_ps(3 * 0.044715f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i), out;
+    if (op == 0) {
+      out = tanh8(v);
+    } else {
+      __m256 v2 = _mm256_mul_ps(v, v);
+      __m256 t = tanh8(_mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, v2), v, v)));
+      __m256 hv = _mm256_mul_ps(half, v);
+      if (op == 1) {
+        out = _mm256_fmadd_ps(hv, t, hv); /* 0.5 x (1 + t) */
+      } else {
+        __m256 d = _mm256_fmadd_ps(half, t, half);                       /* 0.5 (1 + t) */
+        __m256 sech2 = _mm256_fnmadd_ps(t, t, one);
+        __m256 du = _mm256_mul_ps(k0, _mm256_fmadd_ps(k3, v2, one));
+        out = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_fmadd_ps(_mm256_mul_ps(hv, sech2), du, d));
+      }
+    }
+    _mm256_storeu_ps(y + i, out);
+  }
+  return i;
+}
+
+static int have_avx2_fma = -1;
+static bool use_avx2_fma(void) {
+  if (have_avx2_fma < 0) {
+    __builtin_cpu_init();
+    have_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }
+  return have_avx2_fma == 1;
+}
+#endif
+
+static void tanh_family(int op, float *y, const float *x, const float *g, int64_t n) {
+  int64_t i = 0;
+#ifdef KG_X86
+  if (use_avx2_fma()) i = tanh_family8(op, y, x, g, n);
+#endif
+  for (; i < n; i++) {
+    float v = x[i];
+    if (op == 0) {
+      y[i] = tanh_scalar(v);
+    } else {
+      float t = tanh_scalar((float)KG_SQRT2_PI * (v + 0.044715f * v * v * v));
+      y[i] = op == 1 ? 0.5f * v * (1.0f + t)
+                     : g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * (float)KG_SQRT2_PI * (1.0f + 3 * 0.044715f * v * v));
+    }
+  }
+}
+
+/* float runs of the tanh family; false when op has no fast path */
+static bool fast_unary_f32(kg_op op, float *y, const float *x, int64_t n) {
+  if (op != KG_OP_TANH && op != KG_OP_GELU_TANH) return false;
+  tanh_family(op == KG_OP_TANH ? 0 : 1, y, x, NULL, n);
+  return true;
+}
+static bool fast_grad_f32(kg_op op, float *dx, const float *g, const float *s, int64_t n) {
+  if (op != KG_OP_GELU_TANH) return false;
+  tanh_family(2, dx, s, g, n);
+  return true;
+}
+#define FAST_UNARY(T, op, y, x, n) (sizeof(T) == 4 && fast_unary_f32(op, (float *)(y), (const float *)(x), n))
+#define FAST_GRAD(T, op, dx, g, s, n) \
+  (sizeof(T) == 4 && fast_grad_f32(op, (float *)(dx), (const float *)(g), (const float *)(s), n))
 
 typedef struct {
   kg_op op;
@@ -103,7 +231,7 @@ typedef struct {
       case KG_OP_UNARY_BACKWARD: {                                                               \
         const kg_unary_backward_params *p = c->params;                                           \
         double lo = p->lo, hi = p->hi;                                                           \
-        UNARY_GRAD_BODY(T, p->op, y, a, b, m, lo, hi)                                            \
+        if (!FAST_GRAD(T, p->op, y, a, b, m)) UNARY_GRAD_BODY(T, p->op, y, a, b, m, lo, hi)      \
       } break;                                                                                   \
       case KG_OP_CLAMP: {                                                                        \
         const kg_clamp_params *p = c->params;                                                    \
@@ -112,7 +240,7 @@ typedef struct {
       case KG_OP_WHERE: WHERE_BODY(y, a, b, w, m) break;                                         \
       default:                                                                                   \
         if (c->nops == 2) {                                                                      \
-          UNARY_BODY(T, c->op, y, a, m)                                                          \
+          if (!FAST_UNARY(T, c->op, y, a, m)) UNARY_BODY(T, c->op, y, a, m)                      \
         } else {                                                                                 \
           BINARY_BODY(T, c->op, y, a, b, m)                                                      \
         }                                                                                        \

@@ -5,6 +5,76 @@
 #include <omp.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KG_X86 1
+#endif
+
+/* ---- vectorised bf16 <-> f32 runs (unit stride): AVX2 when the CPU has it, else scalar ---- */
+
+#ifdef KG_X86
+static int have_avx2 = -1; /* set once; a race writes the same value */
+
+static bool use_avx2(void) {
+  if (have_avx2 < 0) {
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+  }
+  return have_avx2 == 1;
+}
+
+/* bf16 -> f32 is exact: the 16 bits become the high half of the float */
+__attribute__((target("avx2"))) static int64_t bf16_load_avx2(float *dst, const uint16_t *src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i))), 16);
+    __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i + 8))), 16);
+    _mm256_storeu_si256((__m256i *)(dst + i), lo);
+    _mm256_storeu_si256((__m256i *)(dst + i + 8), hi);
+  }
+  return i;
+}
+
+/* f32 -> bf16, nearest even: (u + 0x7fff + lsb) >> 16; NaN -> (u >> 16) | 0x40 (kept quiet),
+ * exactly kg_f32_to_bf16 lane by lane */
+__attribute__((target("avx2"))) static inline __m256i bf16_round8(__m256 x) {
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), q = _mm256_set1_epi32(0x40);
+  __m256i u = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, bias), lsb), 16);
+  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absm), inf);
+  __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), q);
+  return _mm256_blendv_epi8(r, qn, nan);
+}
+
+__attribute__((target("avx2"))) static int64_t bf16_store_avx2(uint16_t *dst, const float *src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i a = bf16_round8(_mm256_loadu_ps(src + i)), b = bf16_round8(_mm256_loadu_ps(src + i + 8));
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8); /* undo the lane interleave */
+    _mm256_storeu_si256((__m256i *)(dst + i), p);
+  }
+  return i;
+}
+#endif
+
+static void bf16_load_run(float *dst, const uint16_t *src, int64_t n) {
+  int64_t i = 0;
+#ifdef KG_X86
+  if (n >= 16 && use_avx2()) i = bf16_load_avx2(dst, src, n);
+#endif
+  for (; i < n; i++) dst[i] = kg_bf16_to_f32(src[i]);
+}
+
+static void bf16_store_run(uint16_t *dst, const float *src, int64_t n) {
+  int64_t i = 0;
+#ifdef KG_X86
+  if (n >= 16 && use_avx2()) i = bf16_store_avx2(dst, src, n);
+#endif
+  for (; i < n; i++) dst[i] = kg_f32_to_bf16(src[i]);
+}
+
 #define LOAD_CASES(T, dst, src, stride, n)                                                          \
   switch (dt) {                                                                                     \
   case KG_F32: for (int64_t i = 0; i < n; i++) dst[i] = (T)((const float *)src)[i * stride]; break;  \
@@ -25,6 +95,10 @@
 void kg_cpu_load_f32(float *dst, const void *src, kg_dtype dt, int64_t stride, int64_t n) {
   if (dt == KG_F32 && stride == 1) {
     memcpy(dst, src, (size_t)n * 4);
+    return;
+  }
+  if (dt == KG_BF16 && stride == 1) {
+    bf16_load_run(dst, src, n);
     return;
   }
   LOAD_CASES(float, dst, src, stride, n)
@@ -55,6 +129,10 @@ void kg_cpu_load_f64(double *dst, const void *src, kg_dtype dt, int64_t stride, 
 void kg_cpu_store_f32(void *dst, kg_dtype dt, int64_t stride, const float *src, int64_t n) {
   if (dt == KG_F32 && stride == 1) {
     memcpy(dst, src, (size_t)n * 4);
+    return;
+  }
+  if (dt == KG_BF16 && stride == 1) {
+    bf16_store_run(dst, src, n);
     return;
   }
   STORE_CASES(float, dst, src, stride, n)

@@ -8,7 +8,8 @@
  *   BackwardFilter   dw from (im, col)      dw of both
  * Operands are made dense in one compute dtype (the output's for the forward; f64 when any
  * operand is f64 in the backward, else dy's) by the copy kernel; cuDNN computes in f32 for
- * f32/bf16/f16 (no TF32: CUDNN_FMA_MATH for f32, as matmul.cu uses no TF32) and f64 for f64.
+ * f32/bf16/f16 (f32 without TF32 — CUDNN_FMA_MATH — unless keng.backends.allow_tf32 is set, then
+ * CUDNN_TENSOR_OP_MATH) and f64 for f64.
  * The algorithm is cuDNN's first heuristic choice (cudnnGet*Algorithm_v7) that succeeds, chosen
  * once per (primitive, shapes, dtype, device) and cached. Bias add and db are plain kernels
  * (db sums in double). Built without cuDNN (not found by CMake) the conv ops raise an error;
@@ -122,7 +123,7 @@ enum { PRIM_FWD, PRIM_BWD_DATA, PRIM_BWD_FILTER };
 
 /* the algorithm cache: key = primitive, device, dtype and the whole geometry */
 struct algo_key {
-  int prim, dev, dt, groups, pad[2], stride[2], dil[2];
+  int prim, dev, dt, tf32, groups, pad[2], stride[2], dil[2];
   int64_t im[4], col[4], w[4];
 };
 struct algo_entry {
@@ -157,8 +158,8 @@ static void destroy(conv_descs *d) {
     if (st_ != CUDNN_STATUS_SUCCESS) return kg_error(KG_ERR_DEVICE, op, "%s: %s", #call, cudnnGetErrorString(st_)); \
   } while (0)
 
-static kg_status make_descs(conv_descs *d, const char *op, kg_dtype dt, const int64_t *im, const int64_t *col,
-                            const int64_t *w, const kg_conv2d_params *p) {
+static kg_status make_descs(conv_descs *d, const char *op, kg_dtype dt, bool tf32, const int64_t *im,
+                            const int64_t *col, const int64_t *w, const kg_conv2d_params *p) {
   *d = conv_descs{};
   for (int i = 0; i < 4; i++)
     if (im[i] > INT32_MAX || col[i] > INT32_MAX || w[i] > INT32_MAX)
@@ -176,7 +177,9 @@ static kg_status make_descs(conv_descs *d, const char *op, kg_dtype dt, const in
                                             p->dilation[0], p->dilation[1], CUDNN_CROSS_CORRELATION,
                                             dt == KG_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
   CUDNN_TRY(cudnnSetConvolutionGroupCount(d->conv, p->groups));
-  CUDNN_TRY(cudnnSetConvolutionMathType(d->conv, dt == KG_F32 || dt == KG_F64 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+  /* f32: FMA (no TF32) unless keng.backends.allow_tf32; f64 FMA; bf16/f16 tensor cores */
+  bool fma = dt == KG_F64 || (dt == KG_F32 && !tf32);
+  CUDNN_TRY(cudnnSetConvolutionMathType(d->conv, fma ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
   return KG_OK;
 }
 
@@ -237,10 +240,11 @@ static kg_status run_prim(const char *op, int prim, int dev, kg_dtype dt, const 
   cudnnHandle_t h = NULL;
   KG_TRY(get_handle(dev, op, &h));
   conv_descs d;
-  kg_status s = make_descs(&d, op, dt, ims, cols, ws_, p);
+  bool tf32 = dt == KG_F32 && kg_allow_tf32();
+  kg_status s = make_descs(&d, op, dt, tf32, ims, cols, ws_, p);
   algo_key key;
   memset(&key, 0, sizeof key);
-  key.prim = prim, key.dev = dev, key.dt = dt, key.groups = p->groups;
+  key.prim = prim, key.dev = dev, key.dt = dt, key.tf32 = tf32, key.groups = p->groups;
   for (int i = 0; i < 2; i++) key.pad[i] = p->padding[i], key.stride[i] = p->stride[i], key.dil[i] = p->dilation[i];
   for (int i = 0; i < 4; i++) key.im[i] = ims[i], key.col[i] = cols[i], key.w[i] = ws_[i];
   int algo = 0;

@@ -51,8 +51,9 @@ __device__ __forceinline__ double random_value(int kind, uint64_t seed, uint64_t
 }
 
 template <class S>
-__global__ void random_kernel(S *out, int64_t n, int kind, uint64_t seed, uint64_t offset, double a, double b,
-                              int bits) {
+__global__ void random_kernel(S *out, int64_t n, int kind, kg_cuda_rng rng, double a, double b, int bits) {
+  uint64_t seed, offset;
+  kg_rng_load(rng, seed, offset);
   KG_CUDA_FOR(i, n) {
     S r;
     kg_put(&r, random_value(kind, seed, offset, (uint64_t)i, a, b, bits));
@@ -71,9 +72,10 @@ static kg_status random_fill(const kg_op_call *c, int kind) {
   if (!kg_is_contiguous(t)) return kg_error(KG_ERR_VALUE, name, "output must be contiguous");
   int bits = kind == RAND_UNIFORM ? uniform_bits(t->dtype) : 53;
   cudaStream_t s = kg_cuda_stream(t->device.index);
+  kg_cuda_rng rng = kg_cuda_rng_key(p->rng, t->device.index);
   KG_CUDA_DISPATCH(name, t->dtype, S,
                    random_kernel<S><<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, s>>>(
-                       (S *)kg_data(t), n, kind, p->rng.seed, p->rng.offset, p->a, p->b, bits))
+                       (S *)kg_data(t), n, kind, rng, p->a, p->b, bits))
   return kg_cuda_check(name, t->device.index);
 }
 extern "C" kg_status kg_cuda_rand(const kg_op_call *c) { return random_fill(c, RAND_UNIFORM); }

@@ -27,6 +27,24 @@ kg_status kg_cuda_check(const char *op, int device);
 /* Turns a CUDA error into a kg_error naming op (KG_OK for cudaSuccess). */
 kg_status kg_cuda_err(cudaError_t e, const char *op, const char *what);
 
+/* The Philox key of a random kernel: (seed, offset) by value, or — while a CUDA Graph is being
+ * captured — an offset relative to the capture's start plus a device buffer holding the
+ * (seed, base offset) that each launch of the graph writes first, so replays draw new numbers. */
+struct kg_cuda_rng {
+  uint64_t seed, offset;
+  const uint64_t *dev; /* NULL outside capture */
+};
+kg_cuda_rng kg_cuda_rng_key(kg_philox_state st, int device);
+__device__ __forceinline__ void kg_rng_load(const kg_cuda_rng &r, uint64_t &seed, uint64_t &offset) {
+  if (r.dev) {
+    seed = r.dev[0];
+    offset = r.dev[1] + r.offset;
+  } else {
+    seed = r.seed;
+    offset = r.offset;
+  }
+}
+
 /* grid-stride launch shape for n elements */
 #define KG_CUDA_THREADS 256
 static inline unsigned kg_cuda_blocks(int64_t n) {
@@ -151,6 +169,10 @@ template <int N> __device__ __forceinline__ void kg_cuda_offsets(const kg_cuda_i
     for (int k = 0; k < N; k++) off[k] += r * it.stride[k][d];
   }
 }
+
+/* ---- fused linear (matmul.cu): y = x wᵀ + b (+ GELU, tanh form) through a cuBLASLt epilogue;
+ * KG_ERR_VALUE when layout or dtype does not fit (then run matmul + add). Not wired to an op yet. */
+kg_status kg_cuda_linear_fused(kg_tensor *y, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, bool gelu);
 
 /* ---- the generic elementwise launcher (elementwise.cu) ----------------------------------- */
 

@@ -6,6 +6,10 @@
  * Every index is checked on the device before anything moves: a check kernel records the first
  * offending position in a device flag, which the launcher copies back (a stream sync per call:
  * the price of raising the CPU's error, naming the op and the index, from the op that caused it).
+ * While a CUDA Graph is being captured the flag is the device's deferred-error slot instead
+ * (util.cuh), reported at the next synchronisation after a replay; the moving kernels skip an
+ * out-of-range index (write 0 / add nothing), so a bad index in a replay never touches memory
+ * outside the tensors.
  *
  * Accumulation: by default one thread owns one destination line and adds its sources in the
  * CPU's order — deterministic and bit-identical to the CPU. When there are too few lines to fill
@@ -97,7 +101,7 @@ extern "C" kg_status kg_cuda_pad(const kg_op_call *c) {
 
 struct take_args {
   int nd, dim, idt;
-  int64_t n;
+  int64_t n, size; /* size: the range of the index (x's length along dim) */
   int64_t shape[KG_MAX_DIMS], xs[KG_MAX_DIMS], is[KG_MAX_DIMS];
   const char *x, *idx;
   char *out;
@@ -113,8 +117,12 @@ template <class U> __global__ void take_kernel(take_args a) {
       if (j != a.dim) xo += cj * a.xs[j];
       io += cj * a.is[j];
     }
-    xo += kg_load_index(a.idx, a.idt, io) * a.xs[a.dim];
-    ((U *)a.out)[i] = ((const U *)a.x)[xo];
+    int64_t v = kg_load_index(a.idx, a.idt, io);
+    if (v < 0 || v >= a.size) { /* only reachable in a replayed graph (checked otherwise) */
+      ((U *)a.out)[i] = 0;
+      continue;
+    }
+    ((U *)a.out)[i] = ((const U *)a.x)[xo + v * a.xs[a.dim]];
   }
 }
 
@@ -122,7 +130,7 @@ static kg_status take(const char *op, const kg_tensor *out, int nd, const int64_
                       const int64_t *xs, const kg_tensor *idx, const int64_t *is, int dim) {
   take_args a;
   a.nd = nd, a.dim = dim, a.idt = idx->dtype;
-  a.n = kg_numel(out);
+  a.n = kg_numel(out), a.size = x->ndim > dim ? x->shape[dim] : 0;
   if (a.n == 0) return KG_OK;
   for (int j = 0; j < nd; j++) a.shape[j] = shape[j], a.xs[j] = xs[j], a.is[j] = is[j];
   a.x = (const char *)kg_data(x), a.idx = (const char *)kg_data(idx), a.out = (char *)kg_data(out);
@@ -217,7 +225,8 @@ struct acc_args {
   int nd, d, idt, ddt, sdt;
   int64_t shape[KG_MAX_DIMS]; /* the shape iterated over (idx's for scatter, src's for index_add) */
   int64_t ds[KG_MAX_DIMS], ss[KG_MAX_DIMS], is[KG_MAX_DIMS];
-  int64_t len; /* length of the indexed dim */
+  int64_t len;  /* length of the indexed dim */
+  int64_t size; /* dst's length along d: the index range */
   char *dst;
   const char *src, *idx;
 };
@@ -241,7 +250,9 @@ template <class A> __global__ void acc_line_kernel(acc_args a, int64_t lines) {
     int64_t doff, soff, ioff;
     line_offsets(a, l, &doff, &soff, &ioff);
     for (int64_t k = 0; k < a.len; k++) {
-      int64_t at = doff + kg_load_index(a.idx, a.idt, ioff + k * a.is[a.d]) * a.ds[a.d];
+      int64_t ix = kg_load_index(a.idx, a.idt, ioff + k * a.is[a.d]);
+      if (ix < 0 || ix >= a.size) continue; /* only in a replayed graph */
+      int64_t at = doff + ix * a.ds[a.d];
       A v = kg_load<A>(a.dst, a.ddt, at) + kg_load<A>(a.src, a.sdt, soff + k * a.ss[a.d]);
       kg_store(a.dst, a.ddt, at, v);
     }
@@ -253,7 +264,9 @@ template <class A> __global__ void acc_atomic_kernel(acc_args a, int64_t lines) 
   KG_CUDA_FOR(e, lines * a.len) {
     int64_t l = e / a.len, k = e - l * a.len, doff, soff, ioff;
     line_offsets(a, l, &doff, &soff, &ioff);
-    int64_t at = doff + kg_load_index(a.idx, a.idt, ioff + k * a.is[a.d]) * a.ds[a.d];
+    int64_t ix = kg_load_index(a.idx, a.idt, ioff + k * a.is[a.d]);
+    if (ix < 0 || ix >= a.size) continue; /* only in a replayed graph */
+    int64_t at = doff + ix * a.ds[a.d];
     atomic_add_dyn<A>(a.dst, a.ddt, at, kg_load<A>(a.src, a.sdt, soff + k * a.ss[a.d]));
   }
 }
@@ -273,7 +286,7 @@ extern "C" kg_status kg_cuda_scatter_add(const kg_op_call *c) {
   a.nd = idx->ndim, a.d = d, a.idt = idx->dtype, a.ddt = dst->dtype, a.sdt = src->dtype;
   kg_contiguous_strides(idx->ndim, idx->shape, a.is);
   for (int j = 0; j < a.nd; j++) a.shape[j] = idx->shape[j], a.ds[j] = dst->stride[j], a.ss[j] = src->stride[j];
-  a.len = idx->shape[d];
+  a.len = idx->shape[d], a.size = dst->shape[d];
   int64_t n = kg_numel(idx), lines = a.len ? n / a.len : 0;
   if (lines == 0) return KG_OK;
   a.dst = (char *)kg_data(dst), a.src = (const char *)kg_data(src), a.idx = (const char *)kg_data(idx);
@@ -291,7 +304,7 @@ extern "C" kg_status kg_cuda_index_add(const kg_op_call *c) {
   a.nd = dst->ndim, a.d = d, a.idt = idx->dtype, a.ddt = dst->dtype, a.sdt = src->dtype;
   for (int j = 0; j < a.nd; j++) a.shape[j] = src->shape[j], a.ds[j] = dst->stride[j], a.ss[j] = src->stride[j], a.is[j] = 0;
   a.is[d] = 1;
-  a.len = kg_numel(idx);
+  a.len = kg_numel(idx), a.size = dst->shape[d];
   int64_t lines = 1;
   for (int j = 0; j < a.nd; j++)
     if (j != d) lines *= dst->shape[j];

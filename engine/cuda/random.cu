@@ -13,7 +13,9 @@
 #include "util.cuh"
 
 template <class T> __global__ void dropout_kernel(const char *x, int xdt, char *y, int ydt, uint8_t *mask, int64_t n,
-                                                  uint64_t seed, uint64_t offset, float thr, T scale) {
+                                                  kg_cuda_rng rng, float thr, T scale) {
+  uint64_t seed, offset;
+  kg_rng_load(rng, seed, offset);
   KG_CUDA_FOR(i, n) {
     bool keep = kg_u32_to_unit(kg_philox_word(seed, offset, (uint64_t)i)) >= thr;
     mask[i] = keep;
@@ -31,13 +33,14 @@ extern "C" kg_status kg_cuda_dropout(const kg_op_call *c) {
   int dev = y->device.index;
   cudaStream_t s = kg_cuda_stream(dev);
   const char *xb = (const char *)kg_data(x);
+  kg_cuda_rng rng = kg_cuda_rng_key(p->rng, dev); /* read on the device while captured */
   if (x->dtype == KG_F64)
     dropout_kernel<double><<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, s>>>(
-        xb, x->dtype, (char *)kg_data(y), y->dtype, (uint8_t *)kg_data(mask), n, p->rng.seed, p->rng.offset,
+        xb, x->dtype, (char *)kg_data(y), y->dtype, (uint8_t *)kg_data(mask), n, rng,
         (float)p->p, scale);
   else
     dropout_kernel<float><<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, s>>>(
-        xb, x->dtype, (char *)kg_data(y), y->dtype, (uint8_t *)kg_data(mask), n, p->rng.seed, p->rng.offset,
+        xb, x->dtype, (char *)kg_data(y), y->dtype, (uint8_t *)kg_data(mask), n, rng,
         (float)p->p, (float)scale);
   return kg_cuda_check("dropout", dev);
 }

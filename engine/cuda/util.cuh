@@ -129,8 +129,9 @@ static inline unsigned kg_grid(int64_t n) { return (unsigned)(n < 1 ? 1 : n > 65
 struct kg_cuda_buf {
   void *p;
   int dev;
-  kg_cuda_buf() : p(NULL), dev(0) {}
-  ~kg_cuda_buf() { if (p) kg_cuda_free(p, dev); }
+  bool borrowed; /* p is not ours to free (the deferred-error slots) */
+  kg_cuda_buf() : p(NULL), dev(0), borrowed(false) {}
+  ~kg_cuda_buf() { if (p && !borrowed) kg_cuda_free(p, dev); }
   kg_status alloc(size_t n, int device, const char *op) {
     dev = device;
     p = kg_cuda_malloc(n ? n : 1, device);
@@ -143,8 +144,19 @@ struct kg_cuda_buf {
 #define KG_NO_ERROR 0x7fffffffffffffffLL
 __device__ __forceinline__ void kg_flag(long long *flag, long long pos) { atomicMin(flag, pos); }
 
-/* allocates and clears a flag of `n` slots */
+/* The device's deferred-error slots (KG_FLAG_SLOTS long longs, runtime.cu): while a CUDA Graph
+ * is captured, flags point there instead and nothing is read back; after a replay, the next
+ * synchronisation (kg_cuda_sync, a device-to-host copy) reads them and raises if one was set. */
+#define KG_FLAG_SLOTS 8
+long long *kg_cuda_deferred_flags(int dev);
+
+/* allocates and clears a flag of `n` slots (n <= KG_FLAG_SLOTS) */
 static inline kg_status kg_flag_init(kg_cuda_buf *b, int n, int dev, const char *op) {
+  if (kg_cuda_capturing(dev)) {
+    b->dev = dev, b->borrowed = true;
+    b->p = kg_cuda_deferred_flags(dev);
+    return b->p ? KG_OK : kg_error(KG_ERR_DEVICE, op, "no deferred-error slots for cuda:%d", dev);
+  }
   KG_TRY(b->alloc(sizeof(long long) * (size_t)n, dev, op));
   static const long long none[8] = {KG_NO_ERROR, KG_NO_ERROR, KG_NO_ERROR, KG_NO_ERROR,
                                     KG_NO_ERROR, KG_NO_ERROR, KG_NO_ERROR, KG_NO_ERROR};
@@ -153,6 +165,10 @@ static inline kg_status kg_flag_init(kg_cuda_buf *b, int n, int dev, const char 
 }
 /* copies the flag back (synchronising the stream) */
 static inline kg_status kg_flag_read(const kg_cuda_buf *b, int n, long long *out, const char *op) {
+  if (b->borrowed) { /* captured: checked after the replay */
+    for (int i = 0; i < n; i++) out[i] = KG_NO_ERROR;
+    return KG_OK;
+  }
   cudaStream_t s = kg_cuda_stream(b->dev);
   KG_TRY(kg_cuda_err(cudaMemcpyAsync(out, b->p, sizeof(long long) * (size_t)n, cudaMemcpyDeviceToHost, s), op,
                      "flag read"));

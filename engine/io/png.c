@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static png_uint_32 format_of(int64_t c) {
   switch (c) {
@@ -82,6 +83,16 @@ kg_status kg_png_read(kg_tensor **out, const char *path) {
   /* keep the file's channels; drop 16-bit to 8-bit and expand palettes */
   int c = (im.format & PNG_FORMAT_FLAG_COLOR ? 3 : 1) + (im.format & PNG_FORMAT_FLAG_ALPHA ? 1 : 0);
   im.format = format_of(c);
+  /* a decompression bomb: deflate expands at most ~1032x, and palette / sub-byte pixels at
+   * most 32x more, so a file cannot describe more than 2^16 output bytes per file byte */
+  struct stat fst;
+  uint64_t want = (uint64_t)im.height * im.width * (uint64_t)c;
+  if (stat(path, &fst) == 0 && want > ((uint64_t)fst.st_size << 16) + (1u << 20)) {
+    kg_status e = kg_error(KG_ERR_IO, "png_read", "%s: header claims %ux%u pixels, more than the %lld-byte file can hold",
+                           path, (unsigned)im.width, (unsigned)im.height, (long long)fst.st_size);
+    png_image_free(&im);
+    return e;
+  }
   int64_t shape[3] = {im.height, im.width, c};
   kg_tensor *t = NULL;
   kg_status st = kg_tensor_empty(&t, 3, shape, KG_U8, KG_CPU);

@@ -113,7 +113,10 @@ static kg_status unary_backward(kg_tensor **din, kg_op op, const kg_tensor *g, c
   kg_unary_backward_params p = {op, lo, hi};
   const kg_tensor *in[2] = {g, saved};
   kg_status s = kg_op_dispatch(KG_OP_UNARY_BACKWARD, 1, din, 2, in, &p);
-  if (s) kg_tensor_release(*din);
+  if (s) { /* the engine releases din[] on failure too: leave no dangling pointer */
+    kg_tensor_release(*din);
+    *din = NULL;
+  }
   return s;
 }
 

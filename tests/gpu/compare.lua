@@ -255,6 +255,19 @@ for _, dt in ipairs(FLOATS) do
   check("matmul batch broadcast both (packed)", dt, function(dev) return on(pa, dev):matmul(on(pb, dev)) end, MMTOL[dt])
   local va, vb = input({12}, dt), input({4, 12, 5}, dt)
   check("matmul 1-D @ batched", dt, function(dev) return on(va, dev):matmul(on(vb, dev)) end, MMTOL[dt])
+  -- cuBLASLt strided batches (both operands batched), a transposed batched operand, a shared
+  -- left operand (the cuBLAS fallback) and a misaligned start (alignment is part of the cache key)
+  local sa, sb = input({4, 16, 24}, dt), input({4, 24, 8}, dt)
+  check("matmul batched both (cuBLASLt strided)", dt, function(dev) return on(sa, dev):matmul(on(sb, dev)) end, MMTOL[dt])
+  check("matmul batched, a transposed", dt, function(dev)
+    return on(sa, dev):transpose(2, 3):contiguous():transpose(2, 3):matmul(on(sb, dev))
+  end, MMTOL[dt])
+  local la = input({16, 24}, dt)
+  check("matmul shared a @ batched b (fallback)", dt, function(dev) return on(la, dev):matmul(on(sb, dev)) end, MMTOL[dt])
+  local ma, mb = input({1 + 13 * 20}, dt), input({20, 9}, dt)
+  check("matmul misaligned a", dt, function(dev)
+    return on(ma, dev):narrow(1, 2, 13 * 20):reshape{13, 20}:matmul(on(mb, dev))
+  end, MMTOL[dt])
 end
 do
   local a, b = input({9, 16}, "f32"), input({16, 10}, "bf16")

@@ -6,13 +6,25 @@
 #   run: command "bash tests/gpu/run.sh", carry ["build-gpu-deps/prefix"], timeout_s 540
 # It builds keng with CUDA (sm_90 by default) in build-gpu/, prints the GPU, runs
 # tests/gpu/compare.lua (CPU vs CUDA per op; rerun under KENG_SYNC=1 if it fails, so a fault is
-# reported by the op that caused it) and exits with compare.lua's status. Logs go to $OUT when
-# set (the device tool brings them back), else to build-gpu/.
+# reported by the op that caused it), the specs that have a CUDA block with KENG_DEVICE=cuda
+# (tests/lua/optim_spec.lua), a CUDA Graph smoke check (tests/gpu/graph.lua), then the GPU tier of
+# the benchmark (scripts/bench/all.lua --tier gpu --steps 3) with whatever time is left, and
+# exits with the status of the checks (the benchmark's rows are reported, not gating). Logs go
+# to $OUT when set (the device tool brings them back), else to build-gpu/.
+#
+# Time: the device tool allows 8 minutes per call. Every stage prints a timestamp (seconds since
+# start); the benchmark runs under `timeout` so the whole script ends by BUDGET seconds (default
+# 450): about 2-3 min build on 16 cores (one architecture), < 1 min compare.lua, seconds for the
+# spec and graph check, the rest for the benchmark (rows still running at the deadline are cut).
 #
 # Environment: ARCH (CUDA architectures, default 90), BUILD (build dir, default build-gpu),
 # CUDA=OFF (check the dependency setup on a machine without nvcc), SPECS=1 (also run the CPU
-# specs), SANITIZE=1 (also run compare.lua under compute-sanitizer).
+# specs), SANITIZE=1 (also run compare.lua under compute-sanitizer), BUDGET (seconds, default
+# 450), BENCH=0 (skip the benchmark).
 set -uo pipefail
+start=$(date +%s)
+budget=${BUDGET:-450}
+stamp() { echo "[+$(( $(date +%s) - start ))s] $*"; }
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top"
 build=${BUILD:-build-gpu}
@@ -29,7 +41,7 @@ export LD_LIBRARY_PATH="$lib:$lib/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY
 export PKG_CONFIG_PATH="$lib/pkgconfig"
 pc=${PKGCONF:-$(command -v pkg-config || echo "$prefix/bin/pkgconf")}
 
-echo "== machine"
+stamp "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "(no nvidia-smi)"
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 nvcc --version 2>&1 | tail -1; cmake --version | head -1; echo "pkg-config: $pc"
@@ -41,7 +53,7 @@ if ! ls /usr/local/cuda/lib64/libcudnn.so* >/dev/null 2>&1 && [ -z "${CUDNN_ROOT
 fi
 echo "cuDNN root: ${CUDNN_ROOT:-(toolkit)}"
 
-echo "== configure + build ($build)"
+stamp "== configure + build ($build)"
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKENG_CUDA="${CUDA:-ON}" \
   -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DPKG_CONFIG_EXECUTABLE="$pc" -DCMAKE_C_FLAGS="-I$prefix/include" \
@@ -55,25 +67,53 @@ keng="$top/$build/keng"
 "$keng" -e 'print("cuda available:", keng.cuda.is_available(), "devices:", keng.cuda.device_count())'
 
 if [ "${SPECS:-0}" = 1 ]; then
-  echo "== CPU specs"
+  stamp "== CPU specs"
   "$keng" tests/run.lua >"$logs/specs.log" 2>&1
   tail -1 "$logs/specs.log"
 fi
 
-echo "== CPU vs CUDA (tests/gpu/compare.lua)"
+stamp "== CPU vs CUDA (tests/gpu/compare.lua)"
 t0=$(date +%s)
 "$keng" tests/gpu/compare.lua >"$logs/compare.log" 2>&1
 rc=$?
 grep -v " ok$" "$logs/compare.log" | tail -60
 echo "compare.lua exit $rc in $(( $(date +%s) - t0 )) s"
 if [ $rc -ne 0 ]; then
-  echo "== again with KENG_SYNC=1 (faults land on their op)"
+  stamp "== again with KENG_SYNC=1 (faults land on their op)"
   KENG_SYNC=1 "$keng" tests/gpu/compare.lua >"$logs/compare_sync.log" 2>&1
   grep -v " ok$" "$logs/compare_sync.log" | tail -30
 fi
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  echo "== compute-sanitizer (memcheck)"
+  stamp "== compute-sanitizer (memcheck)"
   compute-sanitizer --print-limit 20 "$keng" tests/gpu/compare.lua >"$logs/sanitizer.log" 2>&1
   grep -E "ERROR SUMMARY|Invalid|FAIL" "$logs/sanitizer.log" | head -20
 fi
+
+stamp "== specs with KENG_DEVICE=cuda (optim_spec)"
+KENG_DEVICE=cuda "$keng" tests/run.lua tests/lua/optim_spec.lua >"$logs/optim_spec.log" 2>&1
+src=$?
+grep -E "passed|FAIL|Error|error" "$logs/optim_spec.log" | tail -20
+[ $src -ne 0 ] && rc=1
+
+stamp "== CUDA Graph check (tests/gpu/graph.lua)"
+"$keng" tests/gpu/graph.lua >"$logs/graph.log" 2>&1
+grc=$?
+tail -20 "$logs/graph.log"
+[ $grc -ne 0 ] && rc=1
+
+if [ "${BENCH:-1}" != 0 ] && [ -f scripts/bench/all.lua ]; then
+  left=$(( budget - ($(date +%s) - start) ))
+  if [ $left -gt 30 ]; then
+    stamp "== benchmark, GPU tier, 3 steps ($left s left; cut at the deadline)"
+    timeout --signal=TERM --kill-after=10 $left "$keng" scripts/bench/all.lua --tier gpu --steps 3 --out "$logs/bench" \
+      >"$logs/bench.log" 2>&1
+    brc=$?
+    tail -40 "$logs/bench.log"
+    [ $brc -eq 124 ] && echo "(benchmark cut at the deadline; rows printed so far are in bench.log)"
+    stamp "benchmark exit $brc"
+  else
+    stamp "== benchmark skipped: only $left s left"
+  fi
+fi
+stamp "done: exit $rc"
 exit $rc

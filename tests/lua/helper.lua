@@ -3,8 +3,19 @@
 --   H.gradcheck(fn, inputs, opts) central finite differences in f64 against loss:backward()
 --   H.raises(fn, pattern)         asserts fn errors with a message matching pattern (plain find)
 --   H.noncontig(t)                the same values as t, laid out non-contiguously
+--   H.device                      the device specs run on: KENG_DEVICE (cpu, cuda, cuda:N), default cpu
+--   H.t(data, opts)               keng.tensor(data, opts) on H.device (opts.device wins)
 local keng = require "keng"
 local H = {}
+
+H.device = os.getenv("KENG_DEVICE") or "cpu"
+
+function H.t(data, opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  if o.device == nil then o.device = H.device end
+  return keng.tensor(data, o)
+end
 
 local function flat(x)
   if keng.is_tensor(x) then

@@ -49,6 +49,10 @@ char *kg_shape_str(char *buf, int ndim, const int64_t *shape);
  * KG_ERR_INTERRUPTED. kg_interrupted() polls and clears the flag. */
 void kg_interrupt(void);
 bool kg_interrupted(void);
+/* Numerics guard: when on (or KENG_CHECK_NUMERICS=1), every cpu op checks its float outputs
+ * after the kernel and fails naming the op and shapes on NaN (or on an Inf its inputs lacked). */
+bool kg_check_numerics(void);
+void kg_set_check_numerics(bool on);
 
 /* ---- dtypes --------------------------------------------------------------------------- */
 
@@ -298,6 +302,10 @@ void kg_log(const char *fmt, ...);
 /* FLOPs counted by matmul, convolution and attention since start (for the benchmarks). */
 uint64_t kg_flop_count(void);
 void kg_flop_add(uint64_t n);
+/* TF32 tensor cores for f32 matmul (cuBLASLt) and convolution (cuDNN) on cuda; off by default
+ * (results then match f32 FMA arithmetic). No effect on the CPU. */
+void kg_set_allow_tf32(bool on);
+bool kg_allow_tf32(void);
 
 #include "ops_api.h"
 #include "io.h"
