@@ -200,6 +200,8 @@ kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, con
   int dbg = kg_debug_level();
   double t0 = dbg ? now_ms() : 0;
   kg_status s = k(&call);
+  /* Ctrl-C: long kernels stop early at their next poll; either way the result is dropped */
+  if (s == KG_OK && kg_interrupt_pending()) s = kg_error(KG_ERR_INTERRUPTED, kg_op_info[op].name, "interrupted");
   if (s == KG_OK && dev.type == KG_DEV_CPU && kg_check_numerics()) s = check_outputs(op, nout, out, nin, in);
   if (dbg && s == KG_OK) {
     if (dev.type == KG_DEV_CUDA) kg_device_synchronize(dev);

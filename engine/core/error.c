@@ -30,6 +30,8 @@ char *kg_shape_str(char *buf, int ndim, const int64_t *shape) {
 }
 
 void kg_interrupt(void) { interrupt_flag = 1; }
+bool kg_interrupt_pending(void) { return interrupt_flag != 0; }
+
 bool kg_interrupted(void) {
   if (!interrupt_flag) return false;
   interrupt_flag = 0;

@@ -155,7 +155,7 @@ static kg_status conv_fwd(const geom *g, bool wide, const void *im, const void *
   int64_t K = kdim(g), P = g->Ho * g->Wo, imsz = g->C * g->H * g->W;
   void *ws = pointwise(g) ? NULL : malloc((size_t)(K * P > 0 ? K * P : 1) * (size_t)es);
   if (!pointwise(g) && !ws) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the im2col buffer");
-  for (int64_t b = 0; b < g->B; b++)
+  for (int64_t b = 0; b < g->B && !kg_interrupt_pending(); b++)
     for (int64_t gi = 0; gi < g->G; gi++) {
       const void *src = AT(im, (b * g->G + gi) * imsz), *cols = src;
       if (ws) im2col(g, wide, src, ws), cols = ws;
@@ -170,7 +170,7 @@ static kg_status conv_bwd_data(const geom *g, bool wide, const void *col, const 
   int64_t K = kdim(g), P = g->Ho * g->Wo, imsz = g->C * g->H * g->W;
   void *ws = pointwise(g) ? NULL : malloc((size_t)(K * P > 0 ? K * P : 1) * (size_t)es);
   if (!pointwise(g) && !ws) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the col2im buffer");
-  for (int64_t b = 0; b < g->B; b++)
+  for (int64_t b = 0; b < g->B && !kg_interrupt_pending(); b++)
     for (int64_t gi = 0; gi < g->G; gi++) {
       void *dst = AT(im, (b * g->G + gi) * imsz);
       gemm(wide, true, false, K, P, g->M, AT(w, gi * g->M * K), AT(col, (b * g->G + gi) * g->M * P), 0,
@@ -187,7 +187,7 @@ static kg_status conv_bwd_weight(const geom *g, bool wide, const void *im, const
   memset(dw, 0, (size_t)(g->G * g->M * K) * (size_t)es);
   void *ws = pointwise(g) ? NULL : malloc((size_t)(K * P > 0 ? K * P : 1) * (size_t)es);
   if (!pointwise(g) && !ws) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the im2col buffer");
-  for (int64_t b = 0; b < g->B; b++)
+  for (int64_t b = 0; b < g->B && !kg_interrupt_pending(); b++)
     for (int64_t gi = 0; gi < g->G; gi++) {
       const void *src = AT(im, (b * g->G + gi) * imsz), *cols = src;
       if (ws) im2col(g, wide, src, ws), cols = ws;

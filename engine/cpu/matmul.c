@@ -173,7 +173,7 @@ kg_status kg_cpu_matmul(const kg_op_call *c) {
   int64_t last_aoff = -1, last_boff = -1;
   mat A, B;
   kg_status st = KG_OK;
-  for (int64_t bi = 0; bi < batch && st == KG_OK; bi++) {
+  for (int64_t bi = 0; bi < batch && st == KG_OK && !kg_interrupt_pending(); bi++) {
     int64_t rem = bi, aoff = 0, boff = 0;
     for (int d = nd - 3; d >= 0; d--) {
       int64_t i = rem % o->shape[d];

@@ -49,6 +49,8 @@ char *kg_shape_str(char *buf, int ndim, const int64_t *shape);
  * KG_ERR_INTERRUPTED. kg_interrupted() polls and clears the flag. */
 void kg_interrupt(void);
 bool kg_interrupted(void);
+/* Polls without clearing: long kernels check it between batch elements and stop early. */
+bool kg_interrupt_pending(void);
 /* Numerics guard: when on (or KENG_CHECK_NUMERICS=1), every cpu op checks its float outputs
  * after the kernel and fails naming the op and shapes on NaN (or on an Inf its inputs lacked). */
 bool kg_check_numerics(void);
