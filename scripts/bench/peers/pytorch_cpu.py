@@ -2,18 +2,19 @@
 """pytorch_cpu.py — the CPU-tier benchmark rows run with PyTorch + Hugging Face transformers,
 so that `keng scripts/bench/all.lua --compare bench-results/pytorch.json` prints keng/PyTorch.
 
-Same work as scripts/bench/{bert,llm}.lua: the tiny configs of BENCH_SPEC.md ("CPU tier") built
-in BertForSequenceClassification / GemmaForCausalLM / MistralForCausalLM with random weights,
-the same synthetic token ids (scripts/bench/config.lua), batch, dtype and thread count, and the
-same timing rules (one untimed warm-up step; generate: (t(1 + N calls) - t(1 call)) / N).
+Same work as scripts/bench/{sam,stable_diffusion,bert,llm}.lua: the tiny configs of BENCH_SPEC.md
+("CPU tier") built in SamModel / BertForSequenceClassification / GemmaForCausalLM /
+MistralForCausalLM (transformers) and CLIPTextModel + UNet2DConditionModel + AutoencoderKL +
+DDIMScheduler (diffusers) with random weights, the same synthetic inputs (scripts/bench/config.lua),
+batch, dtype and thread count, and the same timing rules (one untimed warm-up step; generate:
+(t(1 + N calls) - t(1 call)) / N; SD predict: (t(2 + N diffusion steps) - t(2 steps)) / N).
 Writes the keng-bench/1 JSON schema (framework "pytorch").
 
 Optional, never needed by tests. Requirements (pip):
-    pip install torch==2.15.0 transformers==5.24.0      # CPU wheels are enough
+    pip install torch==2.15.0 transformers==5.24.0 diffusers==0.42.1   # CPU wheels are enough
 Usage:
     python3 scripts/bench/peers/pytorch_cpu.py [--steps 10] [--only bert,gemma] [--threads N]
         [--out bench-results/pytorch.json]
-SAM and Stable Diffusion rows are reported "not implemented" until keng has those models.
 """
 import argparse
 import datetime
@@ -28,8 +29,8 @@ import time
 import torch
 import torch.nn as nn
 import transformers
-from transformers import (BertConfig, BertForSequenceClassification, GemmaConfig, GemmaForCausalLM,
-                          MistralConfig, MistralForCausalLM)
+from transformers import (BertConfig, BertForSequenceClassification, CLIPTextConfig, CLIPTextModel, GemmaConfig,
+                          GemmaForCausalLM, MistralConfig, MistralForCausalLM, SamConfig, SamModel)
 
 # ---- the rows (ids, Keras figures and CPU-tier sizes as in scripts/bench/config.lua) ---------
 WORDS = 14
@@ -147,17 +148,138 @@ def time_steps(fn, steps):
     return secs
 
 
-def time_diff(fn, steps):
-    fn(1)  # untimed
+def time_diff(fn, steps, short=1):
+    fn(short)  # untimed
     t0 = time.perf_counter()
-    fn(1)
+    fn(short)
     t_short = time.perf_counter() - t0
     t0 = time.perf_counter()
-    fn(1 + steps)
+    fn(short + steps)
     t_long = time.perf_counter() - t0
     if t_long < t_short:
-        print(f"(noise: t(1+N) {t_long:.3f}s < t(1) {t_short:.3f}s) ", end="")
+        print(f"(noise: t({short}+N) {t_long:.3f}s < t({short}) {t_short:.3f}s) ", end="")
     return [max(t_long - t_short, 0.0) / steps]
+
+
+# ---- SAM and Stable Diffusion (sizes of scripts/models/sam.lua sam_tiny and stable_diffusion.lua sd_tiny)
+SAM_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+SAM_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+SAM_POINTS = [[125.0, 93.75], [62.5, 93.75]]        # [[500, 375], [250, 375]] scaled to 256 / 1024
+SAM_LABELS = [1, 2]
+SD_PROMPT = "a photograph of an astronaut riding a horse"
+
+
+def sam_model():
+    vision = dict(hidden_size=192, output_channels=256, num_hidden_layers=4, num_attention_heads=3, image_size=256,
+                  patch_size=16, mlp_dim=768, window_size=7, global_attn_indexes=[1, 3], layer_norm_eps=1e-6,
+                  hidden_act="gelu", qkv_bias=True, use_abs_pos=True, use_rel_pos=True)
+    prompt = dict(hidden_size=256, image_size=256, patch_size=16, mask_input_channels=16)
+    decoder = dict(hidden_size=256, mlp_dim=2048, num_hidden_layers=2, num_attention_heads=8,
+                   attention_downsample_rate=2, num_multimask_outputs=3, iou_head_depth=3, iou_head_hidden_dim=256)
+    return SamModel(SamConfig(vision_config=vision, prompt_encoder_config=prompt, mask_decoder_config=decoder))
+
+
+def sd_parts():
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    te = CLIPTextModel(CLIPTextConfig(vocab_size=49408, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=256, max_position_embeddings=77, hidden_act="quick_gelu",
+                                      layer_norm_eps=1e-5, bos_token_id=49406, eos_token_id=49407, pad_token_id=49407))
+    # attention_head_dim is the number of heads in diffusers' SD v1 configs (2 here)
+    unet = UNet2DConditionModel(sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 64, 128, 128),
+                                layers_per_block=1, cross_attention_dim=64, attention_head_dim=2, norm_num_groups=8,
+                                norm_eps=1e-5)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(32, 64, 128, 128),
+                        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                        layers_per_block=2, latent_channels=4, norm_num_groups=8, sample_size=128,
+                        scaling_factor=0.18215)
+    sched = DDIMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                          clip_sample=False, set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading",
+                          prediction_type="epsilon")
+    return te, unet, vae, sched
+
+
+def byte_tokens(texts, vocab=49408, T=77):
+    """keng's stand-in tokenizer for random-weight presets (models/stable_diffusion.lua ByteTokenizer):
+    BOS (vocab - 2), one id per byte, EOS (vocab - 1), EOS padding"""
+    rows = []
+    for text in texts:
+        row = [vocab - 2] + list(text.encode()[:T - 2]) + [vocab - 1]
+        rows.append(row + [vocab - 1] * (T - len(row)))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def run_sam(task, B, steps):
+    model = sam_model()
+    info = {"params": sum(p.numel() for p in model.parameters())}
+    images = torch.rand(B, 3, 256, 256)
+    if task == "fit":
+        enc = model.vision_encoder
+        target = torch.rand(B, 256, 16, 16)
+        opt = torch.optim.Adam(enc.parameters(), lr=1e-3, eps=1e-7)
+        enc.train()
+
+        def step():
+            pred = enc((images - SAM_MEAN) / SAM_STD).last_hidden_state    # [B, 256, 16, 16]
+            loss = nn.functional.mse_loss(pred, target)
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+        info.update(params=sum(p.numel() for p in enc.parameters()),
+                    shapes={"images": [B, 3, 256, 256], "target": [B, 256, 16, 16]})
+        return dict(info, **stats(time_steps(step, steps), steps, B))
+    points = torch.tensor(SAM_POINTS).view(1, 1, 2, 2).expand(B, 1, 2, 2)
+    labels = torch.tensor(SAM_LABELS).view(1, 1, 2).expand(B, 1, 2)
+    model.eval()
+
+    # multimask_output=True: the decoder computes all four mask tokens (as keng and Keras return
+    # them) and HF keeps the last three, a free slice; the work is the same
+    def step():
+        return model(pixel_values=(images - SAM_MEAN) / SAM_STD, input_points=points, input_labels=labels,
+                     multimask_output=True)
+    with torch.inference_mode():
+        info["shapes"] = {"images": [B, 3, 256, 256], "points": [B, 2, 2], "masks": [B, 4, 64, 64], "iou_pred": [B, 4]}
+        return dict(info, **stats(time_steps(step, steps), steps, B))
+
+
+def run_sd(task, B, steps):
+    te, unet, vae, sched = sd_parts()
+    if task == "fit":
+        enc = vae.encoder                                                     # up to the 8-channel conv_out
+        images, target = torch.rand(B, 3, 128, 128), torch.rand(B, 8, 16, 16)
+        opt = torch.optim.Adam(enc.parameters(), lr=1e-3, eps=1e-7)
+        enc.train()
+
+        def step():
+            loss = nn.functional.mse_loss(enc(images), target)
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+        info = {"params": sum(p.numel() for p in enc.parameters()),
+                "shapes": {"images": [B, 3, 128, 128], "target": [B, 8, 16, 16]}}
+        return dict(info, **stats(time_steps(step, steps), steps, B))
+    for m in (te, unet, vae):
+        m.eval()
+    ids, neg = byte_tokens([SD_PROMPT] * B), byte_tokens([""])
+
+    def text_to_image(k):
+        """what keng's Pipeline:text_to_image does: encode, seeded noise, k DDIM steps with
+        UNet(uncond) and UNet(cond) each at batch B and guidance 7.5, VAE decode to u8"""
+        with torch.inference_mode():
+            cond = te(ids).last_hidden_state                                 # [B, 77, 64]
+            uncond = te(neg).last_hidden_state.expand(B, -1, -1).contiguous()
+            lat = torch.randn(B, 4, 16, 16, generator=torch.Generator().manual_seed(0)) * sched.init_noise_sigma
+            sched.set_timesteps(k)
+            for t in sched.timesteps:
+                eu = unet(lat, t, encoder_hidden_states=uncond).sample
+                ec = unet(lat, t, encoder_hidden_states=cond).sample
+                lat = sched.step(eu + 7.5 * (ec - eu), t, lat, eta=0.0).prev_sample
+            img = vae.decode(lat / vae.config.scaling_factor).sample
+            return ((img / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+    r = stats(time_diff(text_to_image, steps, short=2), steps, B)
+    r.update({"shapes": {"images": [B, 128, 128, 3], "latents": [B, 4, 16, 16]}, "prompt": SD_PROMPT,
+              "guidance_scale": 7.5, "rule": f"(t({2 + steps} steps) - t(2 steps)) / {steps}",
+              "params": sum(p.numel() for m in (te, unet, vae) for p in m.parameters())})
+    return r
 
 
 def stats(secs, steps, items):
@@ -170,6 +292,10 @@ def stats(secs, steps, items):
 
 def run_row(rid, family, task, B, dtype, steps):
     torch.manual_seed(0)
+    if family == "sam":
+        return run_sam(task, B, steps)
+    if family == "stable_diffusion":
+        return run_sd(task, B, steps)
     if family == "bert":
         T = 128
         model = bert_model()
@@ -228,6 +354,14 @@ def run_row(rid, family, task, B, dtype, steps):
     return r
 
 
+def diffusers_version():
+    try:
+        import diffusers
+        return diffusers.__version__
+    except ImportError:
+        return None
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -264,21 +398,17 @@ def main():
         res = {"id": rid, "row": name, "family": family, "task": task, "batch": B, "dtype": dtype, "tier": "cpu",
                "device": device, "threads": torch.get_num_threads(), "preset": preset, "framework": "pytorch"}
         print(f"{name:24s} batch {B:<3d} {dtype:4s} {preset} ... ", end="", flush=True)
-        if family in ("sam", "stable_diffusion"):
-            res.update(status="not implemented", reason="keng has no model for this row yet")
-            print("not implemented")
-        else:
-            try:
-                res.update(run_row(rid, family, task, B, dtype, a.steps))
-                res["status"] = "ok"
-                print(f"{res['mean_ms']:.2f} ms/step (median {res['median_ms']:.2f}, min {res['min_ms']:.2f})")
-            except Exception as e:  # a row that fails is reported and the suite goes on
-                failed = True
-                res.update(status="failed", reason=f"{type(e).__name__}: {e}".splitlines()[0])
-                print("failed: " + res["reason"])
+        try:
+            res.update(run_row(rid, family, task, B, dtype, a.steps))
+            res["status"] = "ok"
+            print(f"{res['mean_ms']:.2f} ms/step (median {res['median_ms']:.2f}, min {res['min_ms']:.2f})")
+        except Exception as e:  # a row that fails is reported and the suite goes on
+            failed = True
+            res.update(status="failed", reason=f"{type(e).__name__}: {e}".splitlines()[0])
+            print("failed: " + res["reason"])
         rows.append(res)
     doc = {"schema": "keng-bench/1", "framework": "pytorch", "torch_version": torch.__version__,
-           "transformers_version": transformers.__version__, "commit": commit,
+           "transformers_version": transformers.__version__, "diffusers_version": diffusers_version(), "commit": commit,
            "date": datetime.date.today().isoformat(), "tier": "cpu", "device": device,
            "threads": torch.get_num_threads(), "steps": a.steps, "dtype": "keras", "rows": rows}
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
