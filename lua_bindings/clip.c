@@ -3,7 +3,7 @@
  *   tok:encode(text) -> {ids} (0-based, no special tokens)   tok:decode(ids) -> text
  *   tok:vocab_size()   tok:token_to_id(s) -> id or nil   tok:id_to_token(id) -> s or nil
  *   tok.bos_id (<|startoftext|>)   tok.eos_id (<|endoftext|>) */
-#include "keng_lua.h"
+#include "tokenizer_util.h"
 
 #include <keng/clip_bpe.h>
 
@@ -42,35 +42,13 @@ static int l_encode(lua_State *L) {
   int32_t *ids;
   int64_t n;
   if (kg_clip_bpe_encode(t, text, len, &ids, &n) != KG_OK) return kgl_error(L);
-  lua_createtable(L, (int)n, 0);
-  for (int64_t i = 0; i < n; i++) {
-    lua_pushinteger(L, ids[i]);
-    lua_rawseti(L, -2, i + 1);
-  }
-  free(ids);
-  return 1;
+  return kgl_push_ids(L, ids, n);
 }
 
 static int l_decode(lua_State *L) {
   kg_clip_bpe *t = check_tok(L);
-  if (kgl_test(L, 2)) { /* a tensor: through its tolist */
-    lua_getfield(L, 2, "tolist");
-    lua_pushvalue(L, 2);
-    lua_call(L, 1, 1);
-    lua_replace(L, 2);
-  }
-  luaL_checktype(L, 2, LUA_TTABLE);
-  lua_Integer n = luaL_len(L, 2);
-  int64_t *ids = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ids, 0); /* freed by the GC on error */
-  for (lua_Integer i = 0; i < n; i++) {
-    lua_geti(L, 2, i + 1);
-    int ok;
-    ids[i] = lua_tointegerx(L, -1, &ok);
-    if (!ok)
-      return luaL_error(L, "clip_tokenizer: decode: element %d is a %s, not an integer id", (int)i + 1,
-                        luaL_typename(L, -1));
-    lua_pop(L, 1);
-  }
+  lua_Integer n;
+  int64_t *ids = kgl_check_ids(L, 2, "clip_tokenizer: decode", &n);
   char *s;
   size_t len;
   if (kg_clip_bpe_decode(t, ids, n, &s, &len) != KG_OK) return kgl_error(L);
@@ -88,23 +66,14 @@ static int l_token_to_id(lua_State *L) {
   kg_clip_bpe *t = check_tok(L);
   size_t n;
   const char *s = luaL_checklstring(L, 2, &n);
-  int64_t id = kg_clip_bpe_token_to_id(t, s, n);
-  if (id < 0)
-    lua_pushnil(L);
-  else
-    lua_pushinteger(L, id);
-  return 1;
+  return kgl_push_id_or_nil(L, kg_clip_bpe_token_to_id(t, s, n));
 }
 
 static int l_id_to_token(lua_State *L) {
   kg_clip_bpe *t = check_tok(L);
   size_t n;
   const char *s = kg_clip_bpe_id_to_token(t, luaL_checkinteger(L, 2), &n);
-  if (s)
-    lua_pushlstring(L, s, n);
-  else
-    lua_pushnil(L);
-  return 1;
+  return kgl_push_lstring_or_nil(L, s, n);
 }
 
 /* tok.bos_id / tok.eos_id, else the methods */

@@ -283,12 +283,12 @@ static int l_tensor(lua_State *L) {
   return push_created(L, t, &o);
 }
 
-static int full_like_args(lua_State *L, double value, int opts_idx, int shape_idx) {
+static int full_like_args(lua_State *L, const char *op, double value, int opts_idx, int shape_idx) {
   int64_t shape[KG_MAX_DIMS];
   int nd = kgl_shape(L, shape_idx, shape);
   kgl_opts o = kgl_options(L, opts_idx, KG_F32);
   kg_tensor *t;
-  KGL_CALL(L, kg_full(&t, nd, shape, value, o.dtype, o.device));
+  KGL_CALL(L, kg_full_named(&t, nd, shape, value, o.dtype, o.device, op));
   kgl_push(L, t);
   set_requires_grad(L, t, o.requires_grad);
   return 1;
@@ -297,12 +297,12 @@ static int full_like_args(lua_State *L, double value, int opts_idx, int shape_id
 /* opts follow the shape table; with varargs sizes there are no opts */
 static int opts_after_shape(lua_State *L, int idx) { return lua_istable(L, idx) ? idx + 1 : 0; }
 
-static int l_zeros(lua_State *L) { return full_like_args(L, 0, opts_after_shape(L, 1), 1); }
-static int l_ones(lua_State *L) { return full_like_args(L, 1, opts_after_shape(L, 1), 1); }
+static int l_zeros(lua_State *L) { return full_like_args(L, "zeros", 0, opts_after_shape(L, 1), 1); }
+static int l_ones(lua_State *L) { return full_like_args(L, "ones", 1, opts_after_shape(L, 1), 1); }
 static int l_full(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
-  return full_like_args(L, v, 3, 1);
+  return full_like_args(L, "full", v, 3, 1);
 }
 static int l_empty(lua_State *L) {
   int64_t shape[KG_MAX_DIMS];
@@ -315,17 +315,17 @@ static int l_empty(lua_State *L) {
   return 1;
 }
 
-static int like(lua_State *L, double v) {
+static int like(lua_State *L, const char *op, double v) {
   kg_tensor *x = kgl_check(L, 1);
   kgl_opts o = kgl_options(L, 2, x->dtype);
   if (!lua_istable(L, 2)) o.device = x->device;
   kg_tensor *t;
-  KGL_CALL(L, kg_full(&t, x->ndim, x->shape, v, o.dtype, o.device));
+  KGL_CALL(L, kg_full_named(&t, x->ndim, x->shape, v, o.dtype, o.device, op));
   kgl_push(L, t);
   return 1;
 }
-static int l_zeros_like(lua_State *L) { return like(L, 0); }
-static int l_ones_like(lua_State *L) { return like(L, 1); }
+static int l_zeros_like(lua_State *L) { return like(L, "zeros_like", 0); }
+static int l_ones_like(lua_State *L) { return like(L, "ones_like", 1); }
 
 static int l_arange(lua_State *L) {
   double a = luaL_checknumber(L, 1), b = 0, step = 1;

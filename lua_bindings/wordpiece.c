@@ -4,7 +4,7 @@
  *                              split_special_tokens=false})
  *   tok:encode(text) -> {ids} (0-based, no special tokens)   tok:decode(ids) -> text
  *   tok:vocab_size()   tok:token_to_id(s) -> id or nil   tok:id_to_token(id) -> s or nil */
-#include "keng_lua.h"
+#include "tokenizer_util.h"
 
 #include <keng/wordpiece.h>
 
@@ -55,35 +55,13 @@ static int l_encode(lua_State *L) {
   int32_t *ids;
   int64_t n;
   if (kg_wordpiece_encode(wp, text, len, &ids, &n) != KG_OK) return kgl_error(L);
-  lua_createtable(L, (int)n, 0);
-  for (int64_t i = 0; i < n; i++) {
-    lua_pushinteger(L, ids[i]);
-    lua_rawseti(L, -2, i + 1);
-  }
-  free(ids);
-  return 1;
+  return kgl_push_ids(L, ids, n);
 }
 
 static int l_decode(lua_State *L) {
   kg_wordpiece *wp = check_wp(L);
-  if (kgl_test(L, 2)) { /* a tensor: through its tolist */
-    lua_getfield(L, 2, "tolist");
-    lua_pushvalue(L, 2);
-    lua_call(L, 1, 1);
-    lua_replace(L, 2);
-  }
-  luaL_checktype(L, 2, LUA_TTABLE);
-  lua_Integer n = luaL_len(L, 2);
-  int64_t *ids = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ids, 0); /* freed by the GC on error */
-  for (lua_Integer i = 0; i < n; i++) {
-    lua_geti(L, 2, i + 1);
-    int ok;
-    ids[i] = lua_tointegerx(L, -1, &ok);
-    if (!ok)
-      return luaL_error(L, "wordpiece: decode: element %d is a %s, not an integer id", (int)i + 1,
-                        luaL_typename(L, -1));
-    lua_pop(L, 1);
-  }
+  lua_Integer n;
+  int64_t *ids = kgl_check_ids(L, 2, "wordpiece: decode", &n);
   char *s;
   size_t len;
   if (kg_wordpiece_decode(wp, ids, n, &s, &len) != KG_OK) return kgl_error(L);
@@ -101,23 +79,14 @@ static int l_token_to_id(lua_State *L) {
   kg_wordpiece *wp = check_wp(L);
   size_t n;
   const char *s = luaL_checklstring(L, 2, &n);
-  int64_t id = kg_wordpiece_token_to_id(wp, s, n);
-  if (id < 0)
-    lua_pushnil(L);
-  else
-    lua_pushinteger(L, id);
-  return 1;
+  return kgl_push_id_or_nil(L, kg_wordpiece_token_to_id(wp, s, n));
 }
 
 static int l_id_to_token(lua_State *L) {
   kg_wordpiece *wp = check_wp(L);
   size_t n;
   const char *s = kg_wordpiece_id_to_token(wp, luaL_checkinteger(L, 2), &n);
-  if (s)
-    lua_pushlstring(L, s, n);
-  else
-    lua_pushnil(L);
-  return 1;
+  return kgl_push_lstring_or_nil(L, s, n);
 }
 
 static int l_tostring(lua_State *L) {

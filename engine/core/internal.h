@@ -30,6 +30,10 @@ kg_status kg_cuda_graph_launch(kg_cuda_graph *g);
 void kg_cuda_graph_free(kg_cuda_graph *g);
 bool kg_cuda_capturing(int device);
 
+/* kg_tensor_empty whose errors (bad shape, dtype or device) name op, the call the user made. */
+kg_status kg_tensor_empty_op(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev,
+                             const char *op);
+
 /* A new contiguous output with x's device. */
 static inline kg_status kg_new_like(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape,
                                     kg_dtype dt) {
@@ -48,6 +52,17 @@ void kg_store_from_double(void *base, kg_dtype dt, int64_t off, double v);
 
 /* Output shape of reducing x over the dims in mask (KG_DIMS_ALL = all). */
 kg_status kg_reduce_shape(const char *op, const kg_tensor *x, uint32_t mask, bool keepdim, int *nd, int64_t *shape);
+
+/* Shared by the index kernels of every backend (defined in engine/ops/index.c), so that their
+ * messages and view arithmetic cannot drift apart. The error for index v outside
+ * [0, t->shape[dim]): "index 7 out of range for dim 2 of size 5 (x [3,5])"; with name NULL
+ * (an embedding table, dim 0) "index 7 out of range for table of 5 rows". */
+kg_status kg_index_range_error(const char *op, int64_t v, const kg_tensor *t, int dim, const char *name);
+/* cat and pad as copies into shallow views of the output, with the backend's kernels: copy
+ * moves src into the strided view dst (op names the caller in errors), fill is its FILL. */
+typedef kg_status (*kg_copy_view_fn)(const char *op, kg_tensor *dst, const kg_tensor *src);
+kg_status kg_cat_into_views(const kg_op_call *c, kg_copy_view_fn copy);
+kg_status kg_pad_into_views(const kg_op_call *c, kg_kernel_fn fill, kg_copy_view_fn copy);
 
 /* Releases each non-NULL tensor in a list. */
 void kg_release_all(int n, kg_tensor **ts);

@@ -40,13 +40,14 @@ static kg_tensor *header(int ndim, const int64_t *shape, kg_dtype dt, kg_device 
   return t;
 }
 
-kg_status kg_tensor_empty(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev) {
-  KG_TRY(check_shape("empty", ndim, shape));
-  if ((unsigned)dt >= KG_DTYPE_COUNT) return kg_error(KG_ERR_TYPE, "empty", "bad dtype %d", (int)dt);
+kg_status kg_tensor_empty_op(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev,
+                             const char *op) {
+  KG_TRY(check_shape(op, ndim, shape));
+  if ((unsigned)dt >= KG_DTYPE_COUNT) return kg_error(KG_ERR_TYPE, op, "bad dtype %d", (int)dt);
   if (dev.type == KG_DEV_CUDA && !kg_cuda_available())
-    return kg_error(KG_ERR_DEVICE, "empty", "cuda:%d requested but no CUDA device is available", dev.index);
+    return kg_error(KG_ERR_DEVICE, op, "cuda:%d requested but no CUDA device is available", dev.index);
   kg_tensor *t = header(ndim, shape, dt, dev);
-  if (!t) return kg_error(KG_ERR_OOM, "empty", "out of memory allocating a tensor header");
+  if (!t) return kg_error(KG_ERR_OOM, op, "out of memory allocating a tensor header");
   size_t nbytes = (size_t)kg_numel(t) * (size_t)kg_dtype_info[dt].size;
   kg_status s = kg_storage_new(&t->storage, nbytes, dev);
   if (s) {
@@ -55,6 +56,10 @@ kg_status kg_tensor_empty(kg_tensor **out, int ndim, const int64_t *shape, kg_dt
   }
   *out = t;
   return KG_OK;
+}
+
+kg_status kg_tensor_empty(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev) {
+  return kg_tensor_empty_op(out, ndim, shape, dt, dev, "empty");
 }
 
 kg_status kg_tensor_from_blob(kg_tensor **out, void *data, int ndim, const int64_t *shape, kg_dtype dt,

@@ -9,7 +9,6 @@
  */
 #include "cpu.h"
 
-#include <stdio.h>
 #include <string.h>
 
 kg_status kg_cpu_copy(const kg_op_call *c);
@@ -19,21 +18,16 @@ static inline int64_t load_index(const void *p, kg_dtype dt, int64_t i) {
   return dt == KG_I32 ? ((const int32_t *)p)[i] : ((const int64_t *)p)[i];
 }
 
-/* Fails naming `what` when a (contiguous) index is outside [0, size). */
-static kg_status check_range(const char *op, const kg_tensor *idx, int64_t size, const char *what) {
+/* Fails with the shared message when a (contiguous) index is outside [0, t->shape[dim]);
+ * name: how the message calls t (NULL for an embedding table). */
+static kg_status check_range(const char *op, const kg_tensor *idx, const kg_tensor *t, int dim, const char *name) {
   const void *p = kg_data(idx);
-  int64_t n = kg_numel(idx);
+  int64_t n = kg_numel(idx), size = t->shape[dim];
   for (int64_t i = 0; i < n; i++) {
     int64_t v = load_index(p, idx->dtype, i);
-    if (v < 0 || v >= size) return kg_error(KG_ERR_VALUE, op, "index %lld out of range for %s", (long long)v, what);
+    if (v < 0 || v >= size) return kg_index_range_error(op, v, t, dim, name);
   }
   return KG_OK;
-}
-
-static kg_status check_dim_range(const char *op, const kg_tensor *idx, const kg_tensor *t, int dim, const char *name) {
-  char what[KG_SHAPE_STR_MAX + 96], b[KG_SHAPE_STR_MAX];
-  snprintf(what, sizeof what, "dim %d of size %lld (%s %s)", dim + 1, (long long)t->shape[dim], name, KG_SHAPE(t, b));
-  return check_range(op, idx, t->shape[dim], what);
 }
 
 static inline void move(char *dst, const char *src, int es) {
@@ -54,48 +48,14 @@ static void move_run(char *dst, const char *src, int64_t ss, int64_t n, int es) 
 
 /* ---- cat and pad: strided copies into shallow views of the output ---------------------- */
 
-static void copy_view(const kg_tensor *dst, const kg_tensor *src) {
-  kg_tensor *d = (kg_tensor *)dst;
-  kg_op_call c = {KG_OP_COPY, 1, 1, &src, &d, NULL};
-  kg_cpu_copy(&c);
+static kg_status copy_view(const char *op, kg_tensor *dst, const kg_tensor *src) {
+  (void)op;
+  kg_op_call c = {KG_OP_COPY, 1, 1, &src, &dst, NULL};
+  return kg_cpu_copy(&c);
 }
 
-kg_status kg_cpu_cat(const kg_op_call *c) {
-  int d = ((const kg_cat_params *)c->params)->dim;
-  const kg_tensor *out = c->out[0];
-  kg_tensor v = *out; /* header only: shares out's storage, never released */
-  int64_t start = 0;
-  for (int i = 0; i < c->nin; i++) {
-    const kg_tensor *x = c->in[i];
-    v.shape[d] = x->shape[d];
-    v.offset = out->offset + start * out->stride[d];
-    start += x->shape[d];
-    if (kg_numel(x)) copy_view(&v, x);
-  }
-  return KG_OK;
-}
-
-kg_status kg_cpu_pad(const kg_op_call *c) {
-  const kg_pad_params *p = c->params;
-  const kg_tensor *x = c->in[0];
-  kg_tensor *out = c->out[0];
-  kg_fill_params fp = {p->value};
-  kg_op_call fc = {KG_OP_FILL, 0, 1, NULL, c->out, &fp};
-  KG_TRY(kg_cpu_fill(&fc));
-  /* the part of x that survives, and where it lands in out */
-  kg_tensor vo = *out, vx = *x;
-  for (int i = 0; i < p->npad / 2; i++) {
-    int d = x->ndim - 1 - i;
-    int64_t l = p->pad[2 * i], r = p->pad[2 * i + 1];
-    int64_t skip = l < 0 ? -l : 0, len = x->shape[d] - skip - (r < 0 ? -r : 0);
-    if (len <= 0) return KG_OK;
-    vx.shape[d] = vo.shape[d] = len;
-    vx.offset += skip * x->stride[d];
-    vo.offset += (l > 0 ? l : 0) * out->stride[d];
-  }
-  if (kg_numel(&vx)) copy_view(&vo, &vx);
-  return KG_OK;
-}
+kg_status kg_cpu_cat(const kg_op_call *c) { return kg_cat_into_views(c, copy_view); }
+kg_status kg_cpu_pad(const kg_op_call *c) { return kg_pad_into_views(c, kg_cpu_fill, copy_view); }
 
 /* ---- gather, index_select, embedding ------------------------------------------------------ */
 
@@ -134,7 +94,7 @@ static void take(const kg_tensor *out, const kg_tensor *x, const kg_tensor *idx,
 kg_status kg_cpu_gather(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *x = c->in[0], *idx = c->in[1];
-  KG_TRY(check_dim_range("gather", idx, x, d, "x"));
+  KG_TRY(check_range("gather", idx, x, d, "x"));
   int64_t istr[KG_MAX_DIMS];
   kg_contiguous_strides(idx->ndim, idx->shape, istr);
   take(c->out[0], x, idx, istr, d);
@@ -145,7 +105,7 @@ kg_status kg_cpu_gather(const kg_op_call *c) {
 kg_status kg_cpu_index_select(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *x = c->in[0], *idx = c->in[1];
-  KG_TRY(check_dim_range("index_select", idx, x, d, "x"));
+  KG_TRY(check_range("index_select", idx, x, d, "x"));
   int64_t istr[KG_MAX_DIMS] = {0};
   istr[d] = 1;
   take(c->out[0], x, idx, istr, d);
@@ -155,9 +115,7 @@ kg_status kg_cpu_index_select(const kg_op_call *c) {
 /* in: ids [...] (contiguous), table [V, C]; out [..., C] taken as [N, C] */
 kg_status kg_cpu_embedding(const kg_op_call *c) {
   const kg_tensor *ids = c->in[0], *table = c->in[1];
-  char what[64];
-  snprintf(what, sizeof what, "table of %lld rows", (long long)table->shape[0]);
-  KG_TRY(check_range("embedding", ids, table->shape[0], what));
+  KG_TRY(check_range("embedding", ids, table, 0, NULL));
   kg_tensor o = *c->out[0];
   o.ndim = 2;
   o.shape[0] = kg_numel(ids);
@@ -174,7 +132,7 @@ kg_status kg_cpu_embedding(const kg_op_call *c) {
 kg_status kg_cpu_scatter_add(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *dst = c->in[0], *idx = c->in[1], *src = c->in[2];
-  KG_TRY(check_dim_range("scatter_add_", idx, dst, d, "dst"));
+  KG_TRY(check_range("scatter_add_", idx, dst, d, "dst"));
   int64_t n = kg_numel(idx), len = idx->shape[d], lines = len ? n / len : 0, istr[KG_MAX_DIMS];
   kg_contiguous_strides(idx->ndim, idx->shape, istr);
   char *db = kg_data(dst);
@@ -221,7 +179,7 @@ kg_status kg_cpu_scatter_add(const kg_op_call *c) {
 kg_status kg_cpu_index_add(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *dst = c->in[0], *idx = c->in[1], *src = c->in[2];
-  KG_TRY(check_dim_range("index_add_", idx, dst, d, "dst"));
+  KG_TRY(check_range("index_add_", idx, dst, d, "dst"));
   int nd = dst->ndim, last = nd - 1;
   int64_t K = kg_numel(idx);
   /* the run dim is the last one unless that is indexed (then runs have length 1) */

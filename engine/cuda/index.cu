@@ -19,8 +19,6 @@
  * last bits. */
 #include "util.cuh"
 
-#include <stdio.h>
-
 extern "C" kg_status kg_cuda_fill(const kg_op_call *c);
 
 /* ---- index checks -------------------------------------------------------------------------- */
@@ -32,26 +30,21 @@ __global__ void check_kernel(const char *idx, int dt, int64_t n, int64_t size, l
   }
 }
 
-/* fails naming `what` when a (contiguous) index is outside [0, size), as check_range on the CPU */
-static kg_status check_range(const char *op, const kg_tensor *idx, int64_t size, const char *what) {
+/* fails with the shared message when a (contiguous) index is outside [0, t->shape[dim]), as
+ * check_range on the CPU; name: how the message calls t (NULL for an embedding table) */
+static kg_status check_range(const char *op, const kg_tensor *idx, const kg_tensor *t, int dim, const char *name) {
   int64_t n = kg_numel(idx);
   if (n == 0) return KG_OK;
   int dev = idx->device.index;
   kg_cuda_buf flag;
   KG_TRY(kg_flag_init(&flag, 1, dev, op));
   check_kernel<<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, kg_cuda_stream(dev)>>>((const char *)kg_data(idx), idx->dtype,
-                                                                               n, size, (long long *)flag.p);
+                                                                               n, t->shape[dim], (long long *)flag.p);
   KG_TRY(kg_cuda_check(op, dev));
   long long pos;
   KG_TRY(kg_flag_read(&flag, 1, &pos, op));
   if (pos == KG_NO_ERROR) return KG_OK;
-  return kg_error(KG_ERR_VALUE, op, "index %lld out of range for %s", (long long)kg_cuda_peek(idx, pos), what);
-}
-
-static kg_status check_dim_range(const char *op, const kg_tensor *idx, const kg_tensor *t, int dim, const char *name) {
-  char what[KG_SHAPE_STR_MAX + 96], b[KG_SHAPE_STR_MAX];
-  snprintf(what, sizeof what, "dim %d of size %lld (%s %s)", dim + 1, (long long)t->shape[dim], name, KG_SHAPE(t, b));
-  return check_range(op, idx, t->shape[dim], what);
+  return kg_index_range_error(op, (int64_t)kg_cuda_peek(idx, pos), t, dim, name);
 }
 
 /* ---- cat and pad: copies into shallow views of the output --------------------------------- */
@@ -61,41 +54,8 @@ static kg_status copy_view(const char *op, kg_tensor *dst, const kg_tensor *src)
   return kg_cuda_ew(op, a, dst, 1, &src);
 }
 
-extern "C" kg_status kg_cuda_cat(const kg_op_call *c) {
-  int d = ((const kg_cat_params *)c->params)->dim;
-  const kg_tensor *out = c->out[0];
-  kg_tensor v = *out; /* header only: shares out's storage, never released */
-  int64_t start = 0;
-  for (int i = 0; i < c->nin; i++) {
-    const kg_tensor *x = c->in[i];
-    v.shape[d] = x->shape[d];
-    v.offset = out->offset + start * out->stride[d];
-    start += x->shape[d];
-    if (kg_numel(x)) KG_TRY(copy_view("cat", &v, x));
-  }
-  return KG_OK;
-}
-
-extern "C" kg_status kg_cuda_pad(const kg_op_call *c) {
-  const kg_pad_params *p = (const kg_pad_params *)c->params;
-  const kg_tensor *x = c->in[0];
-  kg_tensor *out = c->out[0];
-  kg_fill_params fp = {p->value};
-  kg_op_call fc = {KG_OP_FILL, 0, 1, NULL, c->out, &fp};
-  KG_TRY(kg_cuda_fill(&fc));
-  kg_tensor vo = *out, vx = *x;
-  for (int i = 0; i < p->npad / 2; i++) {
-    int d = x->ndim - 1 - i;
-    int64_t l = p->pad[2 * i], r = p->pad[2 * i + 1];
-    int64_t skip = l < 0 ? -l : 0, len = x->shape[d] - skip - (r < 0 ? -r : 0);
-    if (len <= 0) return KG_OK;
-    vx.shape[d] = vo.shape[d] = len;
-    vx.offset += skip * x->stride[d];
-    vo.offset += (l > 0 ? l : 0) * out->stride[d];
-  }
-  if (kg_numel(&vx)) KG_TRY(copy_view("pad", &vo, &vx));
-  return KG_OK;
-}
+extern "C" kg_status kg_cuda_cat(const kg_op_call *c) { return kg_cat_into_views(c, copy_view); }
+extern "C" kg_status kg_cuda_pad(const kg_op_call *c) { return kg_pad_into_views(c, kg_cuda_fill, copy_view); }
 
 /* ---- gather, index_select, embedding -------------------------------------------------------- */
 
@@ -150,7 +110,7 @@ static kg_status take(const char *op, const kg_tensor *out, int nd, const int64_
 extern "C" kg_status kg_cuda_gather(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *x = c->in[0], *idx = c->in[1];
-  KG_TRY(check_dim_range("gather", idx, x, d, "x"));
+  KG_TRY(check_range("gather", idx, x, d, "x"));
   int64_t is[KG_MAX_DIMS];
   kg_contiguous_strides(idx->ndim, idx->shape, is);
   const kg_tensor *o = c->out[0];
@@ -161,7 +121,7 @@ extern "C" kg_status kg_cuda_gather(const kg_op_call *c) {
 extern "C" kg_status kg_cuda_index_select(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *x = c->in[0], *idx = c->in[1];
-  KG_TRY(check_dim_range("index_select", idx, x, d, "x"));
+  KG_TRY(check_range("index_select", idx, x, d, "x"));
   int64_t is[KG_MAX_DIMS] = {0};
   is[d] = 1;
   const kg_tensor *o = c->out[0];
@@ -171,9 +131,7 @@ extern "C" kg_status kg_cuda_index_select(const kg_op_call *c) {
 /* in: ids [...] (contiguous), table [V, C]; out [..., C] taken as [N, C] */
 extern "C" kg_status kg_cuda_embedding(const kg_op_call *c) {
   const kg_tensor *ids = c->in[0], *table = c->in[1];
-  char what[64];
-  snprintf(what, sizeof what, "table of %lld rows", (long long)table->shape[0]);
-  KG_TRY(check_range("embedding", ids, table->shape[0], what));
+  KG_TRY(check_range("embedding", ids, table, 0, NULL));
   int64_t shape[2] = {kg_numel(ids), table->shape[1]}, is[2] = {1, 0};
   return take("embedding", c->out[0], 2, shape, table, table->stride, ids, is, 0);
 }
@@ -281,7 +239,7 @@ template <class A> static void accumulate(const acc_args &a, int64_t lines, cuda
 extern "C" kg_status kg_cuda_scatter_add(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *dst = c->in[0], *idx = c->in[1], *src = c->in[2];
-  KG_TRY(check_dim_range("scatter_add_", idx, dst, d, "dst"));
+  KG_TRY(check_range("scatter_add_", idx, dst, d, "dst"));
   acc_args a;
   a.nd = idx->ndim, a.d = d, a.idt = idx->dtype, a.ddt = dst->dtype, a.sdt = src->dtype;
   kg_contiguous_strides(idx->ndim, idx->shape, a.is);
@@ -299,7 +257,7 @@ extern "C" kg_status kg_cuda_scatter_add(const kg_op_call *c) {
 extern "C" kg_status kg_cuda_index_add(const kg_op_call *c) {
   int d = ((const kg_index_params *)c->params)->dim;
   const kg_tensor *dst = c->in[0], *idx = c->in[1], *src = c->in[2];
-  KG_TRY(check_dim_range("index_add_", idx, dst, d, "dst"));
+  KG_TRY(check_range("index_add_", idx, dst, d, "dst"));
   acc_args a;
   a.nd = dst->ndim, a.d = d, a.idt = idx->dtype, a.ddt = dst->dtype, a.sdt = src->dtype;
   for (int j = 0; j < a.nd; j++) a.shape[j] = src->shape[j], a.ds[j] = dst->stride[j], a.ss[j] = src->stride[j], a.is[j] = 0;

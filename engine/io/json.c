@@ -2,6 +2,7 @@
  * Recursive descent over a byte buffer; every read is bounds-checked against the end pointer,
  * depth is capped, and duplicate keys are found by sorting each object's keys once. */
 #include "json.h"
+#include "unicode.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -34,26 +35,8 @@ static void skip_ws(parser *ps) {
 
 /* Length of the UTF-8 sequence at s (bytes available: n), or 0 if malformed. */
 static int utf8_seq(const unsigned char *s, size_t n) {
-  unsigned c = s[0];
-  if (c < 0x80) return 1;
-  int len;
-  unsigned cp;
-  if (c >= 0xC2 && c <= 0xDF)
-    len = 2, cp = c & 0x1F;
-  else if (c >= 0xE0 && c <= 0xEF)
-    len = 3, cp = c & 0x0F;
-  else if (c >= 0xF0 && c <= 0xF4)
-    len = 4, cp = c & 0x07;
-  else
-    return 0;
-  if ((size_t)len > n) return 0;
-  for (int i = 1; i < len; i++) {
-    if ((s[i] & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (s[i] & 0x3F);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0; /* overlong, too big */
-  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;                                              /* surrogates */
-  return len;
+  size_t i = 0;
+  return kg_utf8_next(s, n, &i) < 0 ? 0 : (int)i;
 }
 
 bool kg_utf8_valid(const char *s, size_t n) {
@@ -64,24 +47,6 @@ bool kg_utf8_valid(const char *s, size_t n) {
     i += (size_t)k;
   }
   return true;
-}
-
-static void put_utf8(char *out, size_t *o, unsigned cp) {
-  if (cp < 0x80)
-    out[(*o)++] = (char)cp;
-  else if (cp < 0x800) {
-    out[(*o)++] = (char)(0xC0 | (cp >> 6));
-    out[(*o)++] = (char)(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out[(*o)++] = (char)(0xE0 | (cp >> 12));
-    out[(*o)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[(*o)++] = (char)(0x80 | (cp & 0x3F));
-  } else {
-    out[(*o)++] = (char)(0xF0 | (cp >> 18));
-    out[(*o)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[(*o)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[(*o)++] = (char)(0x80 | (cp & 0x3F));
-  }
 }
 
 static int hex4(parser *ps, unsigned *out) {
@@ -151,7 +116,7 @@ static bool parse_string(parser *ps, char **out, size_t *outlen) {
           if (lo < 0xDC00 || lo > 0xDFFF) return free(s), fail(ps, "high surrogate not followed by a low one");
           cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         }
-        put_utf8(s, &o, cp); /* at most 4 bytes out of 6 or 12 in */
+        o += (size_t)kg_utf8_put(s + o, cp); /* at most 4 bytes out of 6 or 12 in */
         break;
       }
       default: free(s); return fail(ps, "bad escape '\\%c'", e);

@@ -12,6 +12,8 @@
  * open-addressing hash table keyed by the piece bytes. */
 #include <keng/tokenizer.h>
 
+#include "unicode.h"
+
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -491,23 +493,10 @@ static size_t one_char_len(uint8_t c) { return "\1\1\1\1\1\1\1\1\1\1\1\1\2\2\3\4
 
 /* string_util::IsValidDecodeUTF8: *mblen is the well-formed character's length, or 1 */
 static bool valid_utf8_char(const uint8_t *s, size_t n, size_t *mblen) {
-  *mblen = 1;
-  if (n == 0) return false;
-  uint8_t c = s[0];
-  if (c < 0x80) return true;
-  if ((c & 0xE0) == 0xC0 && n >= 2 && (s[1] & 0xC0) == 0x80) {
-    uint32_t cp = (uint32_t)(c & 0x1F) << 6 | (s[1] & 0x3F);
-    if (cp >= 0x80) return *mblen = 2, true;
-  } else if ((c & 0xF0) == 0xE0 && n >= 3 && (s[1] & 0xC0) == 0x80 && (s[2] & 0xC0) == 0x80) {
-    uint32_t cp = (uint32_t)(c & 0x0F) << 12 | (uint32_t)(s[1] & 0x3F) << 6 | (s[2] & 0x3F);
-    if (cp >= 0x800 && !(cp >= 0xD800 && cp <= 0xDFFF)) return *mblen = 3, true;
-  } else if ((c & 0xF8) == 0xF0 && n >= 4 && (s[1] & 0xC0) == 0x80 && (s[2] & 0xC0) == 0x80 &&
-             (s[3] & 0xC0) == 0x80) {
-    uint32_t cp = (uint32_t)(c & 0x07) << 18 | (uint32_t)(s[1] & 0x3F) << 12 | (uint32_t)(s[2] & 0x3F) << 6 |
-                  (s[3] & 0x3F);
-    if (cp >= 0x10000 && cp <= 0x10FFFF) return *mblen = 4, true;
-  }
-  return false;
+  size_t i = 0;
+  bool ok = n > 0 && kg_utf8_next(s, n, &i) >= 0;
+  *mblen = ok ? i : 1;
+  return ok;
 }
 
 /* ---- normalizer (normalizer.cc) ------------------------------------------------------- */

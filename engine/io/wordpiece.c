@@ -9,26 +9,21 @@
  *      their own ids (unless split_special_tokens); the text between them goes through 1-5
  *   5. each word: greedy longest match from the left, later pieces prefixed "##"; a word with
  *      no full cover, or over max_chars_per_word characters, becomes [UNK]
- * The Unicode facts come from wordpiece_tables.h (generated). Known gap: NFD here does not
+ * The Unicode facts come from unicode.c (generated tables). Known gap: NFD here does not
  * reorder combining marks by combining class; only non-Mn marks survive stripping, so this
  * can only matter for rare spacing marks with a nonzero class. The older pure-Python tokenizer
  * (transformers' BertTokenizerLegacy) also applies NFC before splitting; that differs from this
  * (and from BertTokenizer) only on decomposed input to a cased vocabulary ("e\u0301"). */
 #include <keng/wordpiece.h>
 
-#include "wordpiece_tables.h"
+#include "unicode.h"
+#include "vocab.h"
 
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct kg_wordpiece {
-  int64_t n;      /* vocab size */
-  char **tokens;  /* [n] NUL-terminated */
-  size_t *lens;   /* [n] */
-  int64_t *slots; /* hash table of ids, -1 = empty */
-  size_t nslots;  /* a power of two */
+  kg_vocab vocab; /* the lines of vocab.txt, ids 0..n-1 */
   int64_t unk;
   bool lowercase, strip, chinese;
   int max_chars;
@@ -36,153 +31,30 @@ struct kg_wordpiece {
   int nspecial;
 };
 
-static uint64_t hash(const char *s, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-  return h;
-}
-
 int64_t kg_wordpiece_token_to_id(const kg_wordpiece *wp, const char *s, size_t n) {
-  for (size_t i = hash(s, n) & (wp->nslots - 1);; i = (i + 1) & (wp->nslots - 1)) {
-    int64_t id = wp->slots[i];
-    if (id < 0) return -1;
-    if (wp->lens[id] == n && memcmp(wp->tokens[id], s, n) == 0) return id;
-  }
+  return kg_vocab_find(&wp->vocab, s, n);
 }
 
-/* a later duplicate takes the slot, as a Python dict built line by line does */
-static void insert(kg_wordpiece *wp, int64_t id) {
-  for (size_t i = hash(wp->tokens[id], wp->lens[id]) & (wp->nslots - 1);; i = (i + 1) & (wp->nslots - 1)) {
-    int64_t old = wp->slots[i];
-    if (old < 0 || (wp->lens[old] == wp->lens[id] && memcmp(wp->tokens[old], wp->tokens[id], wp->lens[id]) == 0)) {
-      wp->slots[i] = id;
-      return;
-    }
-  }
-}
-
-int64_t kg_wordpiece_vocab_size(const kg_wordpiece *wp) { return wp->n; }
+int64_t kg_wordpiece_vocab_size(const kg_wordpiece *wp) { return wp->vocab.n; }
 
 const char *kg_wordpiece_id_to_token(const kg_wordpiece *wp, int64_t id, size_t *n) {
-  if (id < 0 || id >= wp->n) return NULL;
-  if (n) *n = wp->lens[id];
-  return wp->tokens[id];
+  if (id < 0 || id >= wp->vocab.n) return NULL;
+  if (n) *n = wp->vocab.lens[id];
+  return wp->vocab.tokens[id];
 }
 
 void kg_wordpiece_free(kg_wordpiece *wp) {
   if (!wp) return;
-  for (int64_t i = 0; i < wp->n; i++)
-    free(wp->tokens[i]);
-  free(wp->tokens);
-  free(wp->lens);
-  free(wp->slots);
+  kg_vocab_free(&wp->vocab);
   free(wp);
 }
 
-/* ---- UTF-8 ------------------------------------------------------------------------------- */
-
-/* decodes one code point at s[*i..n); -1 on a malformed sequence */
-static int32_t utf8_next(const uint8_t *s, size_t n, size_t *i) {
-  uint8_t c = s[*i];
-  int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-  if (!len || *i + len > n) return -1;
-  int32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-  for (int k = 1; k < len; k++) {
-    if ((s[*i + k] & 0xC0) != 0x80) return -1;
-    cp = (cp << 6) | (s[*i + k] & 0x3F);
-  }
-  static const int32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
-  *i += len;
-  return cp;
-}
-
-static int utf8_put(char *o, int32_t cp) {
-  if (cp < 0x80) {
-    o[0] = (char)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    o[0] = (char)(0xC0 | cp >> 6);
-    o[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    o[0] = (char)(0xE0 | cp >> 12);
-    o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[2] = (char)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  o[0] = (char)(0xF0 | cp >> 18);
-  o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-  o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-  o[3] = (char)(0x80 | (cp & 0x3F));
-  return 4;
-}
-
-/* ---- Unicode facts -------------------------------------------------------------------------- */
-
-static int cp_class(int32_t cp) {
-  int lo = 0, hi = (int)(sizeof kg_wp_class_runs / sizeof kg_wp_class_runs[0]) - 1;
-  while (lo < hi) { /* last run with lo <= cp */
-    int mid = (lo + hi + 1) / 2;
-    if (kg_wp_class_runs[mid].lo <= (uint32_t)cp)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return kg_wp_class_runs[lo].cls;
-}
+/* ---- CJK ideographs (the blocks BERT spaces out) -------------------------------------------- */
 
 static bool is_cjk(int32_t cp) {
   return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x20000 && cp <= 0x2A6DF) ||
          (cp >= 0x2A700 && cp <= 0x2B73F) || (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B820 && cp <= 0x2CEAF) ||
          (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
-}
-
-static int32_t to_lower(int32_t cp) {
-  if (cp < 0x80) return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
-  int lo = 0, hi = (int)(sizeof kg_wp_lower / sizeof kg_wp_lower[0]) - 1;
-  while (lo <= hi) {
-    int mid = (lo + hi) / 2;
-    if (kg_wp_lower[mid][0] == (uint32_t)cp) return (int32_t)kg_wp_lower[mid][1];
-    if (kg_wp_lower[mid][0] < (uint32_t)cp)
-      lo = mid + 1;
-    else
-      hi = mid - 1;
-  }
-  return cp;
-}
-
-/* canonical decomposition of cp into out (at most 4 code points); returns the count */
-static int decompose(int32_t cp, int32_t *out) {
-  if (cp >= 0xAC00 && cp <= 0xD7A3) { /* Hangul syllables: L V (T) */
-    int s = cp - 0xAC00;
-    out[0] = 0x1100 + s / 588;
-    out[1] = 0x1161 + (s % 588) / 28;
-    if (s % 28) {
-      out[2] = 0x11A7 + s % 28;
-      return 3;
-    }
-    return 2;
-  }
-  int lo = 0, hi = (int)(sizeof kg_wp_decomp / sizeof kg_wp_decomp[0]) - 1;
-  while (lo <= hi) {
-    int mid = (lo + hi) / 2;
-    if (kg_wp_decomp[mid].cp == (uint32_t)cp) {
-      int n = kg_wp_decomp[mid].len;
-      for (int k = 0; k < n; k++)
-        out[k] = (int32_t)kg_wp_decomp_pool[kg_wp_decomp[mid].off + k];
-      return n;
-    }
-    if (kg_wp_decomp[mid].cp < (uint32_t)cp)
-      lo = mid + 1;
-    else
-      hi = mid - 1;
-  }
-  out[0] = cp;
-  return 1;
 }
 
 /* ---- loading -------------------------------------------------------------------------------- */
@@ -197,31 +69,10 @@ kg_status kg_wordpiece_load(kg_wordpiece **out, const char *path, const kg_wordp
   kg_wordpiece_opts def = {0};
   def.strip_accents = -1;
   if (!o) o = &def;
-  FILE *f = fopen(path, "rb");
-  if (!f) return kg_error(KG_ERR_IO, "wordpiece", "cannot open vocabulary '%s': %s", path, strerror(errno));
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len + 65536 > cap) {
-      cap = cap ? cap * 2 : 1 << 20;
-      char *nb = realloc(buf, cap);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        return kg_error(KG_ERR_OOM, "wordpiece", "out of memory reading '%s'", path);
-      }
-      buf = nb;
-    }
-    size_t got = fread(buf + len, 1, cap - len, f);
-    len += got;
-    if (got == 0) break;
-  }
-  bool bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    free(buf);
-    return kg_error(KG_ERR_IO, "wordpiece", "error reading vocabulary '%s'", path);
-  }
+  size_t len;
+  kg_status rs;
+  char *buf = kg_read_file(path, "wordpiece", "vocabulary", &len, &rs);
+  if (!buf) return rs;
 
   kg_wordpiece *wp = calloc(1, sizeof *wp);
   if (!wp) {
@@ -232,9 +83,8 @@ kg_status kg_wordpiece_load(kg_wordpiece **out, const char *path, const kg_wordp
   for (size_t i = 0; i < len; i++)
     lines += buf[i] == '\n';
   if (len && buf[len - 1] != '\n') lines++;
-  wp->tokens = calloc(lines ? lines : 1, sizeof *wp->tokens);
-  wp->lens = calloc(lines ? lines : 1, sizeof *wp->lens);
-  if (!wp->tokens || !wp->lens) {
+  kg_vocab *v = &wp->vocab;
+  if (!kg_vocab_alloc(v, lines)) { /* v->n counts the lines read so far */
     free(buf);
     return load_fail(wp, KG_ERR_OOM, "out of memory loading '%s' (%lld lines)", path, lines);
   }
@@ -255,36 +105,28 @@ kg_status kg_wordpiece_load(kg_wordpiece **out, const char *path, const kg_wordp
       why = "'%s' line %lld holds a NUL byte (not a text vocabulary)";
     else {
       for (size_t i = start; i < e && !why;) {
-        if (utf8_next((const uint8_t *)buf, e, &i) < 0) why = "'%s' line %lld is not valid UTF-8";
+        if (kg_utf8_next((const uint8_t *)buf, e, &i) < 0) why = "'%s' line %lld is not valid UTF-8";
       }
     }
     if (why) {
       free(buf);
       return load_fail(wp, KG_ERR_VALUE, why, path, line + 1);
     }
-    wp->tokens[line] = malloc(n + 1);
-    if (!wp->tokens[line]) st = KG_ERR_OOM;
+    v->tokens[line] = malloc(n + 1);
+    if (!v->tokens[line]) st = KG_ERR_OOM;
     if (st) {
       free(buf);
       return load_fail(wp, st, "out of memory loading '%s' at line %lld", path, line + 1);
     }
-    memcpy(wp->tokens[line], buf + start, n);
-    wp->tokens[line][n] = 0;
-    wp->lens[line] = n;
-    wp->n = line + 1;
+    memcpy(v->tokens[line], buf + start, n);
+    v->tokens[line][n] = 0;
+    v->lens[line] = n;
+    v->n = line + 1;
     start = next;
   }
   free(buf);
-  if (wp->n == 0) return load_fail(wp, KG_ERR_VALUE, "vocabulary '%s' is empty%.0lld", path, 0);
-  wp->nslots = 16;
-  while (wp->nslots < (size_t)wp->n * 2)
-    wp->nslots *= 2;
-  wp->slots = malloc(wp->nslots * sizeof *wp->slots);
-  if (!wp->slots) return load_fail(wp, KG_ERR_OOM, "out of memory indexing '%s'%.0lld", path, 0);
-  for (size_t i = 0; i < wp->nslots; i++)
-    wp->slots[i] = -1;
-  for (int64_t i = 0; i < wp->n; i++)
-    insert(wp, i);
+  if (v->n == 0) return load_fail(wp, KG_ERR_VALUE, "vocabulary '%s' is empty%.0lld", path, 0);
+  if (!kg_vocab_index(v)) return load_fail(wp, KG_ERR_OOM, "out of memory indexing '%s'%.0lld", path, 0);
   const char *unk = o->unk_token ? o->unk_token : "[UNK]";
   wp->unk = kg_wordpiece_token_to_id(wp, unk, strlen(unk));
   if (wp->unk < 0) {
@@ -306,31 +148,15 @@ kg_status kg_wordpiece_load(kg_wordpiece **out, const char *path, const kg_wordp
 
 /* ---- encoding ------------------------------------------------------------------------------- */
 
-typedef struct {
-  int32_t *ids;
-  int64_t n, cap;
-} idbuf;
-
-static bool push_id(idbuf *b, int32_t id) {
-  if (b->n == b->cap) {
-    int64_t cap = b->cap ? b->cap * 2 : 64;
-    int32_t *p = realloc(b->ids, cap * sizeof *p);
-    if (!p) return false;
-    b->ids = p, b->cap = cap;
-  }
-  b->ids[b->n++] = id;
-  return true;
-}
-
 /* one word of nc code points cps[0..nc) -> pieces; scratch holds 4*nc+3 bytes, off nc+1 ints */
-static bool wordpiece(const kg_wordpiece *wp, const int32_t *cps, int nc, char *scratch, int *off, idbuf *b) {
-  if (nc > wp->max_chars) return push_id(b, (int32_t)wp->unk);
+static bool wordpiece(const kg_wordpiece *wp, const uint32_t *cps, int nc, char *scratch, int *off, kg_ids *b) {
+  if (nc > wp->max_chars) return kg_ids_push(b, (int32_t)wp->unk);
   /* utf-8 of the word, after a "##" slot, with char offsets */
   char *w = scratch + 2;
   off[0] = 0;
   for (int i = 0; i < nc; i++)
-    off[i + 1] = off[i] + utf8_put(w + off[i], cps[i]);
-  int64_t first = b->n;
+    off[i + 1] = off[i] + kg_utf8_put(w + off[i], cps[i]);
+  size_t first = b->n;
   for (int start = 0; start < nc;) {
     int64_t id = -1;
     int end = nc;
@@ -349,9 +175,9 @@ static bool wordpiece(const kg_wordpiece *wp, const int32_t *cps, int nc, char *
     }
     if (id < 0) {
       b->n = first;
-      return push_id(b, (int32_t)wp->unk);
+      return kg_ids_push(b, (int32_t)wp->unk);
     }
-    if (!push_id(b, (int32_t)id)) return false;
+    if (!kg_ids_push(b, (int32_t)id)) return false;
     start = end;
   }
   return true;
@@ -359,19 +185,19 @@ static bool wordpiece(const kg_wordpiece *wp, const int32_t *cps, int nc, char *
 
 /* the pieces of text[0..len) (no special tokens inside) appended to b; at is the span's byte
  * offset in the whole text, for messages */
-static kg_status encode_span(const kg_wordpiece *wp, const char *text, size_t len, size_t at, idbuf *b) {
+static kg_status encode_span(const kg_wordpiece *wp, const char *text, size_t len, size_t at, kg_ids *b) {
   /* normalised code points: at most 4 per input byte (CJK spacing, decompositions) */
-  int32_t *cps = malloc((len * 4 + 1) * sizeof *cps);
+  uint32_t *cps = malloc((len * 4 + 1) * sizeof *cps);
   if (!cps) return kg_error(KG_ERR_OOM, "wordpiece", "out of memory encoding %zu bytes", len);
   size_t nc = 0;
   for (size_t i = 0; i < len;) {
     size_t start = i;
-    int32_t cp = utf8_next((const uint8_t *)text, len, &i);
+    int32_t cp = kg_utf8_next((const uint8_t *)text, len, &i);
     if (cp < 0) {
       free(cps);
       return kg_error(KG_ERR_VALUE, "wordpiece", "text is not valid UTF-8 at byte %zu", at + start + 1);
     }
-    int cls = cp_class(cp);
+    int cls = kg_unicode_wp_class(cp);
     if (cp == 0 || cp == 0xFFFD || cls == KG_WP_CONTROL) continue;
     if (cls == KG_WP_SPACE) {
       cps[nc++] = ' ';
@@ -379,20 +205,18 @@ static kg_status encode_span(const kg_wordpiece *wp, const char *text, size_t le
     }
     if (wp->chinese && is_cjk(cp)) {
       cps[nc++] = ' ';
-      cps[nc++] = cp;
+      cps[nc++] = (uint32_t)cp;
       cps[nc++] = ' ';
       continue;
     }
-    int32_t d[4];
-    int nd = wp->strip ? decompose(cp, d) : (d[0] = cp, 1);
+    uint32_t d[4];
+    int nd = wp->strip ? kg_unicode_decompose((uint32_t)cp, d) : (d[0] = (uint32_t)cp, 1);
     for (int k = 0; k < nd; k++) {
-      if (wp->strip && cp_class(d[k]) == KG_WP_MARK) continue;
-      if (wp->lowercase && d[k] == 0x130) {
-        cps[nc++] = 'i';
-        cps[nc++] = 0x307;
-        continue;
-      }
-      cps[nc++] = wp->lowercase ? to_lower(d[k]) : d[k];
+      if (wp->strip && kg_unicode_wp_class(d[k]) == KG_WP_MARK) continue;
+      if (wp->lowercase) /* full mappings: U+0130 becomes "i" U+0307, as Rust's to_lowercase */
+        nc += (size_t)kg_unicode_lower(d[k], cps + nc);
+      else
+        cps[nc++] = d[k];
     }
   }
   char *scratch = malloc(nc * 4 + 8);
@@ -404,10 +228,10 @@ static kg_status encode_span(const kg_wordpiece *wp, const char *text, size_t le
       continue;
     }
     size_t j = i;
-    if (cp_class(cps[i]) == KG_WP_PUNCT)
+    if (kg_unicode_wp_class(cps[i]) == KG_WP_PUNCT)
       j = i + 1;
     else
-      while (j < nc && cps[j] != ' ' && cp_class(cps[j]) != KG_WP_PUNCT)
+      while (j < nc && cps[j] != ' ' && kg_unicode_wp_class(cps[j]) != KG_WP_PUNCT)
         j++;
     ok = wordpiece(wp, cps + i, (int)(j - i), scratch, off, b);
     i = j;
@@ -422,9 +246,9 @@ static kg_status encode_span(const kg_wordpiece *wp, const char *text, size_t le
 static int special_at(const kg_wordpiece *wp, const char *text, size_t len, size_t i) {
   int best = -1;
   for (int k = 0; k < wp->nspecial; k++) {
-    size_t n = wp->lens[wp->special[k]];
-    if (i + n <= len && memcmp(text + i, wp->tokens[wp->special[k]], n) == 0 &&
-        (best < 0 || n > wp->lens[wp->special[best]]))
+    size_t n = wp->vocab.lens[wp->special[k]];
+    if (i + n <= len && memcmp(text + i, wp->vocab.tokens[wp->special[k]], n) == 0 &&
+        (best < 0 || n > wp->vocab.lens[wp->special[best]]))
       best = k;
   }
   return best;
@@ -432,24 +256,24 @@ static int special_at(const kg_wordpiece *wp, const char *text, size_t len, size
 
 kg_status kg_wordpiece_encode(const kg_wordpiece *wp, const char *text, size_t len, int32_t **ids, int64_t *n) {
   *ids = NULL, *n = 0;
-  idbuf b = {0};
+  kg_ids b = {0};
   size_t start = 0;
   for (size_t i = 0; i <= len; i++) {
     int k = i < len && text[i] == '[' ? special_at(wp, text, len, i) : -1;
     if (k < 0 && i < len) continue;
     kg_status st = encode_span(wp, text + start, i - start, start, &b);
-    if (st == KG_OK && k >= 0 && !push_id(&b, (int32_t)wp->special[k]))
+    if (st == KG_OK && k >= 0 && !kg_ids_push(&b, (int32_t)wp->special[k]))
       st = kg_error(KG_ERR_OOM, "wordpiece", "out of memory encoding %zu bytes", len);
     if (st != KG_OK) {
-      free(b.ids);
+      free(b.v);
       return st;
     }
     if (k >= 0) {
-      i += wp->lens[wp->special[k]] - 1;
+      i += wp->vocab.lens[wp->special[k]] - 1;
       start = i + 1;
     }
   }
-  *ids = b.ids, *n = b.n;
+  *ids = b.v, *n = (int64_t)b.n;
   return KG_OK;
 }
 
@@ -459,17 +283,17 @@ kg_status kg_wordpiece_decode(const kg_wordpiece *wp, const int64_t *ids, int64_
   *text = NULL;
   size_t cap = 1;
   for (int64_t i = 0; i < n; i++) {
-    if (ids[i] < 0 || ids[i] >= wp->n)
+    if (ids[i] < 0 || ids[i] >= wp->vocab.n)
       return kg_error(KG_ERR_VALUE, "wordpiece", "decode: id %lld at position %lld is outside the vocabulary [0, %lld)",
-                      (long long)ids[i], (long long)i + 1, (long long)wp->n);
-    cap += wp->lens[ids[i]] + 1;
+                      (long long)ids[i], (long long)i + 1, (long long)wp->vocab.n);
+    cap += wp->vocab.lens[ids[i]] + 1;
   }
   char *s = malloc(cap);
   if (!s) return kg_error(KG_ERR_OOM, "wordpiece", "out of memory decoding %lld ids", (long long)n);
   size_t m = 0;
   for (int64_t i = 0; i < n; i++) {
-    const char *t = wp->tokens[ids[i]];
-    size_t tl = wp->lens[ids[i]];
+    const char *t = wp->vocab.tokens[ids[i]];
+    size_t tl = wp->vocab.lens[ids[i]];
     if (i > 0 && tl > 2 && t[0] == '#' && t[1] == '#')
       t += 2, tl -= 2;
     else if (i > 0)

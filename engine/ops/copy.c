@@ -22,9 +22,9 @@ kg_status kg_copy_(kg_tensor *dst, const kg_tensor *src) {
   /* across devices: make a contiguous copy in dst's dtype on the source device, move the bytes,
    * then lay them into dst's view */
   kg_tensor *staged, *moved;
-  KG_TRY(kg_tensor_empty(&staged, src->ndim, src->shape, dst->dtype, src->device));
+  KG_TRY(kg_tensor_empty_op(&staged, src->ndim, src->shape, dst->dtype, src->device, "copy_"));
   kg_status s = kg_op_dispatch(KG_OP_COPY, 1, &staged, 1, &src, NULL);
-  if (s == KG_OK) s = kg_tensor_empty(&moved, src->ndim, src->shape, dst->dtype, dst->device);
+  if (s == KG_OK) s = kg_tensor_empty_op(&moved, src->ndim, src->shape, dst->dtype, dst->device, "copy_");
   if (s) return kg_tensor_release(staged), s;
   s = kg_cuda_memcpy(kg_data(moved), moved->device, kg_data(staged), staged->device,
                      (size_t)kg_numel(staged) * kg_elem_size(staged));
@@ -37,10 +37,11 @@ kg_status kg_copy_(kg_tensor *dst, const kg_tensor *src) {
   return s;
 }
 
-/* a new contiguous tensor holding x, with dtype dt on device dev, recorded as COPY */
-static kg_status copy_to(kg_tensor **out, const kg_tensor *x, kg_dtype dt, kg_device dev) {
+/* a new contiguous tensor holding x, with dtype dt on device dev, recorded as COPY; errors name
+ * op, the call the user made (to, contiguous, clone) */
+static kg_status copy_to(kg_tensor **out, const kg_tensor *x, kg_dtype dt, kg_device dev, const char *op) {
   kg_tensor *t;
-  KG_TRY(kg_tensor_empty(&t, x->ndim, x->shape, dt, dev));
+  KG_TRY(kg_tensor_empty_op(&t, x->ndim, x->shape, dt, dev, op));
   bool was = kg_set_grad_enabled(false); /* kg_copy_ bumps versions; no grad check needed */
   kg_status s = kg_copy_(t, x);
   kg_set_grad_enabled(was);
@@ -55,7 +56,7 @@ kg_status kg_to(kg_tensor **out, const kg_tensor *x, kg_dtype dt, kg_device dev)
     *out = kg_tensor_retain((kg_tensor *)x);
     return KG_OK;
   }
-  return copy_to(out, x, dt, dev);
+  return copy_to(out, x, dt, dev, "to");
 }
 
 kg_status kg_contiguous(kg_tensor **out, const kg_tensor *x) {
@@ -63,10 +64,10 @@ kg_status kg_contiguous(kg_tensor **out, const kg_tensor *x) {
     *out = kg_tensor_retain((kg_tensor *)x);
     return KG_OK;
   }
-  return copy_to(out, x, x->dtype, x->device);
+  return copy_to(out, x, x->dtype, x->device, "contiguous");
 }
 
-kg_status kg_clone(kg_tensor **out, const kg_tensor *x) { return copy_to(out, x, x->dtype, x->device); }
+kg_status kg_clone(kg_tensor **out, const kg_tensor *x) { return copy_to(out, x, x->dtype, x->device, "clone"); }
 
 kg_status kg_detach(kg_tensor **out, const kg_tensor *x) {
   return kg_tensor_view_raw(out, x, x->ndim, x->shape, x->stride, x->offset);

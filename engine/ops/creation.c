@@ -11,8 +11,13 @@ kg_status kg_fill_(kg_tensor *t, double value) {
 }
 
 kg_status kg_full(kg_tensor **out, int ndim, const int64_t *shape, double value, kg_dtype dt, kg_device dev) {
+  return kg_full_named(out, ndim, shape, value, dt, dev, "full");
+}
+
+kg_status kg_full_named(kg_tensor **out, int ndim, const int64_t *shape, double value, kg_dtype dt, kg_device dev,
+                        const char *op) {
   kg_tensor *t;
-  KG_TRY(kg_tensor_empty(&t, ndim, shape, dt, dev));
+  KG_TRY(kg_tensor_empty_op(&t, ndim, shape, dt, dev, op));
   kg_fill_params p = {value};
   kg_status s = kg_op_dispatch(KG_OP_FILL, 1, &t, 0, NULL, &p);
   if (s) return kg_tensor_release(t), s;
@@ -31,7 +36,7 @@ kg_status kg_arange(kg_tensor **out, double start, double end, double step, kg_d
   if (n > 1e15) return kg_error(KG_ERR_VALUE, "arange", "%g elements is too many", n);
   int64_t len = (int64_t)n;
   kg_tensor *t;
-  KG_TRY(kg_tensor_empty(&t, 1, &len, dt, dev));
+  KG_TRY(kg_tensor_empty_op(&t, 1, &len, dt, dev, "arange"));
   kg_arange_params p = {start, step};
   kg_status s = kg_op_dispatch(KG_OP_ARANGE, 1, &t, 0, NULL, &p);
   if (s) return kg_tensor_release(t), s;
@@ -42,7 +47,7 @@ kg_status kg_arange(kg_tensor **out, double start, double end, double step, kg_d
 static kg_status random_tensor(kg_tensor **out, kg_op op, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev,
                                double a, double b, uint64_t words_per_elem) {
   kg_tensor *t;
-  KG_TRY(kg_tensor_empty(&t, ndim, shape, dt, dev));
+  KG_TRY(kg_tensor_empty_op(&t, ndim, shape, dt, dev, kg_op_info[op].name));
   kg_random_params p = {kg_rng_reserve((uint64_t)kg_numel(t) * words_per_elem), a, b};
   kg_status s = kg_op_dispatch(op, 1, &t, 0, NULL, &p);
   if (s) return kg_tensor_release(t), s;

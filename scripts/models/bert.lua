@@ -12,6 +12,7 @@
 -- Hugging Face BertModel checkpoint layout is mapped by hf_name() below.
 local keng = require "keng"
 local nn = require "keng.nn"
+local common = require "models.common"
 
 local M = {}
 
@@ -39,26 +40,15 @@ local ACT = {
 local function shape_str(shape) return "[" .. table.concat(shape, ", ") .. "]" end
 
 ---------------------------------------------------------------------------------------------
--- the encoder block (post-LN): x = LN(x + attn(x)); x = LN(x + W2·act(W1·x))
+-- the encoder blocks: nn.TransformerEncoderLayer, post-LN: x = LN(x + attn(x)); x = LN(x + W2·act(W1·x)),
+-- its submodules named as below (attention.query/key/value/out; HF names map onto them in hf_name)
 
-local Block = nn.Module:extend("BertBlock")
+local BLOCK_NAMES = {attn = "attention", attn_norm = "attention_norm", fc1 = "ffn_in", fc2 = "ffn_out",
+                     mlp_norm = "ffn_norm"}
 
-function Block:init(cfg, lo)
-  local C = cfg.hidden
-  self.attention = nn.MultiHeadAttention(C, cfg.heads, {dtype = lo.dtype, device = lo.device})
-  self.attention_norm = nn.LayerNorm(C, {eps = cfg.eps, dtype = lo.dtype, device = lo.device})
-  self.ffn_in = nn.Linear(C, cfg.ffn, lo)     -- [F, C]
-  self.ffn_out = nn.Linear(cfg.ffn, C, lo)    -- [C, F]
-  self.ffn_norm = nn.LayerNorm(C, {eps = cfg.eps, dtype = lo.dtype, device = lo.device})
-  self.dropout = nn.Dropout(cfg.dropout)
-  self.act = ACT[cfg.activation]
-end
-
-function Block:forward(x, mask)  -- x [B, T, C], mask bool [B, 1, 1, T]
-  local a = self.attention(x, {mask = mask})                      -- [B, T, C]
-  x = self.attention_norm(x + self.dropout(a))                    -- [B, T, C]
-  local h = self.act(self.ffn_in(x))                              -- [B, T, F]
-  return self.ffn_norm(x + self.dropout(self.ffn_out(h)))         -- [B, T, C]
+local function block(cfg, lo)
+  return nn.TransformerEncoderLayer(cfg.hidden, cfg.heads, cfg.ffn, {eps = cfg.eps, activation = ACT[cfg.activation],
+    dropout = cfg.dropout, dtype = lo.dtype, device = lo.device, linear = lo, names = BLOCK_NAMES})
 end
 
 ---------------------------------------------------------------------------------------------
@@ -71,13 +61,7 @@ M.Backbone = Backbone
 -- segments, eps, dropout, activation ("gelu_tanh" | "gelu" | "relu" | ...)
 function Backbone:init(cfg, opts)
   opts = opts or {}
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg) do c[k] = v end
-  if not ACT[c.activation] then error("bert: unknown activation '" .. tostring(c.activation) .. "'", 3) end
-  if c.hidden % c.heads ~= 0 then
-    error(string.format("bert: hidden %d does not split into %d heads", c.hidden, c.heads), 3)
-  end
+  local c = common.encoder_config("bert", DEFAULTS, cfg, ACT, "hidden", 3)
   self.config = c
   local lo = {dtype = opts.dtype, device = opts.device, weight_init = "truncated_normal", std = 0.02}
   local eo = {dtype = opts.dtype, device = opts.device, init = "truncated_normal", std = 0.02}
@@ -88,7 +72,7 @@ function Backbone:init(cfg, opts)
   self.embeddings_norm = nn.LayerNorm(C, {eps = c.eps, dtype = opts.dtype, device = opts.device})
   self.dropout = nn.Dropout(c.dropout)
   local blocks = {}
-  for i = 1, c.layers do blocks[i] = Block(c, lo) end
+  for i = 1, c.layers do blocks[i] = block(c, lo) end
   self.layers = blocks
   self.pooler = nn.Linear(C, C, lo)                               -- [C, C]
 end
@@ -105,12 +89,7 @@ local function inputs(self, x, segs, mask)
   if T > c.max_positions then
     error(string.format("bert: %d tokens exceed the %d positions of the model", T, c.max_positions), 3)
   end
-  if ids.device ~= "meta" and ids:numel() > 0 then
-    local hi, lo = ids:max():item(), ids:min():item()
-    if hi >= c.vocab or lo < 0 then
-      error(string.format("bert: token id %d is outside the vocabulary [0, %d)", hi >= c.vocab and hi or lo, c.vocab), 3)
-    end
-  end
+  common.check_token_ids("bert", ids, c.vocab, 3)
   local segs = x.segment_ids or keng.zeros({B, T}, {dtype = "i64", device = ids.device})
   local mask = x.padding_mask
   for name, t in pairs{segment_ids = segs, padding_mask = mask} do
@@ -132,7 +111,7 @@ function Backbone:forward(...)
   local pos = self.position_embedding.weight:narrow(1, 1, T)      -- [T, C]
   local h = self.token_embedding(ids) + self.segment_embedding(segs) + pos:to(self:compute_dtype(pos))
   h = self.dropout(self.embeddings_norm(h))                       -- [B, T, C]
-  for i = 1, #self.layers do h = self.layers[i](h, mask) end      -- [B, T, C]
+  for i = 1, #self.layers do h = self.layers[i](h, {mask = mask}) end  -- [B, T, C]
   local first = h:select(2, 1)                                    -- [B, C], the [CLS] token
   return {sequence_output = h, pooled_output = keng.tanh(self.pooler(first))}
 end
@@ -226,13 +205,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- constructors
 
-local function preset_names()
-  local names = {}
-  for k in pairs(M.presets) do names[#names + 1] = k end
-  table.sort(names)
-  return table.concat(names, ", ")
-end
-
 local function build(cfg, opts)
   local device = opts.device
   if opts.weights and not device then device = "meta" end  -- materialised by the load
@@ -252,22 +224,11 @@ end
 -- `weights` names a checkpoint in our names or Hugging Face's.
 function M.from_preset(name, opts)
   opts = opts or {}
-  local p = M.presets[name]
-  if not p then
-    error(string.format("bert.from_preset: unknown preset '%s' (valid: %s)", tostring(name), preset_names()), 2)
-  end
+  local p = common.preset("bert.from_preset", M.presets, name, 2)
   local m = build(p, opts)
   if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
   if opts.weights and opts.device and opts.device ~= "meta" then m:to(opts.device) end
   return m
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
 end
 
 -- config(json table) -> our config; hidden_act decides the activation
@@ -285,10 +246,7 @@ end
 -- config.json + model.safetensors (or a sharded index); vocab.txt is for tokenizers.bert
 function M.from_pretrained(dir, opts)
   opts = opts or {}
-  local text = read_file(dir .. "/config.json")
-  if not text then error("bert.from_pretrained: no config.json in " .. dir, 2) end
-  local ok, j = pcall(require("keng.json").decode, text)
-  if not ok then error("bert.from_pretrained: " .. dir .. "/config.json: " .. tostring(j), 2) end
+  local j = common.read_config(dir, "bert.from_pretrained", 2)
   for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do
     if type(j[key]) ~= "number" then error("bert.from_pretrained: config.json lacks " .. key, 2) end
   end

@@ -14,6 +14,7 @@
 -- transformers / diffusers text_encoder checkpoint loads with no renaming.
 local keng = require "keng"
 local nn = require "keng.nn"
+local common = require "models.common"
 
 local M = {}
 
@@ -31,59 +32,24 @@ local ACT = {
 local function shape_str(shape) return "[" .. table.concat(shape, ", ") .. "]" end
 
 ---------------------------------------------------------------------------------------------
--- one pre-LN layer: h = h + attn(LN1(h)) (causal); h = h + fc2(act(fc1(LN2(h))))
+-- the layers: nn.TransformerEncoderLayer, pre-LN with causal self-attention:
+-- h = h + attn(LN1(h)); h = h + fc2(act(fc1(LN2(h)))), its submodules named as Hugging Face's
 
-local Attention = nn.Module:extend("CLIPAttention")
-
-function Attention:init(c, lo)
-  self.heads = c.heads
-  self.k_proj = nn.Linear(c.width, c.width, lo)    -- [C, C]
-  self.v_proj = nn.Linear(c.width, c.width, lo)    -- [C, C]
-  self.q_proj = nn.Linear(c.width, c.width, lo)    -- [C, C]
-  self.out_proj = nn.Linear(c.width, c.width, lo)  -- [C, C]
-end
-
-function Attention:forward(x)  -- x [B, T, C]
-  local B, T, C = x.shape[1], x.shape[2], x.shape[3]
-  local H = self.heads
-  local D = C // H
-  local q = self.q_proj(x):view{B, T, H, D}:transpose(2, 3)  -- [B, H, T, D]
-  local k = self.k_proj(x):view{B, T, H, D}:transpose(2, 3)  -- [B, H, T, D]
-  local v = self.v_proj(x):view{B, T, H, D}:transpose(2, 3)  -- [B, H, T, D]
-  local a = keng.scaled_dot_product_attention(q, k, v, {causal = true})  -- [B, H, T, D]
-  return self.out_proj(a:transpose(2, 3):reshape{B, T, C})   -- [B, T, C]
-end
-
-local MLP = nn.Module:extend("CLIPMLP")
-
-function MLP:init(c, lo)
-  self.act = ACT[c.activation]
-  self.fc1 = nn.Linear(c.width, c.mlp, lo)  -- [F, C]
-  self.fc2 = nn.Linear(c.mlp, c.width, lo)  -- [C, F]
-end
-
-function MLP:forward(x) return self.fc2(self.act(self.fc1(x))) end  -- [B, T, C]
-
-local Layer = nn.Module:extend("CLIPEncoderLayer")
-
-function Layer:init(c, lo, no)
-  self.self_attn = Attention(c, lo)
-  self.layer_norm1 = nn.LayerNorm(c.width, no)
-  self.mlp = MLP(c, lo)
-  self.layer_norm2 = nn.LayerNorm(c.width, no)
-end
-
-function Layer:forward(h)  -- h [B, T, C]
-  h = h + self.self_attn(self.layer_norm1(h))
-  return h + self.mlp(self.layer_norm2(h))
-end
+local LAYER_NAMES = {attn = "self_attn", attn_norm = "layer_norm1", mlp = "mlp", fc1 = "fc1", fc2 = "fc2",
+                     mlp_norm = "layer_norm2",
+                     proj = {query = "q_proj", key = "k_proj", value = "v_proj", out = "out_proj"},
+                     proj_order = {"key", "value", "query", "out"}}  -- the reference's order
 
 -- children named "0", "1", ... as in the checkpoints (a ModuleList would count from 1)
 local Layers = nn.Module:extend("CLIPLayers")
 
 function Layers:init(c, lo, no)
   self.n = c.layers
-  for i = 0, c.layers - 1 do self[tostring(i)] = Layer(c, lo, no) end
+  for i = 0, c.layers - 1 do
+    self[tostring(i)] = nn.TransformerEncoderLayer(c.width, c.heads, c.mlp, {norm_first = true, causal = true,
+      eps = no.eps, activation = ACT[c.activation], dtype = lo.dtype, device = lo.device, linear = lo,
+      attention_init = lo, names = LAYER_NAMES})
+  end
 end
 
 function Layers:forward(h)
@@ -134,13 +100,7 @@ M.TextModel = TextModel
 -- eps (1e-5), activation ("quick_gelu" | "gelu")
 function TextModel:init(cfg, opts)
   opts = opts or {}
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg) do c[k] = v end
-  if not ACT[c.activation] then error("clip: unknown activation '" .. tostring(c.activation) .. "'", 3) end
-  if c.width % c.heads ~= 0 then
-    error(string.format("clip: width %d does not split into %d heads", c.width, c.heads), 3)
-  end
+  local c = common.encoder_config("clip", DEFAULTS, cfg, ACT, "width", 3)
   self.config = c
   self.text_model = TextTransformer(c, opts)
 end
@@ -155,24 +115,12 @@ function TextModel:forward(ids)
     error(string.format("clip: %d tokens exceed the %d positions of the model (encode_batch truncates)",
       ids.shape[2], c.max_positions), 2)
   end
-  if ids.device ~= "meta" and ids:numel() > 0 then
-    local hi, lo = ids:max():item(), ids:min():item()
-    if hi >= c.vocab or lo < 0 then
-      error(string.format("clip: token id %d is outside the vocabulary [0, %d)", hi >= c.vocab and hi or lo, c.vocab), 2)
-    end
-  end
+  common.check_token_ids("clip", ids, c.vocab, 2)
   return self.text_model(ids)
 end
 
 ---------------------------------------------------------------------------------------------
 -- constructors
-
-local function preset_names()
-  local names = {}
-  for k in pairs(M.presets) do names[#names + 1] = k end
-  table.sort(names)
-  return table.concat(names, ", ")
-end
 
 -- loads a state dict in Hugging Face names (ours are the same) with every tensor checked;
 -- transformers 5 writes the names without the "text_model." prefix, diffusers checkpoints with it
@@ -191,23 +139,12 @@ end
 -- or the tensors of `weights` (a .safetensors file or a directory)
 function M.from_preset(name, opts)
   opts = opts or {}
-  local p = M.presets[name]
-  if not p then
-    error(string.format("clip.from_preset: unknown preset '%s' (valid: %s)", tostring(name), preset_names()), 2)
-  end
+  local p = common.preset("clip.from_preset", M.presets, name, 2)
   local device = opts.device
   if opts.weights and not device then device = "meta" end
   local m = TextModel(p, {dtype = opts.dtype, device = device})
   if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
   return m
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
 end
 
 local HF_ACT = {quick_gelu = "quick_gelu", gelu = "gelu"}
@@ -225,10 +162,7 @@ end
 -- text_encoder directory (config.json + model.safetensors or a sharded index)
 function M.from_pretrained(dir, opts)
   opts = opts or {}
-  local text = read_file(dir .. "/config.json")
-  if not text then error("clip.from_pretrained: no config.json in " .. dir, 2) end
-  local ok, j = pcall(require("keng.json").decode, text)
-  if not ok then error("clip.from_pretrained: " .. dir .. "/config.json: " .. tostring(j), 2) end
+  local j = common.read_config(dir, "clip.from_pretrained", 2)
   if j.text_config then j = j.text_config end  -- a full CLIPModel config
   for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do
     if type(j[key]) ~= "number" then error("clip.from_pretrained: " .. dir .. "/config.json lacks " .. key, 2) end

@@ -7,41 +7,9 @@
  * Run under -DKENG_SANITIZE=address,undefined to turn silent corruption into failures. */
 #include <keng/keng.h>
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "mutate.h"
+
 #include <unistd.h>
-
-static int checks, failures;
-#define CHECK(cond, ...)                                                                                               \
-  do {                                                                                                                 \
-    checks++;                                                                                                          \
-    if (!(cond)) {                                                                                                     \
-      failures++;                                                                                                      \
-      fprintf(stderr, "%s:%d: FAILED: %s: ", __FILE__, __LINE__, #cond);                                               \
-      fprintf(stderr, __VA_ARGS__);                                                                                    \
-      fputc('\n', stderr);                                                                                             \
-    }                                                                                                                  \
-  } while (0)
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t next(void) { /* xorshift64* */
-  rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-  return rng * 0x2545F4914F6CDD1Dull;
-}
-static size_t below(size_t n) { return n ? (size_t)(next() % n) : 0; }
-
-static unsigned char *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc((size_t)n + 1);
-  *len = fread(buf, 1, (size_t)n, f);
-  fclose(f);
-  return buf;
-}
 
 /* reads every byte of every tensor (so a bad pointer or length would fault here) */
 static unsigned touch(const kg_tensor_dict *d) {
@@ -66,9 +34,7 @@ static size_t mutate(unsigned char *buf, size_t len, size_t cap, size_t hlen) {
   for (int r = 0; r < rounds; r++) {
     size_t hdr_end = 8 + hlen < len ? 8 + hlen : len;
     switch (below(8)) {
-    case 0: /* flip a bit anywhere */
-      if (len) buf[below(len)] ^= (unsigned char)(1u << below(8));
-      break;
+    case 0: /* flip a bit anywhere */ len = mut_flip_bit(buf, len); break;
     case 1: /* a JSON-significant byte inside the header */
       if (hdr_end > 8) buf[8 + below(hdr_end - 8)] = (unsigned char)json_bytes[below(sizeof json_bytes - 1)];
       break;
@@ -83,7 +49,7 @@ static size_t mutate(unsigned char *buf, size_t len, size_t cap, size_t hlen) {
       }
       break;
     }
-    case 3: /* truncate */ len = below(len + 1); break;
+    case 3: len = mut_truncate(len); break;
     case 4: /* edit the header length */
       if (len >= 8) {
         uint64_t n = 0;
@@ -95,14 +61,7 @@ static size_t mutate(unsigned char *buf, size_t len, size_t cap, size_t hlen) {
           buf[i] = (unsigned char)(n >> (8 * i));
       }
       break;
-    case 5: { /* copy a span over another place */
-      if (len < 2) break;
-      size_t a = below(len), b = below(len), n = below(16);
-      if (a + n > len) n = len - a;
-      if (b + n > len) n = len - b;
-      memmove(buf + b, buf + a, n);
-      break;
-    }
+    case 5: len = mut_copy_span(buf, len, 0, 16); break;
     case 6: { /* insert random bytes */
       size_t n = 1 + below(4), at = below(len + 1);
       if (len + n > cap) break;
@@ -112,14 +71,7 @@ static size_t mutate(unsigned char *buf, size_t len, size_t cap, size_t hlen) {
       len += n;
       break;
     }
-    case 7: { /* delete a span */
-      if (!len) break;
-      size_t at = below(len), n = 1 + below(8);
-      if (at + n > len) n = len - at;
-      memmove(buf + at, buf + at + n, len - at - n);
-      len -= n;
-      break;
-    }
+    case 7: len = mut_delete_span(buf, len, 8); break;
     }
   }
   return len;

@@ -8,45 +8,11 @@
  * Run under -DKENG_SANITIZE=address,undefined to turn silent corruption into failures. */
 #include <keng/tokenizer.h>
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "mutate.h"
 
 #ifndef KENG_SOURCE_DIR
 #define KENG_SOURCE_DIR ".."
 #endif
-
-static int checks, failures;
-#define CHECK(cond, ...)                                                                                               \
-  do {                                                                                                                 \
-    checks++;                                                                                                          \
-    if (!(cond)) {                                                                                                     \
-      failures++;                                                                                                      \
-      fprintf(stderr, "%s:%d: FAILED: %s: ", __FILE__, __LINE__, #cond);                                               \
-      fprintf(stderr, __VA_ARGS__);                                                                                    \
-      fputc('\n', stderr);                                                                                             \
-    }                                                                                                                  \
-  } while (0)
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t next(void) { /* xorshift64* */
-  rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-  return rng * 0x2545F4914F6CDD1Dull;
-}
-static size_t below(size_t n) { return n ? (size_t)(next() % n) : 0; }
-
-static unsigned char *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) free(buf), buf = NULL;
-  fclose(f);
-  *len = (size_t)n;
-  return buf;
-}
 
 static const char *SAMPLES[] = {
     "Hello, world! \xF0\x9F\x98\x80 Caf\xC3\xA9  spaces  ", /* emoji, accent, runs of spaces */
@@ -114,29 +80,16 @@ static void mutate(unsigned char *m, size_t *len, const unsigned char *orig, siz
   int kinds = 1 + (int)below(3);
   for (int k = 0; k < kinds; k++) {
     switch (below(6)) {
-    case 0: m[below(*len)] ^= (unsigned char)(1u << below(8)); break;
+    case 0: *len = mut_flip_bit(m, *len); break;
     case 1: m[below(*len)] = (unsigned char)next(); break;
     case 2: { /* a long varint-looking run */
       size_t at = below(*len), n = 1 + below(10);
       for (size_t i = 0; i < n && at + i < *len; i++) m[at + i] = (unsigned char)(0x80 | next());
       break;
     }
-    case 3: *len = below(*len + 1); break;
-    case 4: { /* delete a range */
-      if (*len < 2) break;
-      size_t a = below(*len), n = 1 + below(*len - a > 64 ? 64 : *len - a);
-      memmove(m + a, m + a + n, *len - a - n);
-      *len -= n;
-      break;
-    }
-    case 5: { /* duplicate a range over another place (lengths stay) */
-      if (*len < 2) break;
-      size_t a = below(*len), b = below(*len), n = 1 + below(32);
-      if (a + n > *len) n = *len - a;
-      if (b + n > *len) n = *len - b;
-      memmove(m + b, m + a, n);
-      break;
-    }
+    case 3: *len = mut_truncate(*len); break;
+    case 4: *len = mut_delete_span(m, *len, 64); break;
+    case 5: *len = mut_copy_span(m, *len, 1, 32); break;
     }
     if (*len == 0) break;
   }

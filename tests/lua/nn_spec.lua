@@ -278,6 +278,47 @@ describe("layers", function()
     local ctx = keng.randn({B, 3, C})
     same_shape(mha(x, {context = ctx, causal = false}), {B, T, C})
   end)
+
+  it("MultiHeadAttention takes a checkpoint's names and making order", function()
+    local m = nn.MultiHeadAttention(8, 2, {names = {query = "q_proj", key = "k_proj", value = "v_proj", out = "out_proj"},
+      order = {"key", "value", "query", "out"}})
+    assert.are.same({"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias", "q_proj.weight", "q_proj.bias",
+      "out_proj.weight", "out_proj.bias"}, names(m))
+    local x = keng.randn({2, 3, 8})
+    local ref = nn.MultiHeadAttention(8, 2)
+    keng.no_grad(function()
+      for _, r in ipairs{{"query", "q_proj"}, {"key", "k_proj"}, {"value", "v_proj"}, {"out", "out_proj"}} do
+        ref[r[1]].weight:copy_(m[r[2]].weight)
+        ref[r[1]].bias:copy_(m[r[2]].bias)
+      end
+    end)
+    H.close(m(x), ref(x), 0, "renamed")
+  end)
+
+  it("TransformerEncoderLayer is post-LN or pre-LN around attention and the MLP, by hand", function()
+    keng.manual_seed(3)
+    local B, T, C, Hh, F = 2, 4, 8, 2, 16
+    local x = keng.randn({B, T, C})
+    local mask = keng.tensor({{true, true, true, false}, {true, true, true, true}}):reshape{B, 1, 1, T}
+    local post = nn.TransformerEncoderLayer(C, Hh, F, {eps = 1e-6, activation = keng.relu})
+    assert.are.same({"attn.query.weight", "attn.query.bias", "attn.key.weight", "attn.key.bias", "attn.value.weight",
+      "attn.value.bias", "attn.out.weight", "attn.out.bias", "attn_norm.weight", "attn_norm.bias", "fc1.weight",
+      "fc1.bias", "fc2.weight", "fc2.bias", "mlp_norm.weight", "mlp_norm.bias"}, names(post))
+    local function mlp(l, m, h) return m.fc2(keng.relu(m.fc1(h))) end
+    local h = post.attn_norm(x + post.attn(x, {mask = mask}))
+    H.close(post(x, {mask = mask}), post.mlp_norm(h + mlp(post, post, h)), 0, "post-LN")
+    local pre = nn.TransformerEncoderLayer(C, Hh, F, {norm_first = true, causal = true, activation = keng.relu,
+      names = {attn = "self_attn", attn_norm = "ln1", mlp = "mlp", mlp_norm = "ln2"}})
+    assert.are.equal("mlp.fc1.weight", names(pre)[11])
+    h = x + pre.self_attn(pre.ln1(x))
+    H.close(pre(x), h + mlp(pre, pre.mlp, pre.ln2(h)), 0, "pre-LN")
+    assert.is_true(pre.self_attn.causal)
+    -- dropout acts on both branches while training, not at all in eval
+    local d = nn.TransformerEncoderLayer(C, Hh, F, {dropout = 0.5})
+    d:eval()
+    H.close(d(x), d.mlp_norm(d.attn_norm(x + d.attn(x)) + d.fc2(keng.gelu(d.fc1(d.attn_norm(x + d.attn(x)))))), 0,
+      "eval: no dropout")
+  end)
 end)
 
 describe("initialisers", function()

@@ -10,9 +10,14 @@ local L = require "keng.nn.layers"
 local MultiHeadAttention = Module:extend("MultiHeadAttention")
 
 -- MultiHeadAttention(C, H, {kv_heads=H, head_dim=C/H, bias=true, causal=false, dropout=0,
--- dtype=, device=}). Submodules query [H·D, C], key and value [Hkv·D, C], out [C, H·D].
+-- dtype=, device=, weight_init=, std=, names=, order=}). Submodules query [H·D, C], key and value
+-- [Hkv·D, C], out [C, H·D], initialised by weight_init (default Linear's). `names` renames them
+-- after a checkpoint's layout ({query = "q_proj", key = "k_proj", ...}); they are made in `order`
+-- (a list of those four roles, default query, key, value, out), the order random weights draw in.
 -- The fused kernel has no dropout on the attention probabilities, so `dropout` applies to the
 -- attended values before the output projection.
+local ROLES = {"query", "key", "value", "out"}
+
 function MultiHeadAttention:init(dim, heads, opts)
   opts = opts or {}
   local kv_heads = opts.kv_heads or heads
@@ -25,11 +30,14 @@ function MultiHeadAttention:init(dim, heads, opts)
   end
   self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
   self.causal, self.dropout_p = opts.causal or false, opts.dropout or 0
-  local lo = {bias = opts.bias ~= false, dtype = opts.dtype, device = opts.device}
-  self.query = L.Linear(dim, heads * head_dim, lo)
-  self.key = L.Linear(dim, kv_heads * head_dim, lo)
-  self.value = L.Linear(dim, kv_heads * head_dim, lo)
-  self.out = L.Linear(heads * head_dim, dim, lo)
+  local names = {}
+  for _, role in ipairs(ROLES) do names[role] = opts.names and opts.names[role] or role end
+  self.names = names
+  local lo = {bias = opts.bias ~= false, dtype = opts.dtype, device = opts.device, weight_init = opts.weight_init,
+              std = opts.std}
+  local sizes = {query = {dim, heads * head_dim}, key = {dim, kv_heads * head_dim},
+                 value = {dim, kv_heads * head_dim}, out = {heads * head_dim, dim}}
+  for _, role in ipairs(opts.order or ROLES) do self[names[role]] = L.Linear(sizes[role][1], sizes[role][2], lo) end
 end
 
 -- forward(x, opts) or forward(x, context): x [B, T, C]; opts.context [B, S, C] for
@@ -44,15 +52,16 @@ function MultiHeadAttention:forward(x, opts)
   local ctx = opts.context or x
   local B, T, S = x.shape[1], x.shape[2], ctx.shape[2]
   local H, Hkv, D = self.heads, self.kv_heads, self.head_dim
-  local q = self.query(x):view{B, T, H, D}:transpose(2, 3)        -- [B, H, T, D]
-  local k = self.key(ctx):view{B, S, Hkv, D}:transpose(2, 3)      -- [B, Hkv, S, D]
-  local v = self.value(ctx):view{B, S, Hkv, D}:transpose(2, 3)    -- [B, Hkv, S, D]
+  local P = self.names
+  local q = self[P.query](x):view{B, T, H, D}:transpose(2, 3)     -- [B, H, T, D]
+  local k = self[P.key](ctx):view{B, S, Hkv, D}:transpose(2, 3)   -- [B, Hkv, S, D]
+  local v = self[P.value](ctx):view{B, S, Hkv, D}:transpose(2, 3) -- [B, Hkv, S, D]
   local causal = opts.causal
   if causal == nil then causal = self.causal end
   local a = keng.scaled_dot_product_attention(q, k, v, {mask = opts.mask, causal = causal})  -- [B, H, T, D]
   a = a:transpose(2, 3):reshape{B, T, H * D}                      -- [B, T, H·D]
   if self.dropout_p > 0 then a = keng.dropout(a, self.dropout_p, self.training) end
-  return self.out(a)                                              -- [B, T, C]
+  return self[P.out](a)                                           -- [B, T, C]
 end
 
 function MultiHeadAttention:extra_repr()
