@@ -2,6 +2,9 @@
  * capture and replay of a whole step).
  *
  *   keng.backends.allow_tf32 = true      -- TF32 for f32 matmul / conv on cuda (default false)
+ *   keng.backends.cudnn_sdpa = false     -- attention always on keng's flash kernel (default true:
+ *                                        -- cuDNN's fused attention where it applies)
+ *   keng.backends.cudnn_sdpa_stats       -- read-only counters of that path (a fresh table)
  *
  *   local g = keng.cuda.graph(fn, {warmup = 2, device = "cuda:0"})
  *   local loss = g(x, y)   -- calls 1..warmup: fn(x, y) eagerly; the next call captures fn into a
@@ -11,7 +14,13 @@
  * time; a replay refills them). Tensor arguments are static inputs: a replay reads the storage
  * of the tensors passed to the capturing call. Passing other tensors of the same shape and dtype
  * (any device) copies them into those first (x_captured:copy_(x_new), asynchronous); any other
- * argument must equal the captured one. See docs/cuda.md for what fn may do while captured. */
+ * argument must equal the captured one. See docs/cuda.md for what fn may do while captured.
+ *
+ *   keng.cuda.on_replay(hook) -> id or false
+ *     while a keng.cuda.graph is capturing: hook(replay) will run before every launch of that
+ *     graph (replay false for the launch right after the capture, true after), to write host-side
+ *     values (an optimizer's lr and step count) into device memory the graph reads; returns an
+ *     id of the capture (1, 2, ...). Outside a capture: false, and nothing is kept. */
 #include "keng_lua.h"
 
 #include "../engine/core/internal.h"
@@ -20,10 +29,50 @@
 
 /* ---- keng.backends ---------------------------------------------------------------------------- */
 
+/* names of the fallback reasons of the cuDNN attention path (engine/cuda/sdpa_plan.h's
+ * kg_sdpa_reason; slot 0: no plan could be made right then — during a CUDA Graph capture, or no
+ * memory for cuDNN's workspace) */
+static const char *const sdpa_reasons[] = {"other", "off", "dtype", "head_dim", "mask", "window", "causal_t_gt_s",
+                                           "layout", "align", "empty"};
+
+/* keng.backends.cudnn_sdpa_stats: {cudnn = calls cuDNN ran, plans = plans built, build_failures =,
+ * exec_failures =, fallback = calls left to keng's flash kernel, reasons = {dtype = n, ...}} */
+static void push_sdpa_stats(lua_State *L) {
+  kg_sdpa_stats st;
+  kg_sdpa_stats_get(&st);
+  lua_createtable(L, 0, 6);
+  lua_pushinteger(L, (lua_Integer)st.cudnn_calls);
+  lua_setfield(L, -2, "cudnn");
+  lua_pushinteger(L, (lua_Integer)st.plans_built);
+  lua_setfield(L, -2, "plans");
+  lua_pushinteger(L, (lua_Integer)st.build_failures);
+  lua_setfield(L, -2, "build_failures");
+  lua_pushinteger(L, (lua_Integer)st.exec_failures);
+  lua_setfield(L, -2, "exec_failures");
+  uint64_t total = st.build_failures + st.exec_failures;
+  lua_createtable(L, 0, 10);
+  for (size_t i = 0; i < sizeof sdpa_reasons / sizeof *sdpa_reasons; i++) {
+    lua_pushinteger(L, (lua_Integer)st.fallback[i]);
+    lua_setfield(L, -2, sdpa_reasons[i]);
+    total += st.fallback[i];
+  }
+  lua_setfield(L, -2, "reasons");
+  lua_pushinteger(L, (lua_Integer)total);
+  lua_setfield(L, -2, "fallback");
+}
+
 static int backends_index(lua_State *L) {
   const char *k = luaL_checkstring(L, 2);
   if (strcmp(k, "allow_tf32") == 0) {
     lua_pushboolean(L, kg_allow_tf32());
+    return 1;
+  }
+  if (strcmp(k, "cudnn_sdpa") == 0) {
+    lua_pushboolean(L, kg_cudnn_sdpa());
+    return 1;
+  }
+  if (strcmp(k, "cudnn_sdpa_stats") == 0) {
+    push_sdpa_stats(L);
     return 1;
   }
   return 0;
@@ -31,20 +80,23 @@ static int backends_index(lua_State *L) {
 
 static int backends_newindex(lua_State *L) {
   const char *k = luaL_checkstring(L, 2);
-  if (strcmp(k, "allow_tf32") == 0) {
+  bool tf32 = strcmp(k, "allow_tf32") == 0, sdpa = strcmp(k, "cudnn_sdpa") == 0;
+  if (tf32 || sdpa) {
     if (!lua_isboolean(L, 3))
-      return luaL_error(L, "keng.backends.allow_tf32 must be a boolean, got %s", luaL_typename(L, 3));
-    kg_set_allow_tf32(lua_toboolean(L, 3));
+      return luaL_error(L, "keng.backends.%s must be a boolean, got %s", k, luaL_typename(L, 3));
+    if (tf32) kg_set_allow_tf32(lua_toboolean(L, 3));
+    else kg_set_cudnn_sdpa(lua_toboolean(L, 3));
     return 0;
   }
-  return luaL_error(L, "keng.backends has no setting '%s' (known: allow_tf32)", k);
+  if (strcmp(k, "cudnn_sdpa_stats") == 0) return luaL_error(L, "keng.backends.cudnn_sdpa_stats is read-only");
+  return luaL_error(L, "keng.backends has no setting '%s' (known: allow_tf32, cudnn_sdpa, cudnn_sdpa_stats)", k);
 }
 
 /* ---- keng.cuda.graph ---------------------------------------------------------------------------- */
 
 #define GRAPH_MT "keng.CudaGraph"
 
-/* uservalues: 1 = fn, 2 = captured arguments {n=}, 3 = captured results {n=} */
+/* uservalues: 1 = fn, 2 = captured arguments {n=}, 3 = captured results {n=}, 4 = replay hooks */
 typedef struct {
   kg_cuda_graph *g;
   int device;
@@ -130,12 +182,51 @@ static void bind_args(lua_State *L, int nargs) {
   lua_pop(L, 1);
 }
 
+/* the graph being captured in this Lua state (registry slot) and a counter of captures */
+static const char capture_key = 'c';
+static lua_Integer capture_count;
+
+static int l_on_replay(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &capture_key) != LUA_TUSERDATA) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_getiuservalue(L, -1, 4);
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, -3, 4);
+  }
+  lua_pushvalue(L, 1);
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pushinteger(L, capture_count);
+  return 1;
+}
+
+/* runs the graph's replay hooks in order (an error propagates; the graph is not launched) */
+static void run_hooks(lua_State *L, bool replay) {
+  if (lua_getiuservalue(L, 1, 4) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    lua_pushboolean(L, replay);
+    lua_call(L, 1, 0);
+  }
+  lua_pop(L, 1);
+}
+
 static int graph_call(lua_State *L) {
   lgraph *g = check_graph(L);
   int nargs = lua_gettop(L) - 1;
   if (g->broken) return luaL_error(L, "keng.cuda.graph: the capture of this graph failed; make a new one");
   if (g->g) { /* replay */
     bind_args(L, nargs);
+    run_hooks(L, true);
     KGL_CALL(L, kg_cuda_graph_launch(g->g));
     return push_packed(L, 3);
   }
@@ -148,8 +239,13 @@ static int graph_call(lua_State *L) {
   lua_gc(L, LUA_GCCOLLECT);
   KGL_CALL(L, kg_cuda_sync(g->device));
   KGL_CALL(L, kg_cuda_graph_begin(g->device));
+  capture_count++;
+  lua_pushvalue(L, 1); /* keng.cuda.on_replay registers hooks with this graph meanwhile */
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &capture_key);
   int status = LUA_OK;
   int nres = call_fn(L, nargs, true, &status);
+  lua_pushnil(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &capture_key);
   kg_cuda_graph *cg = NULL;
   kg_status es = kg_cuda_graph_end(g->device, &cg);
   if (status != LUA_OK || es != KG_OK) {
@@ -163,6 +259,7 @@ static int graph_call(lua_State *L) {
   int first = lua_gettop(L) - nres + 1;
   store_packed(L, 3, first, nres);
   store_packed(L, 2, 2, nargs);
+  run_hooks(L, false);
   KGL_CALL(L, kg_cuda_graph_launch(cg));
   return nres;
 }
@@ -207,7 +304,7 @@ static int l_cuda_graph(lua_State *L) {
                       "or driver)");
   if (dev.index >= kg_cuda_device_count())
     return luaL_error(L, "keng.cuda.graph: cuda:%d does not exist (%d device(s))", dev.index, kg_cuda_device_count());
-  lgraph *g = (lgraph *)lua_newuserdatauv(L, sizeof *g, 3);
+  lgraph *g = (lgraph *)lua_newuserdatauv(L, sizeof *g, 4);
   memset(g, 0, sizeof *g);
   g->device = dev.index, g->warmup = warmup;
   luaL_setmetatable(L, GRAPH_MT);
@@ -246,6 +343,8 @@ void kgl_register_backends(lua_State *L, int methods, int keng) {
   if (lua_istable(L, -1)) {
     lua_pushcfunction(L, l_cuda_graph);
     lua_setfield(L, -2, "graph");
+    lua_pushcfunction(L, l_on_replay);
+    lua_setfield(L, -2, "on_replay");
   }
   lua_pop(L, 1);
 }

@@ -125,10 +125,19 @@ static int nonfinite(kg_dtype dt, const char *p) {
   }
 }
 
-/* Counts NaN and Inf values of a cpu float tensor (any strides); *first: the first bad index. */
+/* The device scan of a cuda tensor (engine/cuda/numerics.cu: a reduction on the device and a
+ * copy of three numbers back); absent without CUDA. */
+kg_status kg_cuda_scan_numerics(const kg_tensor *t, int64_t *nan, int64_t *inf, int64_t *first) __attribute__((weak));
+
+/* Counts NaN and Inf values of a float tensor (any strides) on the cpu or, through the device
+ * scan, on cuda; *first: the first bad flat index. Other devices and failed scans count nothing. */
 static void scan_numerics(const kg_tensor *t, int64_t *nan, int64_t *inf, int64_t *first) {
   *nan = *inf = 0;
   *first = -1;
+  if (t->device.type == KG_DEV_CUDA && kg_cuda_scan_numerics && kg_dtype_info[t->dtype].is_float) {
+    if (kg_cuda_scan_numerics(t, nan, inf, first) != KG_OK) *nan = *inf = 0, *first = -1;
+    return;
+  }
   if (t->device.type != KG_DEV_CPU || !kg_dtype_info[t->dtype].is_float || !t->storage || !t->storage->data) return;
   int64_t n = kg_numel(t), idx[KG_MAX_DIMS] = {0};
   size_t es = kg_elem_size(t);
@@ -183,6 +192,13 @@ static kg_status check_outputs(kg_op op, int nout, kg_tensor *const *out, int ni
   return KG_OK;
 }
 
+/* the guard covers cpu ops, and cuda ops outside a CUDA Graph capture (reading the counts back
+ * synchronises, which a capture cannot do; a replay is not checked either) */
+static bool numerics_checkable(kg_device dev) {
+  if (dev.type == KG_DEV_CPU) return true;
+  return dev.type == KG_DEV_CUDA && kg_cuda_scan_numerics && !kg_cuda_capturing(dev.index);
+}
+
 kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in,
                          const void *params) {
   kg_device dev = nout && out[0] ? out[0]->device : in[0]->device;
@@ -202,7 +218,7 @@ kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, con
   kg_status s = k(&call);
   /* Ctrl-C: long kernels stop early at their next poll; either way the result is dropped */
   if (s == KG_OK && kg_interrupt_pending()) s = kg_error(KG_ERR_INTERRUPTED, kg_op_info[op].name, "interrupted");
-  if (s == KG_OK && dev.type == KG_DEV_CPU && kg_check_numerics()) s = check_outputs(op, nout, out, nin, in);
+  if (s == KG_OK && kg_check_numerics() && numerics_checkable(dev)) s = check_outputs(op, nout, out, nin, in);
   if (dbg && s == KG_OK) {
     if (dev.type == KG_DEV_CUDA) kg_device_synchronize(dev);
     log_op(op, nout, out, nin, in, now_ms() - t0);

@@ -15,7 +15,9 @@
  * dq = scale Σ dS·K; pass 2 per (b, kv head, tile of 16 keys) gives dv = Σ Pᵀ dO and
  * dk = Σ dSᵀ (scale q) over the query heads of its group and the queries that can see the tile —
  * every output row is written by one block, so no atomics and the result is deterministic.
- * Head dims up to 256. Correctness first: no tensor cores yet (see docs/cuda.md). */
+ * Head dims up to 256. Correctness first: no tensor cores yet (see docs/cuda.md). The forward
+ * first offers the call to cuDNN's fused attention (sdpa_cudnn.cu: bf16/f16, D % 8 == 0 and
+ * <= 128, no mask tensor, no window); these kernels run for everything it does not take. */
 #include "util.cuh"
 
 #define WARPS 4
@@ -354,6 +356,10 @@ extern "C" kg_status kg_cuda_scaled_dot_product_attention(const kg_op_call *c) {
   KG_TRY(plan(&a, q, c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, (const kg_sdpa_params *)c->params, op));
   if (a.B * a.H * a.T == 0) return KG_OK;
   if (a.D == 0) return fill(c->out[1], a.S ? log((double)a.S) : -INFINITY, op); /* all scores 0 */
+  bool done = false; /* cuDNN's fused attention first, where it applies (sdpa_cudnn.cu) */
+  KG_TRY(kg_cudnn_sdpa_forward(q, c->in[1], c->in[2], a.has_mask ? c->in[3] : NULL, (const kg_sdpa_params *)c->params,
+                               c->out[0], c->out[1], &done));
+  if (done) return KG_OK;
   kg_flop_add((uint64_t)(4 * a.B * a.H * a.T * a.S * a.D));
   a.out = (char *)kg_data(c->out[0]), a.lse = (const char *)kg_data(c->out[1]);
   strides4(a.os, c->out[0]->stride);

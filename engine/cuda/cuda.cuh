@@ -171,8 +171,16 @@ template <int N> __device__ __forceinline__ void kg_cuda_offsets(const kg_cuda_i
 }
 
 /* ---- fused linear (matmul.cu): y = x wᵀ + b (+ GELU, tanh form) through a cuBLASLt epilogue;
- * KG_ERR_VALUE when layout or dtype does not fit (then run matmul + add). Not wired to an op yet. */
+ * KG_ERR_VALUE when layout or dtype does not fit (then run matmul + add). Called by the linear op
+ * (kg_cuda_linear_bias) when no gradient is asked for. */
 kg_status kg_cuda_linear_fused(kg_tensor *y, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, bool gelu);
+
+/* ---- cuDNN fused attention (sdpa_cudnn.cu): runs the SDPA forward into out and lse when cuDNN
+ * takes the call (*done = true); otherwise *done = false and nothing was queued (the caller runs
+ * keng's flash kernel). Never fails for an unsupported call. */
+extern "C" kg_status kg_cudnn_sdpa_forward(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
+                                           const kg_tensor *mask, const kg_sdpa_params *p, kg_tensor *out,
+                                           kg_tensor *lse, bool *done);
 
 /* ---- the generic elementwise launcher (elementwise.cu) ----------------------------------- */
 

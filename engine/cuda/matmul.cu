@@ -17,8 +17,8 @@
  * of 0 with more than one batch), and any case cuBLASLt declines; it uses the same workspace.
  *
  * kg_cuda_gemm_lt also serves fused epilogues (bias, bias + GELU): kg_cuda_linear_fused below
- * computes y = x wᵀ + b (optionally GELU, cuBLASLt's tanh approximation) in one call. The
- * `linear` op is still composite (matmul + add), so nothing calls it yet. */
+ * computes y = x wᵀ + b (optionally GELU, cuBLASLt's tanh approximation) in one call; the `linear`
+ * op (engine/ops/matmul.c) takes it on cuda when no gradient is asked for (kg_cuda_linear_bias). */
 #include "cuda.cuh"
 
 #include <cublasLt.h>
@@ -326,7 +326,8 @@ extern "C" kg_status kg_cuda_matmul(const kg_op_call *c) {
 /* y[..., O] = x[..., I] · w[O, I]ᵀ + b[O], then GELU (tanh form) when gelu: one cuBLASLt call with
  * a BIAS or GELU_BIAS epilogue. x dense (rows evenly spaced), w and b contiguous, y contiguous,
  * one dtype among f32/bf16/f16. Returns KG_ERR_VALUE when the layout or dtype does not fit (the
- * caller then runs matmul + add). For the future fused `linear` kernel; not called yet. */
+ * caller then runs matmul + add). Called by kg_cuda_linear_bias below (bias only: keng's `linear`
+ * has no activation argument, so the GELU_BIAS epilogue has no caller yet). */
 kg_status kg_cuda_linear_fused(kg_tensor *y, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, bool gelu) {
   const char *op = "linear";
   int64_t I = w->shape[1], O = w->shape[0], rows = I ? kg_numel(x) / I : 0;
@@ -336,11 +337,29 @@ kg_status kg_cuda_linear_fused(kg_tensor *y, const kg_tensor *x, const kg_tensor
       rows > INT32_MAX || O > INT32_MAX || I > INT32_MAX)
     return kg_error(KG_ERR_VALUE, op, "layout or dtype not supported by the fused path");
   int dev = y->device.index;
-  kg_flop_add((uint64_t)(2 * rows * O * I));
   /* column-major: y'[O, rows] = (w')ᵀ... w row-major [O, I] is w' col-major [I, O] with ld I: op T
    * gives [O, I]; x row-major [rows, I] is x' col-major [I, rows] with ld I: op N */
   bool done = false;
   KG_TRY(gemm_lt(op, dev, dt, true, false, O, rows, I, kg_data(w), I, 0, kg_data(x), I, 0, kg_data(y), O, 0, 1,
                  gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS, kg_data(b), &done));
-  return done ? KG_OK : kg_error(KG_ERR_VALUE, op, "cuBLASLt declined the fused epilogue");
+  if (!done) return kg_error(KG_ERR_VALUE, op, "cuBLASLt declined the fused epilogue");
+  kg_flop_add((uint64_t)(2 * rows * O * I));
+  return KG_OK;
+}
+
+/* The `linear` op's CUDA fast path (engine/ops/matmul.c, when no gradient is asked for):
+ * *out = x wᵀ + b, [..., O], through kg_cuda_linear_fused. KG_ERR_VALUE, with nothing allocated
+ * and nothing queued, when x is not dense or the dtypes do not fit: the caller runs matmul + add. */
+extern "C" kg_status kg_cuda_linear_bias(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b) {
+  if (!kg_is_contiguous(x) || !kg_is_contiguous(w) || !kg_is_contiguous(b) || x->ndim < 1 || x->ndim > KG_MAX_DIMS)
+    return kg_error(KG_ERR_VALUE, "linear", "operands not dense: the composite path runs");
+  int64_t shape[KG_MAX_DIMS];
+  for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
+  shape[x->ndim - 1] = w->shape[0];
+  kg_tensor *y;
+  KG_TRY(kg_tensor_empty(&y, x->ndim, shape, x->dtype, x->device));
+  kg_status s = kg_cuda_linear_fused(y, x, w, b, false);
+  if (s) kg_tensor_release(y);
+  else *out = y;
+  return s;
 }

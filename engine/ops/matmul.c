@@ -83,6 +83,21 @@ kg_status kg_grad_matmul(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
   return KG_OK;
 }
 
+/* CUDA: y = x wᵀ + b in one cuBLASLt call with a BIAS epilogue (engine/cuda/matmul.cu); absent
+ * without CUDA. KG_ERR_VALUE when the layout or dtypes do not fit (then the composite runs). */
+kg_status kg_cuda_linear_bias(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b)
+    __attribute__((weak));
+
+/* the fused path needs no autograd record: taken only when nothing asks for a gradient; and it
+ * bypasses the op dispatch, so not while the numerics guard or KENG_DEBUG logging watch each op */
+static bool linear_fusable(const kg_tensor *x, const kg_tensor *w, const kg_tensor *b) {
+  if (!kg_cuda_linear_bias || !b || x->device.type != KG_DEV_CUDA) return false;
+  if (kg_check_numerics() || kg_debug_level()) return false;
+  if (kg_grad_enabled() && (kg_requires_grad(x) || kg_requires_grad(w) || kg_requires_grad(b))) return false;
+  return x->dtype == w->dtype && b->dtype == w->dtype && w->device.index == x->device.index &&
+         b->device.index == x->device.index && w->device.type == KG_DEV_CUDA && b->device.type == KG_DEV_CUDA;
+}
+
 kg_status kg_linear(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b) {
   char s1[KG_SHAPE_STR_MAX], s2[KG_SHAPE_STR_MAX];
   if (w->ndim != 2) return kg_error(KG_ERR_SHAPE, "linear", "weight %s must be 2-D [out, in]", KG_SHAPE(w, s1));
@@ -91,6 +106,10 @@ kg_status kg_linear(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, con
                     KG_SHAPE(w, s2), (long long)w->shape[1]);
   if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
     return kg_error(KG_ERR_SHAPE, "linear", "bias %s must be [%lld]", KG_SHAPE(b, s1), (long long)w->shape[0]);
+  if (linear_fusable(x, w, b)) {
+    kg_status fs = kg_cuda_linear_bias(out, x, w, b);
+    if (fs != KG_ERR_VALUE) return fs; /* done, or a real failure */
+  }
   kg_tensor *wt, *y;
   KG_TRY(kg_transpose(&wt, w, 0, 1));
   kg_status s = kg_matmul(&y, x, wt);

@@ -19,6 +19,11 @@
  *   p ← p − α·m / (sqrt(v) + ε)
  * ε is Keras' "epsilon hat": added to sqrt(v) of the uncorrected v, so ε = 1e-7 here equals
  * PyTorch's eps = 1e-7·sqrt(1 − β2^t) only approximately; the spec checks this form exactly.
+ *
+ * lr_t / step_t (optional, one-element f64 tensors): lr and t read when the update runs. On the
+ * cpu they are read here (the kernel gets numbers); on cuda the kernel reads them on the device
+ * and computes α and η·λ there in double, so a CUDA Graph replay uses whatever keng.optim wrote
+ * into them before the launch.
  */
 #include "../core/internal.h"
 
@@ -35,14 +40,45 @@ static kg_status check_like(const char *op, const kg_tensor *p, const kg_tensor 
   return KG_OK;
 }
 
+/* lr_t / step_t (optional): one-element f64 tensors on p's device */
+static kg_status check_scalar(const char *op, const kg_tensor *p, const kg_tensor *t, const char *what) {
+  char a[KG_SHAPE_STR_MAX];
+  if (!t) return KG_OK;
+  const kg_tensor *ts[2] = {p, t};
+  KG_TRY(kg_check_same_device(op, 2, ts));
+  if (t->dtype != KG_F64 || kg_numel(t) != 1)
+    return kg_error(KG_ERR_TYPE, op, "%s must be a one-element f64 tensor, got %s%s", what, kg_dtype_info[t->dtype].name,
+                    KG_SHAPE(t, a));
+  return KG_OK;
+}
+
+/* On the cpu the scalars are read here, so the cpu kernel sees plain numbers (it never reads
+ * lr_t / step_t); on cuda the kernel reads them on the device. */
+static kg_status read_scalars(const char *op, const kg_tensor *param, const kg_tensor **lr_t, const kg_tensor **step_t,
+                              double *lr, int64_t *step) {
+  KG_TRY(check_scalar(op, param, *lr_t, "lr_t"));
+  KG_TRY(check_scalar(op, param, *step_t, "step_t"));
+  if (param->device.type != KG_DEV_CPU) return KG_OK;
+  if (*lr_t) *lr = *(const double *)kg_data(*lr_t), *lr_t = NULL;
+  if (*step_t) {
+    double s = *(const double *)kg_data(*step_t);
+    if (s != (double)(int64_t)s) return kg_error(KG_ERR_VALUE, op, "step_t holds %g, not an integer", s);
+    *step = (int64_t)s, *step_t = NULL;
+  }
+  return KG_OK;
+}
+
 static kg_status check_finite_nonneg(const char *op, const char *what, double v) {
   if (!(v >= 0) || isinf(v)) return kg_error(KG_ERR_VALUE, op, "%s must be a finite number >= 0, got %g", what, v);
   return KG_OK;
 }
 
-kg_status kg_sgd_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *momentum_buf, const kg_sgd_params *p) {
+kg_status kg_sgd_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *momentum_buf, const kg_sgd_params *pp) {
   const char *op = "sgd_step";
   KG_TRY(kg_check_float(op, param, "param"));
+  kg_sgd_params q = *pp;
+  const kg_sgd_params *p = &q;
+  KG_TRY(read_scalars(op, param, &q.lr_t, &q.step_t, &q.lr, &q.step));
   KG_TRY(check_like(op, param, grad, "grad"));
   KG_TRY(check_finite_nonneg(op, "lr", p->lr));
   KG_TRY(check_finite_nonneg(op, "weight_decay", p->weight_decay));
@@ -66,9 +102,12 @@ kg_status kg_sgd_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *momen
 }
 
 kg_status kg_adam_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *m, kg_tensor *v,
-                        const kg_adam_params *p) {
+                        const kg_adam_params *pp) {
   const char *op = "adam_step";
   KG_TRY(kg_check_float(op, param, "param"));
+  kg_adam_params q = *pp;
+  const kg_adam_params *p = &q;
+  KG_TRY(read_scalars(op, param, &q.lr_t, &q.step_t, &q.lr, &q.step));
   KG_TRY(check_like(op, param, grad, "grad"));
   KG_TRY(check_like(op, param, m, "m"));
   KG_TRY(check_like(op, param, v, "v"));

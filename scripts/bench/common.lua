@@ -69,19 +69,25 @@ function common.fit_step(model, x, y, opt, loss_fn)
   return loss
 end
 
--- fit: the first step is the untimed warm-up, then ctx.steps timed steps on the same batch
+-- fit: the first step is the untimed warm-up, then ctx.steps timed steps on the same batch. On
+-- the GPU tier the step is captured into a keng.cuda.graph after the warm-up and the timed steps
+-- are replays (bench.graphed; r.graph says whether they were, r.graph_error why not).
 function common.time_fit(model, x, y, opt, loss_fn, ctx, items)
   model:train()
-  return bench.run(function() common.fit_step(model, x, y, opt, loss_fn) end,
-    {steps = ctx.steps, warmup = 1, items = items, on_step = ctx.on_step})
+  local step, warmup, g = bench.graphed(function() return common.fit_step(model, x, y, opt, loss_fn) end, ctx)
+  local r = bench.run(step, {steps = ctx.steps, warmup = warmup, items = items, on_step = ctx.on_step})
+  r.graph, r.graph_error = g.graph, g.graph_error
+  return r
 end
 
--- predict: forward under no_grad in eval mode
+-- predict: forward under no_grad in eval mode (CUDA Graph replays on the GPU tier, as fit)
 function common.time_predict(model, x, ctx, items)
   model:eval()
   return keng.no_grad(function()
-    return bench.run(function() return model(x) end, {steps = ctx.steps, warmup = 1, items = items,
-      on_step = ctx.on_step})
+    local step, warmup, g = bench.graphed(function() return model(x) end, ctx)
+    local r = bench.run(step, {steps = ctx.steps, warmup = warmup, items = items, on_step = ctx.on_step})
+    r.graph, r.graph_error = g.graph, g.graph_error
+    return r
   end)
 end
 

@@ -79,6 +79,12 @@ local function input(shape, dt, f)
   return x:to(dt)
 end
 local function on(x, dev) return x:to(dev) end
+-- x on dev as a fresh leaf that requires grad (detach: the copy is not part of the tape)
+local function on_dev(x, dev, no_grad)
+  local t = x:to(dev):detach()
+  if not no_grad then t:requires_grad_(true) end
+  return t
+end
 -- the same values with transposed strides (last two dims)
 local function nc(x) return x:transpose(-1, -2):contiguous():transpose(-1, -2) end
 
@@ -510,6 +516,114 @@ do
   end, 1e-4)
   local q2 = input({1, 1, 40, 256}, "f32")
   check("sdpa D=256", "f32", function(dev) return keng.scaled_dot_product_attention(on(q2, dev), on(q2, dev), on(q2, dev)) end, 1e-4)
+end
+
+-- ---- cuDNN fused attention vs keng's flash kernel vs the cpu ----------------------------------
+-- bf16 / f16 calls cuDNN takes (sdpa_plan.h): each shape runs with keng.backends.cudnn_sdpa on
+-- (cuDNN) and off (flash kernel), both against the cpu, gradients included (the backward reads
+-- cuDNN's lse). Then keng.backends.cudnn_sdpa_stats must show cuDNN ran: a refused plan is a
+-- failure here, with the fallback reasons printed.
+local function with_sdpa(on, fn)
+  local was = keng.backends.cudnn_sdpa
+  keng.backends.cudnn_sdpa = on
+  local ok, r = pcall(fn)
+  keng.backends.cudnn_sdpa = was
+  if not ok then error(r, 0) end
+  return r
+end
+do
+  local stats0 = keng.backends.cudnn_sdpa_stats
+  local shapes = { -- B, H, Hkv, T, S, D, causal
+    {2, 8, 8, 128, 128, 64, false}, {2, 8, 2, 128, 128, 64, true}, {1, 4, 1, 77, 200, 128, true},
+    {3, 2, 2, 1, 300, 64, true}, {2, 4, 4, 64, 48, 32, false}, {1, 2, 2, 40, 40, 8, true},
+  }
+  for _, dt in ipairs({"bf16", "f16"}) do
+    for _, sh in ipairs(shapes) do
+      local B, H, Hkv, T, S, D, causal = table.unpack(sh)
+      local q, k, v = input({B, H, T, D}, dt), input({B, Hkv, S, D}, dt), input({B, Hkv, S, D}, dt)
+      local name = string.format("sdpa %dx%d/%dx%dx%dx%d%s", B, H, Hkv, T, S, D, causal and " causal" or "")
+      for _, on in ipairs({true, false}) do
+        check(name .. (on and " cudnn" or " flash") .. " + grads", dt, function(dev)
+          return with_sdpa(on, function()
+            local ql, kl, vl = on_dev(q, dev), on_dev(k, dev), on_dev(v, dev)
+            local y = keng.scaled_dot_product_attention(ql, kl, vl, {causal = causal})
+            local yd = y:detach()
+            ;(y * y:detach()):sum():backward()
+            return {yd, ql.grad, kl.grad, vl.grad}
+          end)
+        end, ATOL[dt])
+      end
+      check(name .. " cudnn vs flash (gpu only)", dt, function(dev)
+        local function run(on)
+          return with_sdpa(on, function()
+            return keng.scaled_dot_product_attention(on_dev(q, DEV, true), on_dev(k, DEV, true), on_dev(v, DEV, true),
+              {causal = causal})
+          end)
+        end
+        if dev == "cpu" then return run(false):cpu() end             -- the flash kernel as the oracle
+        return run(true)
+      end, ATOL[dt])
+    end
+  end
+  -- a transposed (non-contiguous, [B, T, H, D] storage) q also goes to cuDNN
+  local qt = input({2, 64, 4, 32}, "bf16")
+  check("sdpa q as a [B,T,H,D] view cudnn", "bf16", function(dev)
+    local ql = on(qt, dev):transpose(2, 3)
+    return keng.scaled_dot_product_attention(ql, ql, ql, {causal = true})
+  end, ATOL.bf16)
+  total = total + 1
+  local st = keng.backends.cudnn_sdpa_stats
+  local ran = st.cudnn - stats0.cudnn
+  local reasons = {}
+  for r, n in pairs(st.reasons) do if n > 0 then reasons[#reasons + 1] = r .. "=" .. n end end
+  table.sort(reasons)
+  local line = string.format("cudnn sdpa: %d calls, %d plans, %d build failures, %d exec failures; fallbacks %s",
+    ran, st.plans - stats0.plans, st.build_failures - stats0.build_failures, st.exec_failures - stats0.exec_failures,
+    table.concat(reasons, " "))
+  if DEV ~= "cpu" and (ran == 0 or st.build_failures > stats0.build_failures or st.exec_failures > stats0.exec_failures) then
+    failed = failed + 1
+    print(line .. "  FAIL (cuDNN should have taken these calls)")
+  else
+    print(line .. "  ok")
+  end
+end
+
+-- ---- fused linear (cuBLASLt bias epilogue when no gradient is asked for) ------------------------
+do
+  for _, dt in ipairs({"f32", "bf16", "f16"}) do
+    local x, w, b = input({4, 9, 48}, dt), input({40, 48}, dt), input({40}, dt)
+    check("linear + bias fused (no_grad)", dt, function(dev)
+      return keng.no_grad(function() return keng.linear(on(x, dev), on(w, dev), on(b, dev)) end)
+    end, MMTOL[dt])
+    check("linear + bias, x non-contiguous (no_grad)", dt, function(dev)
+      return keng.no_grad(function() return keng.linear(nc(on(x, dev)), on(w, dev), on(b, dev)) end)
+    end, MMTOL[dt])
+    check("linear + bias + grads (composite)", dt, function(dev)
+      local xl, wl, bl = on_dev(x, dev), on_dev(w, dev), on_dev(b, dev)
+      local y = keng.linear(xl, wl, bl)
+      ;(y * y:detach()):sum():backward()
+      return {y:detach(), xl.grad, wl.grad, bl.grad}
+    end, dt == "f32" and 1e-3 or MMTOL[dt] * 4)
+  end
+end
+
+-- ---- the numerics guard on cuda ---------------------------------------------------------------
+do
+  total = total + 1
+  local ok, err = pcall(function()
+    local x = keng.tensor({1, -1, 4, -4, 9}):to(DEV)
+    local was = keng.debug.check_numerics(true)
+    local ok1, e1 = pcall(function() return x:sqrt() end)
+    local ok2 = pcall(function() return x:abs():sqrt() end)
+    local ok3, e3 = pcall(function() return (x:to("bf16") / 0):to("f32") end)
+    keng.debug.check_numerics(was)
+    assert(not ok1 and tostring(e1):find("check_numerics: output 1", 1, true), "sqrt(-1) not caught: " .. tostring(e1))
+    assert(tostring(e1):find("2 NaN and 0 Inf values (first at flat index 1)", 1, true), tostring(e1))
+    assert(ok2, "finite output raised")
+    assert(not ok3 and tostring(e3):find("Inf", 1, true), "x / 0 not caught: " .. tostring(e3))
+  end)
+  if not ok then failed = failed + 1 end
+  print(string.format("%-34s %-5s %s", "check_numerics on " .. DEV, "f32", ok and "ok" or ("FAIL " .. tostring(err))))
 end
 
 print(string.format("\n%d cases on %s: %d passed, %d failed", total, DEV, total - failed, failed))

@@ -1,8 +1,10 @@
 -- graph.lua — checks keng.cuda.graph on a GPU (tests/gpu/run.sh runs it), after a pinned-staging
 -- round trip: replays match eager
--- runs of the same steps (a forward, a training step with manual SGD, dropout drawing fresh
--- masks each replay), new inputs are copied into the captured ones, and reading a value inside
--- the captured function fails with a clear error. Exits 1 on a mismatch; skips without a GPU.
+-- runs of the same steps (a forward, a training step with manual SGD, keng.optim's AdamW / Adam /
+-- SGD with schedules — bit for bit, their lr and step count read from device memory — dropout
+-- drawing fresh masks each replay), new inputs are copied into the captured ones, and reading a
+-- value inside the captured function fails with a clear error. Exits 1 on a mismatch; skips
+-- without a GPU.
 --
 --   keng tests/gpu/graph.lua
 local keng = require "keng"
@@ -87,6 +89,56 @@ check("training step (manual SGD) matches eager", function()
     assert(worst(le, lg) < 1e-5, "loss of step " .. i .. " differs")
     assert(worst(we, wg) < 1e-5, "weights after step " .. i .. " differ by " .. worst(we, wg))
   end
+end)
+
+-- optimizers under replay: lr (from a schedule) and the step count live in device memory that
+-- keng.optim writes before each launch, so a replayed step must equal an eager one bit for bit
+-- (both run the same kernels on the same device scalars)
+local optim = require "keng.optim"
+local function optimizer_replay(name, make)
+  check(name .. ": replay == eager (bitwise)", function()
+    keng.manual_seed(11)
+    local w1, w2 = keng.randn({16, 32}) * 0.2, keng.randn({4, 16}) * 0.2
+    local b1 = keng.randn({16}) * 0.1
+    local xs, ys = {}, {}
+    for i = 1, 7 do xs[i], ys[i] = keng.randn({24, 32}), keng.randint(0, 4, {24}) end
+    local function model()
+      local ps = {w1:clone():to(DEV):detach(), b1:clone():to(DEV):detach(), w2:clone():to(DEV):detach()}
+      for _, p in ipairs(ps) do p.requires_grad = true end
+      local opt = make(ps)
+      local function step(x, y)
+        opt:zero_grad()
+        local h = keng.linear(x, ps[1], ps[2]):gelu()
+        local loss = keng.cross_entropy(keng.linear(h, ps[3]), y)
+        loss:backward()
+        opt:step()
+        return loss
+      end
+      return ps, opt, step
+    end
+    local pe, oe, eager = model()
+    local pg, og, stepg = model()
+    local g = graph(stepg, {warmup = 2})
+    local xc, yc = xs[1]:to(DEV), ys[1]:to(DEV)
+    local worst_w = 0
+    for i = 1, 7 do
+      local le = eager(xs[i]:to(DEV), ys[i]:to(DEV))
+      xc:copy_(xs[i]); yc:copy_(ys[i])
+      local lg = g(xc, yc)
+      assert(worst(le, lg) == 0, string.format("loss of step %d differs by %g", i, worst(le, lg)))
+      for j = 1, 3 do worst_w = math.max(worst_w, worst(pe[j], pg[j])) end
+      assert(worst_w == 0, string.format("weights after step %d differ by %g", i, worst_w))
+    end
+    assert(oe.iterations == og.iterations and oe.lr == og.lr, "host state differs")
+    assert(SELF or g:captured(), "not captured")
+  end)
+end
+optimizer_replay("AdamW + cosine schedule", function(ps)
+  return optim.AdamW(ps, {lr = 3e-3, schedule = optim.schedules.cosine(3e-3, 7, {warmup = 2})})
+end)
+optimizer_replay("Adam (L2 weight decay)", function(ps) return optim.Adam(ps, {lr = 1e-2, weight_decay = 0.01}) end)
+optimizer_replay("SGD momentum + linear warmup", function(ps)
+  return optim.SGD(ps, {lr = 0.1, momentum = 0.9, schedule = optim.schedules.linear_warmup(0.1, 5)})
 end)
 
 check("dropout: fresh masks per replay, as eager", function()

@@ -6,11 +6,16 @@
 #   run: command "bash tests/gpu/run.sh", carry ["build-gpu-deps/prefix"], timeout_s 540
 # It builds keng with CUDA (sm_90 by default) in build-gpu/, prints the GPU, runs
 # tests/gpu/compare.lua (CPU vs CUDA per op; rerun under KENG_SYNC=1 if it fails, so a fault is
-# reported by the op that caused it), the specs that have a CUDA block with KENG_DEVICE=cuda
-# (tests/lua/optim_spec.lua), a CUDA Graph smoke check (tests/gpu/graph.lua), then the GPU tier of
-# the benchmark (scripts/bench/all.lua --tier gpu --steps 3) with whatever time is left, and
-# exits with the status of the checks (the benchmark's rows are reported, not gating). Logs go
-# to $OUT when set (the device tool brings them back), else to build-gpu/.
+# reported by the op that caused it; it also runs cuDNN's fused attention against keng's flash
+# kernel and the CPU for bf16/f16 shapes and fails if keng.backends.cudnn_sdpa_stats shows cuDNN
+# never ran, checks the fused linear (cuBLASLt bias epilogue) and the numerics guard on cuda), the
+# specs that have a CUDA block with KENG_DEVICE=cuda (tests/lua/optim_spec.lua, whose optimizers
+# now read lr / step from device scalars, and tests/lua/cuda_backend_spec.lua), the CUDA Graph
+# checks (tests/gpu/graph.lua: AdamW / Adam / SGD with schedules, replay == eager bit for bit),
+# then the GPU tier of the benchmark (scripts/bench/all.lua --tier gpu --steps 3; fit and predict
+# rows timed as CUDA Graph replays — a per-row "graph" line follows) with whatever time is left,
+# and exits with the status of the checks (the benchmark's rows are reported, not gating). Logs
+# go to $OUT when set (the device tool brings them back), else to build-gpu/.
 #
 # Time: the device tool allows 8 minutes per call. Every stage prints a timestamp (seconds since
 # start); the benchmark runs under `timeout` so the whole script ends by BUDGET seconds (default
@@ -83,14 +88,25 @@ if [ $rc -ne 0 ]; then
   KENG_SYNC=1 "$keng" tests/gpu/compare.lua >"$logs/compare_sync.log" 2>&1
   grep -v " ok$" "$logs/compare_sync.log" | tail -30
 fi
+if grep -q "cuDNN should have taken" "$logs/compare.log"; then
+  # one bf16 causal call with cuDNN's own log on (errors and warnings), to see why plans fail
+  stamp "== cuDNN attention refused: one call with CUDNN_LOGLEVEL_DBG=2 -> cudnn_sdpa.log"
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$logs/cudnn_sdpa.log" "$keng" -e '
+    local q = keng.randn({2, 8, 128, 64}, {dtype = "bf16", device = "cuda"})
+    keng.scaled_dot_product_attention(q, q, q, {causal = true}):sum():item()
+    local s = keng.backends.cudnn_sdpa_stats
+    print("cudnn", s.cudnn, "plans", s.plans, "build failures", s.build_failures, "exec failures", s.exec_failures)' 2>&1
+  grep -iE "error|fail|not supported" "$logs/cudnn_sdpa.log" | head -20
+fi
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   stamp "== compute-sanitizer (memcheck)"
   compute-sanitizer --print-limit 20 "$keng" tests/gpu/compare.lua >"$logs/sanitizer.log" 2>&1
   grep -E "ERROR SUMMARY|Invalid|FAIL" "$logs/sanitizer.log" | head -20
 fi
 
-stamp "== specs with KENG_DEVICE=cuda (optim_spec)"
-KENG_DEVICE=cuda "$keng" tests/run.lua tests/lua/optim_spec.lua >"$logs/optim_spec.log" 2>&1
+stamp "== specs with KENG_DEVICE=cuda (optim_spec, cuda_backend_spec)"
+KENG_DEVICE=cuda "$keng" tests/run.lua tests/lua/optim_spec.lua tests/lua/cuda_backend_spec.lua \
+  >"$logs/optim_spec.log" 2>&1
 src=$?
 grep -E "passed|FAIL|Error|error" "$logs/optim_spec.log" | tail -20
 [ $src -ne 0 ] && rc=1
@@ -110,6 +126,15 @@ if [ "${BENCH:-1}" != 0 ] && [ -f scripts/bench/all.lua ]; then
     brc=$?
     tail -40 "$logs/bench.log"
     [ $brc -eq 124 ] && echo "(benchmark cut at the deadline; rows printed so far are in bench.log)"
+    # which rows were timed as CUDA Graph replays (keng.bench.graphed), and why not where not
+    for j in "$logs"/bench/*-gpu.json; do
+      [ -f "$j" ] && python3 - "$j" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])).get("rows", []):
+    if r.get("status") == "ok":
+        print("graph %-22s %s %s" % (r.get("id"), r.get("graph"), r.get("graph_error", "")))
+PY
+    done
     stamp "benchmark exit $brc"
   else
     stamp "== benchmark skipped: only $left s left"

@@ -308,6 +308,19 @@ void kg_flop_add(uint64_t n);
  * (results then match f32 FMA arithmetic). No effect on the CPU. */
 void kg_set_allow_tf32(bool on);
 bool kg_allow_tf32(void);
+/* cuDNN's fused attention for scaled_dot_product_attention on cuda where it applies (bf16/f16,
+ * see engine/cuda/sdpa_plan.h); on by default; off = keng's flash kernel always. */
+void kg_set_cudnn_sdpa(bool on);
+bool kg_cudnn_sdpa(void);
+/* counters of the cuDNN attention path since start (debug): calls it ran, plans built, plan
+ * builds cuDNN refused, launches that failed (then the flash kernel ran), and calls left to the
+ * flash kernel by reason (index = kg_sdpa_reason of engine/cuda/sdpa_plan.h, 0 unused). */
+typedef struct {
+  uint64_t cudnn_calls, plans_built, build_failures, exec_failures;
+  uint64_t fallback[16];
+} kg_sdpa_stats;
+void kg_sdpa_stats_get(kg_sdpa_stats *out);
+void kg_sdpa_stat_add(int field, int reason); /* field: 0 calls, 1 built, 2 build fail, 3 exec fail, 4 fallback */
 
 #include "ops_api.h"
 #include "io.h"

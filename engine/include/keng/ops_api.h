@@ -17,6 +17,9 @@ typedef struct { kg_philox_state rng; double a, b; } kg_random_params;
 typedef struct { int64_t k; } kg_tri_params; /* diagonal offset */
 
 kg_status kg_full(kg_tensor **out, int ndim, const int64_t *shape, double value, kg_dtype dt, kg_device dev);
+/* kg_full whose errors name `op` (the function the user called: "zeros", "ones_like", ...) */
+kg_status kg_full_named(kg_tensor **out, int ndim, const int64_t *shape, double value, kg_dtype dt, kg_device dev,
+                        const char *op);
 kg_status kg_fill_(kg_tensor *t, double value); /* in place, any view */
 kg_status kg_arange(kg_tensor **out, double start, double end, double step, kg_dtype dt, kg_device dev);
 kg_status kg_rand(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev);
@@ -202,12 +205,17 @@ typedef struct {
   double lr, momentum, dampening, weight_decay;
   int64_t step; /* 1-based; step 1 initialises the momentum buffer with g */
   bool nesterov, decoupled;
+  /* Optional (NULL = use lr / step above): one-element f64 tensors on the param's device read
+   * when the update runs — on cuda by the kernel itself, so a CUDA Graph replay of the update
+   * uses the values written there before the launch (keng.optim does this). */
+  const kg_tensor *lr_t, *step_t;
 } kg_sgd_params;
 /* Adam as Keras 3 (see engine/ops/optim.c for the formula); decoupled = AdamW. */
 typedef struct {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step; /* 1-based step t of the bias correction */
   bool decoupled;
+  const kg_tensor *lr_t, *step_t; /* as kg_sgd_params */
 } kg_adam_params;
 
 /* In place on param, momentum_buf (NULL when momentum == 0); grad, buf: param's shape, any

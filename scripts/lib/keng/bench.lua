@@ -9,6 +9,7 @@
 -- the step that queued it. The FLOPs the engine counted (keng.flop_count(): matmul, conv,
 -- attention) over the timed steps give TFLOP/s. `bench.run_diff` is the generate / diffusion
 -- rule: (time of a long run - time of a short run) / difference, so fixed costs cancel.
+-- `bench.graphed` turns a step into CUDA Graph replays on the GPU tier (fit and predict rows).
 local keng = require "keng"
 
 local bench = {}
@@ -101,6 +102,42 @@ function bench.run_diff(fn, opts)
   local r = finish({warmup = 1, short = short, long = long}, per, flops, opts.items)
   r.steps, r.raw = long - short, raw
   return r
+end
+
+-- ---- CUDA Graphs on the GPU tier -------------------------------------------------------------
+
+-- true when a step may be replayed through keng.cuda.graph: the GPU tier (ctx.tier == "gpu") on a
+-- cuda device with CUDA available, unless ctx.graph == false. The CPU tier never is.
+function bench.graphable(ctx)
+  return type(ctx) == "table" and ctx.tier == "gpu" and ctx.graph ~= false and type(ctx.device) == "string"
+    and ctx.device:sub(1, 4) == "cuda" and keng.cuda.is_available() and type(keng.cuda.graph) == "function"
+end
+
+-- bench.graphed(fn, ctx) -> step, warmup, info. fn() takes no arguments (its inputs are closed
+-- over and used in place, as a captured graph reads them). When bench.graphable(ctx): step()
+-- runs fn eagerly on its first call (algorithm choices, workspaces and optimizer state settle),
+-- captures it into a keng.cuda.graph on the second (capture + first launch) and replays the graph
+-- after that, so `warmup` = 2 untimed calls leave only replays to time. A capture that fails (fn
+-- reads a value on the host, say) falls back to fn for good, and info.graph_error says why;
+-- info.graph tells whether the timed steps were replays. Otherwise step = fn, warmup = 1 and
+-- info.graph = false: the CPU tier times exactly what it did before.
+function bench.graphed(fn, ctx)
+  local info = {graph = false}
+  if not bench.graphable(ctx) then return function() return fn() end, 1, info end
+  local g = keng.cuda.graph(fn, {warmup = 1, device = ctx.device})
+  local eager = false
+  local function step()
+    if eager then return fn() end
+    local res = table.pack(pcall(g))
+    if res[1] then
+      info.graph = g:captured()
+      return table.unpack(res, 2, res.n)
+    end
+    if g:captured() then error(res[2], 0) end                        -- a replay failed: a real error
+    eager, info.graph, info.graph_error = true, false, tostring(res[2])
+    return fn()
+  end
+  return step, 2, info
 end
 
 -- a number with `digits` decimals (default 2), "-" for nil

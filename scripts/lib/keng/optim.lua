@@ -15,6 +15,15 @@
 -- Schedules are functions of the step number s = opt.iterations, the number of steps already
 -- taken (0 at the first step, as Keras' optimizer.iterations); a schedule sets opt.lr before
 -- each step.
+--
+-- CUDA Graphs: on cuda the kernels read lr and each parameter's step count from a small f64
+-- device buffer (opt.scalars: {lr, step of param 1, ...}) that step() writes before the updates.
+-- Inside a keng.cuda.graph capture step() registers a replay hook (keng.cuda.on_replay) instead
+-- of writing: before every launch the hook advances the host state as an eager step() would
+-- (schedule, step counts, iterations) and writes the buffer, so a replayed step equals an eager
+-- one, schedules and Adam's bias correction included. opt.device_scalars = true / false forces
+-- the buffer on / off (default: on when the first parameter is on cuda); the cpu path reads
+-- plain numbers as before.
 local keng = require "keng"
 
 local optim = {schedules = {}}
@@ -128,19 +137,63 @@ function Optimizer:zero_grad(set_to_none)
   end
 end
 
--- Runs one update of every parameter that has a grad and requires grad.
-function Optimizer:step()
+-- opt.lr from the schedule (if any), checked; level: error level of the caller
+function Optimizer:next_lr(level)
   if self.schedule then
     local lr = self.schedule(self.iterations)
     if type(lr) ~= "number" or lr ~= lr or lr < 0 then
       error(string.format("%s:step: the schedule returned %s at step %d (need a number >= 0)", self.__name,
-        tostring(lr), self.iterations), 2)
+        tostring(lr), self.iterations), level + 1)
     end
     self.lr = lr
   end
   if type(self.lr) ~= "number" or not (self.lr >= 0) then
-    error(string.format("%s:step: lr must be a number >= 0, got %s", self.__name, tostring(self.lr)), 2)
+    error(string.format("%s:step: lr must be a number >= 0, got %s", self.__name, tostring(self.lr)), level + 1)
   end
+end
+
+-- the device-scalar buffer {lr, step_1, ..., step_n} (f64, on the first parameter's device), made
+-- on first use; nil when the optimizer runs on plain numbers
+function Optimizer:scalar_buffer()
+  local p1 = self.params[1]
+  if not p1 then return nil end
+  local on = self.device_scalars
+  if on == nil then on = p1.device:sub(1, 4) == "cuda" end
+  if not on then return nil end
+  if not self.scalars or self.scalars.device ~= p1.device then
+    self.scalars = keng.zeros({#self.params + 1}, {dtype = "f64", device = p1.device})
+    self.scalar_views = {lr = self.scalars:narrow(1, 1, 1)}
+  end
+  return self.scalars
+end
+
+-- writes lr and the step counts into the buffer (an asynchronous upload on cuda)
+function Optimizer:write_scalars()
+  local vals = {self.lr}
+  for i = 1, #self.params do
+    local s = self.state[i]
+    vals[i + 1] = s and s.step or 0
+  end
+  self.scalars:copy_(keng.tensor(vals, {dtype = "f64"}))
+end
+
+-- one replay of a captured step, on the host: what step() would have done before the kernels
+function Optimizer:replay_host(stepped)
+  self:next_lr(2)
+  for _, i in ipairs(stepped) do
+    local s = self.state[i]
+    s.step = s.step + 1
+  end
+  self.iterations = self.iterations + 1
+end
+
+-- Runs one update of every parameter that has a grad and requires grad.
+function Optimizer:step()
+  self:next_lr(2)
+  local fresh = self.scalars == nil
+  local buf = self:scalar_buffer()
+  fresh = fresh and buf ~= nil
+  local stepped = {}
   for i, p in ipairs(self.params) do
     local g = p.grad
     if g and p.requires_grad then
@@ -151,7 +204,38 @@ function Optimizer:step()
         self.state[i] = s
       end
       s.step = s.step + 1
-      self:update(p, g, s)
+      stepped[#stepped + 1] = i
+    end
+  end
+  local lr_t, views = nil, self.scalar_views
+  if buf then
+    lr_t = views.lr
+    local capture = keng.cuda.on_replay and keng.cuda.on_replay(function(replay)
+      if replay then self:replay_host(stepped) end
+      self:write_scalars()
+    end)
+    if capture and fresh then
+      error(self.__name .. ":step: first step inside a keng.cuda.graph capture: run the step eagerly once "
+        .. "first (warmup >= 1), so the optimizer state exists before the capture", 2)
+    end
+    if capture then
+      -- the graph bakes in these kernels once: a second step in the same capture would read the
+      -- same buffer, so it cannot be replayed faithfully
+      if self.capture_id == capture then
+        error(self.__name .. ":step: called twice inside one keng.cuda.graph capture (one step per graph)", 2)
+      end
+      self.capture_id = capture
+    else
+      self:write_scalars()
+    end
+  end
+  for _, i in ipairs(stepped) do
+    local p, s = self.params[i], self.state[i]
+    if buf and p.device == buf.device then
+      views[i] = views[i] or buf:narrow(1, i + 1, 1)
+      self:update(p, p.grad, s, lr_t, views[i])
+    else                                                          -- a parameter on another device
+      self:update(p, p.grad, s)
     end
   end
   self.iterations = self.iterations + 1
@@ -227,9 +311,9 @@ function SGD:init_state(p)
   return {momentum = self.hyper.momentum > 0 and zeros_like(p) or nil}
 end
 
-function SGD:update(p, g, s)
+function SGD:update(p, g, s, lr_t, step_t)
   local a = self.args
-  a.lr, a.step = self.lr, s.step
+  a.lr, a.step, a.lr_t, a.step_t = self.lr, s.step, lr_t, step_t
   keng._sgd_step_(p, g, s.momentum, a)
 end
 
@@ -252,9 +336,9 @@ end
 
 function Adam:init_state(p) return {m = zeros_like(p), v = zeros_like(p)} end
 
-function Adam:update(p, g, s)
+function Adam:update(p, g, s, lr_t, step_t)
   local a = self.args
-  a.lr, a.step = self.lr, s.step
+  a.lr, a.step, a.lr_t, a.step_t = self.lr, s.step, lr_t, step_t
   keng._adam_step_(p, g, s.m, s.v, a)
 end
 
