@@ -8,13 +8,15 @@
  * Forward: each task is one (b, h, block of BQ queries); it walks blocks of BK keys with an
  * online softmax (running max m and sum l per row, the accumulator rescaled when m grows), so
  * no [T, S] score matrix exists; key blocks outside the causal/window band are never visited.
- * The tile products (Q·Kᵀ, P·V and the backward's) run through BLAS gemm on f32/f64 buffers.
+ * Here the tile products (Q·Kᵀ, P·V and the backward's) run through BLAS gemm on f32/f64
+ * buffers: the path of f64, and of f32 compute on CPUs without AVX2/FMA. Otherwise f32 compute
+ * (f32, bf16, f16 tensors) runs attention_avx2.c's register-blocked tiles, same contract.
  * Backward recomputes probabilities from the saved logsumexp: pass 1 per (b, h, query block)
  * gives dq; pass 2 per (b, kv head, key block) gives dk and dv, summing over the query heads of
  * its group — no two tasks write the same row, so no atomics. Compute is f32 (f64 for f64).
  * Reference: the naive softmax(Q·Kᵀ·scale + mask)·V in tests/lua/attention_spec.lua.
  */
-#include "cpu.h"
+#include "attention.h"
 
 #include <cblas.h>
 #include <keng/scalar.h>
@@ -22,31 +24,17 @@
 #include <string.h>
 #include <tgmath.h>
 
-#define BQ 64 /* queries per task */
-#define BK 64 /* keys per inner block */
+#define BQ 64 /* queries per task (BLAS tiles) */
+#define BK 64 /* keys per inner block (BLAS tiles) */
 
-/* a strided 4-D operand: element (a, b, c, d) at base + (a*st[0] + ... + d*st[3]) * es */
-typedef struct {
-  const char *base;
-  int64_t st[4];
-  kg_dtype dt;
-  int es;
-} view4;
+kg_attn_tuning kg_attn_tune = {KG_ATTN_AUTO, 64, 64};
 
-static view4 view_of(const kg_tensor *t, const int64_t *st) {
-  view4 v = {kg_data(t), {st[0], st[1], st[2], st[3]}, t->dtype, (int)kg_elem_size(t)};
-  return v;
-}
-static const char *at(const view4 *v, int64_t a, int64_t b, int64_t c) {
-  return v->base + (a * v->st[0] + b * v->st[1] + c * v->st[2]) * v->es;
-}
-
-typedef struct {
-  int64_t B, H, Hkv, T, S, D, off, window; /* off = S - T: the causal diagonal */
-  bool causal, has_mask;
-  double scale;
-  view4 q, k, v, m;
-} plan;
+typedef kg_attn_view view4;
+typedef kg_attn_plan plan;
+#define view_of kg_attn_view_of
+#define at kg_attn_at
+#define key_lo kg_attn_key_lo
+#define key_hi kg_attn_key_hi
 
 static plan make_plan(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
                       const kg_sdpa_params *p) {
@@ -61,16 +49,6 @@ static plan make_plan(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v
     P.m = view_of(mask, st);
   }
   return P;
-}
-
-/* keys visible to query i by the causal/window band: [key_lo(i), key_hi(i)) */
-static int64_t key_lo(const plan *P, int64_t i) {
-  int64_t lo = P->window > 0 ? i + P->off - P->window + 1 : 0;
-  return lo < 0 ? 0 : lo > P->S ? P->S : lo;
-}
-static int64_t key_hi(const plan *P, int64_t i) {
-  int64_t hi = P->causal ? i + P->off + 1 : P->S;
-  return hi < 0 ? 0 : hi > P->S ? P->S : hi;
 }
 
 /* s[c] <- e^(s[c] - m) for c < n. The f32 version has no calls or branches, so it vectorises
@@ -269,6 +247,11 @@ static void exp_row_f64(double *s, int64_t n, double m) {
 DEFINE_SDPA(float, f32, kg_cpu_load_f32, kg_cpu_store_f32, cblas_sgemm, exp_row_f32)
 DEFINE_SDPA(double, f64, kg_cpu_load_f64, kg_cpu_store_f64, cblas_dgemm, exp_row_f64)
 
+/* the AVX2 micro-kernels unless the lab asks for the BLAS tiles or the CPU lacks AVX2/FMA */
+static bool use_avx2_tiles(void) {
+  return kg_attn_tune.variant != KG_ATTN_BLAS && kg_attn_avx2_available();
+}
+
 /* in: q, k, v, mask (or NULL); out: out [B, H, T, D], lse [B, H, T] (f32, f64 for f64) */
 kg_status kg_cpu_scaled_dot_product_attention(const kg_op_call *c) {
   plan P = make_plan(c->in[0], c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, c->params);
@@ -276,6 +259,7 @@ kg_status kg_cpu_scaled_dot_product_attention(const kg_op_call *c) {
   if (P.D == 0) return kg_fill_(c->out[1], P.S ? log((double)P.S) : -INFINITY); /* all scores 0 */
   kg_flop_add((uint64_t)(4 * P.B * P.H * P.T * P.S * P.D));
   if (c->out[1]->dtype == KG_F64) sdpa_fwd_f64(&P, c->out[0], kg_data(c->out[1]));
+  else if (use_avx2_tiles()) kg_attn_fwd_avx2(&P, c->out[0], kg_data(c->out[1]));
   else sdpa_fwd_f32(&P, c->out[0], kg_data(c->out[1]));
   return KG_OK;
 }
@@ -289,6 +273,7 @@ kg_status kg_cpu_sdpa_backward(const kg_op_call *c) {
   }
   kg_flop_add((uint64_t)(10 * P.B * P.H * P.T * P.S * P.D));
   if (c->in[5]->dtype == KG_F64) sdpa_bwd_f64(&P, c);
+  else if (use_avx2_tiles()) kg_attn_bwd_avx2(&P, c);
   else sdpa_bwd_f32(&P, c);
   return KG_OK;
 }

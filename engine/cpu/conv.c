@@ -3,19 +3,37 @@
  *
  * Shape letters: B batch, C channels, H/W image height and width, G groups.
  * Every conv is three primitives over one geometry: an "image" side [B, G*C, H, W] and a
- * "column" side [B, G*M, Ho, Wo] linked by a kernel w [G*M, C, kh, kw] (K = C*kh*kw):
+ * "column" side [B, G*M, Ho, Wo] linked by a kernel w [G*M, C, kh, kw] (K = C*kh*kw, P = Ho*Wo):
  *   fwd          col[b,g]  = w[g] @ im2col(im[b,g])            (conv2d forward)
  *   bwd_data     im[b,g]   = col2im(w[g]ᵀ @ col[b,g])          (conv2d dx, conv_transpose forward)
  *   bwd_weight   dw[g]     = Σ_b col[b,g] @ im2col(im[b,g])ᵀ   (dw of both)
  * conv2d has x on the image side and y on the column side; conv_transpose2d the reverse.
- * Operands are loaded (any strides, any float dtype) into contiguous f32 buffers, or f64 when
- * an operand is f64; GEMMs go to OpenBLAS (sgemm / dgemm). The reference is the nested-loop
- * convolution in tests/lua/conv_spec.lua. */
+ * fwd and bwd_weight run tile by tile over the output pixels (CONV_TILE columns of one image,
+ * or several small images side by side), tiles in parallel, so each im2col block is still in
+ * cache when its GEMM reads it. bwd_data at stride 1 is fwd with the flipped kernel; strided,
+ * it is one GEMM per chunk of images followed by col2im. A 1x1 kernel with unit stride and no
+ * padding skips im2col when a tile lies in one image (the image is the column matrix).
+ * Operands that are contiguous and in the compute type are used in place; others are loaded
+ * (any strides, any float dtype) into contiguous f32 buffers, or f64 when an operand is f64.
+ * Every buffer comes from the CPU pool (kg_cpu_alloc). GEMMs go to OpenBLAS (sgemm / dgemm).
+ * The reference is the nested-loop convolution in tests/lua/conv_spec.lua; figures in
+ * docs/kernels.md ("Convolution and elementwise"). */
 #include "cpu.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* GEMM columns per tile (see "tiles" below) */
+#define CONV_TILE 256
+/* the strided data gradient (GEMM + col2im): batch elements of small images fold into one
+ * GEMM of about CONV_COLS columns */
+#define CONV_COLS 4096
+/* flops below which the tiles of one conv run on one thread */
+#define CONV_PAR_FLOPS ((int64_t)2 << 20)
+/* bytes of im2col buffer per chunk at most (a chunk is never smaller than one element) */
+#define CONV_SCRATCH ((int64_t)32 << 20)
 
 typedef struct {
   int64_t B, G;
@@ -36,12 +54,44 @@ static bool pointwise(const geom *g) {
   return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
 
-/* ---- buffers ------------------------------------------------------------------------------ */
+static int64_t kdim(const geom *g) { return g->C * g->kh * g->kw; }
+static int64_t npix(const geom *g) { return g->Ho * g->Wo; }
+static int64_t imsize(const geom *g) { return g->C * g->H * g->W; }
 
-/* t (any strides, any dtype) as a new contiguous f32 or f64 buffer */
-static void *load_all(const kg_tensor *t, bool wide) {
-  int64_t n = kg_numel(t), es = wide ? 8 : 4;
-  void *buf = malloc((size_t)(n > 0 ? n : 1) * (size_t)es);
+/* batch elements per chunk */
+static int64_t chunk_of(const geom *g, int es) {
+  int64_t P = npix(g), per = kdim(g) * P * es;
+  int64_t nb = P >= CONV_COLS ? 1 : (CONV_COLS + P - 1) / P;
+  int64_t cap = per > 0 ? CONV_SCRATCH / per : nb;
+  if (nb > cap) nb = cap;
+  if (nb > g->B) nb = g->B;
+  return nb < 1 ? 1 : nb;
+}
+
+/* ---- buffers (CPU pool) ------------------------------------------------------------------- */
+
+typedef struct {
+  void *p;
+  size_t bytes;
+} scratch;
+
+static void *scratch_get(scratch *s, int64_t n, int es) {
+  s->p = kg_cpu_alloc((size_t)(n > 0 ? n : 1) * (size_t)es, &s->bytes);
+  return s->p;
+}
+
+static void scratch_free(scratch *s) {
+  if (s->p) kg_cpu_free(s->p, s->bytes);
+  s->p = NULL;
+}
+
+/* t in the compute type, contiguous: t's own memory when it already is, else a converted copy
+ * in s; NULL when out of memory */
+static const void *load_all(const kg_tensor *t, bool wide, scratch *s) {
+  s->p = NULL;
+  if (t->dtype == (wide ? KG_F64 : KG_F32) && kg_is_contiguous(t)) return kg_data(t);
+  int64_t n = kg_numel(t);
+  void *buf = scratch_get(s, n, wide ? 8 : 4);
   if (!buf || n == 0) return buf;
   int nd = t->ndim;
   int64_t len = t->shape[nd - 1], rows = n / len, ls = t->stride[nd - 1];
@@ -61,139 +111,397 @@ static void *load_all(const kg_tensor *t, bool wide) {
 }
 
 /* where to compute a (contiguous, freshly allocated) output: in place when it has the compute type */
-static void *out_buf(kg_tensor *t, bool wide) {
-  int64_t n = kg_numel(t);
-  if (n > 0 && t->dtype == (wide ? KG_F64 : KG_F32)) return kg_data(t);
-  return malloc((size_t)(n > 0 ? n : 1) * (wide ? 8 : 4));
+static void *out_buf(kg_tensor *t, bool wide, scratch *s) {
+  s->p = NULL;
+  if (kg_numel(t) > 0 && t->dtype == (wide ? KG_F64 : KG_F32)) return kg_data(t);
+  return scratch_get(s, kg_numel(t), wide ? 8 : 4);
 }
 
-static void out_flush(kg_tensor *t, void *buf, bool wide) {
+static void out_flush(kg_tensor *t, void *buf, bool wide, scratch *s) {
   if (buf == kg_data(t)) return;
   if (wide) kg_cpu_store_f64(kg_data(t), t->dtype, 1, buf, kg_numel(t));
   else kg_cpu_store_f32(kg_data(t), t->dtype, 1, buf, kg_numel(t));
-  free(buf);
+  scratch_free(s);
 }
 
 #define AT(p, i) ((char *)(p) + (int64_t)(i) * es)
 
-/* ---- im2col / col2im, one per compute type ------------------------------------------------ */
+/* ---- col2im, one per compute type ------------------------------------------------ */
 
-/* col: [C*kh*kw, Ho*Wo] <- im: [C, H, W] (zero outside the image) */
-#define DEFINE_IM2COL(T, sfx)                                                                   \
-  static void im2col_##sfx(const geom *g, const T *im, T *col) {                                \
-    int64_t P = g->Ho * g->Wo, rows = g->C * g->kh * g->kw;                                     \
-    _Pragma("omp parallel for if (rows * P > KG_PAR_THRESHOLD) schedule(static)")              \
-    for (int64_t r = 0; r < rows; r++) {                                                        \
-      int64_t c = r / (g->kh * g->kw), ki = r / g->kw % g->kh, kj = r % g->kw;                  \
-      const T *src = im + c * g->H * g->W;                                                      \
-      T *dst = col + r * P;                                                                     \
-      for (int64_t oh = 0; oh < g->Ho; oh++) {                                                  \
-        int64_t ih = oh * g->sh - g->ph + ki * g->dh;                                           \
-        for (int64_t ow = 0; ow < g->Wo; ow++) {                                                \
-          int64_t iw = ow * g->sw - g->pw + kj * g->dw;                                         \
-          dst[oh * g->Wo + ow] =                                                                \
-              (ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? src[ih * g->W + iw] : (T)0;     \
-        }                                                                                       \
-      }                                                                                         \
-    }                                                                                           \
-  }                                                                                             \
-  /* im: [C, H, W] = sum of col's entries over the pixels they were taken from */              \
-  static void col2im_##sfx(const geom *g, const T *col, T *im) {                                \
-    int64_t P = g->Ho * g->Wo, kk = (int64_t)g->kh * g->kw;                                    \
+/* output columns ow in [*lo, *hi) read inside the image along one axis: 0 <= ow*s + off < n */
+static void valid_range(int64_t off, int s, int64_t n, int64_t out, int64_t *lo, int64_t *hi) {
+  int64_t a = off >= 0 ? 0 : (-off + s - 1) / s;
+  int64_t b = n - off > 0 ? (n - off + s - 1) / s : 0;
+  if (a > out) a = out;
+  if (b > out) b = out;
+  *lo = a;
+  *hi = b > a ? b : a;
+}
+
+#define DEFINE_COL2IM(T, sfx)                                                                   \
+  /* im: [C, H, W] = sum of col's entries (row stride ld) over the pixels they were taken from */ \
+  static void col2im_##sfx(const geom *g, const T *col, int64_t ld, T *im) {                    \
+    int64_t P = npix(g), kk = (int64_t)g->kh * g->kw;                                          \
     _Pragma("omp parallel for if (g->C * kk * P > KG_PAR_THRESHOLD) schedule(static)")         \
     for (int64_t c = 0; c < g->C; c++) {                                                        \
       T *dst = im + c * g->H * g->W;                                                            \
       memset(dst, 0, sizeof(T) * (size_t)(g->H * g->W));                                       \
       for (int64_t k = 0; k < kk; k++) {                                                        \
-        int64_t ki = k / g->kw, kj = k % g->kw;                                                 \
-        const T *src = col + (c * kk + k) * P;                                                  \
+        int64_t ki = k / g->kw, kj = k % g->kw, off = kj * g->dw - g->pw, lo, hi;               \
+        valid_range(off, g->sw, g->W, g->Wo, &lo, &hi);                                         \
+        const T *src = col + (c * kk + k) * ld;                                                 \
         for (int64_t oh = 0; oh < g->Ho; oh++) {                                                \
           int64_t ih = oh * g->sh - g->ph + ki * g->dh;                                         \
           if (ih < 0 || ih >= g->H) continue;                                                   \
-          for (int64_t ow = 0; ow < g->Wo; ow++) {                                              \
-            int64_t iw = ow * g->sw - g->pw + kj * g->dw;                                       \
-            if (iw >= 0 && iw < g->W) dst[ih * g->W + iw] += src[oh * g->Wo + ow];              \
-          }                                                                                     \
+          T *d = dst + ih * g->W + off;                                                         \
+          const T *s = src + oh * g->Wo;                                                        \
+          if (g->sw == 1) for (int64_t ow = lo; ow < hi; ow++) d[ow] += s[ow];                  \
+          else for (int64_t ow = lo; ow < hi; ow++) d[ow * g->sw] += s[ow];                     \
         }                                                                                       \
       }                                                                                         \
     }                                                                                           \
   }
-DEFINE_IM2COL(float, f32)
-DEFINE_IM2COL(double, f64)
+DEFINE_COL2IM(float, f32)
+DEFINE_COL2IM(double, f64)
 
-static void im2col(const geom *g, bool wide, const void *im, void *col) {
-  if (wide) im2col_f64(g, im, col);
-  else im2col_f32(g, im, col);
-}
-static void col2im(const geom *g, bool wide, const void *col, void *im) {
-  if (wide) col2im_f64(g, col, im);
-  else col2im_f32(g, col, im);
+static void col2im(const geom *g, bool wide, const void *col, int64_t ld, void *im) {
+  if (wide) col2im_f64(g, col, ld, im);
+  else col2im_f32(g, col, ld, im);
 }
 
-/* C[M, N] = A[M, K] @ B[K, N] + beta C, row-major, contiguous; ta / tb: the operand is stored
- * transposed ([K, M] / [N, K]) */
-static void gemm(bool wide, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, const void *B,
-                 double beta, void *C) {
+/* rows of n elements: dst[r * dld + i] = src[r * sld + i] (+ bias[r] when given) */
+static void copy_rows(bool wide, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows, int64_t n,
+                      const void *bias) {
+#pragma omp parallel for if (rows * n > KG_PAR_THRESHOLD) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    if (wide) {
+      double *d = (double *)dst + r * dld, v = bias ? ((const double *)bias)[r] : 0;
+      const double *s = (const double *)src + r * sld;
+      for (int64_t i = 0; i < n; i++) d[i] = s[i] + v;
+    } else {
+      float *d = (float *)dst + r * dld, v = bias ? ((const float *)bias)[r] : 0;
+      const float *s = (const float *)src + r * sld;
+      for (int64_t i = 0; i < n; i++) d[i] = s[i] + v;
+    }
+  }
+}
+
+/* rows of n elements: dst[r * ld + i] = v[r] */
+static void fill_rows(bool wide, void *dst, int64_t ld, int64_t rows, int64_t n, const void *v) {
+#pragma omp parallel for if (rows * n > KG_PAR_THRESHOLD) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    if (wide) {
+      double *d = (double *)dst + r * ld, x = ((const double *)v)[r];
+      for (int64_t i = 0; i < n; i++) d[i] = x;
+    } else {
+      float *d = (float *)dst + r * ld, x = ((const float *)v)[r];
+      for (int64_t i = 0; i < n; i++) d[i] = x;
+    }
+  }
+}
+
+/* dst[i] += src[i] */
+static void add_into(bool wide, void *dst, const void *src, int64_t n) {
+  if (wide)
+    for (int64_t i = 0; i < n; i++) ((double *)dst)[i] += ((const double *)src)[i];
+  else
+    for (int64_t i = 0; i < n; i++) ((float *)dst)[i] += ((const float *)src)[i];
+}
+
+/* C[M, N] = A[M, K] @ B[K, N] + beta C, row-major with leading dims; ta / tb: the operand is
+ * stored transposed ([K, M] / [N, K]) */
+static void gemm(bool wide, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                 const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) { /* BLAS leaves C alone only for beta = 1 */
-    if (beta == 0) memset(C, 0, (size_t)(M * N) * (wide ? 8 : 4));
+    if (beta == 0)
+      for (int64_t r = 0; r < M; r++) memset((char *)C + r * ldc * (wide ? 8 : 4), 0, (size_t)N * (wide ? 8 : 4));
     return;
   }
-  int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
   enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
-  if (wide) cblas_dgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0, A, lda, B, ldb, beta, C, (int)N);
-  else cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0f, A, lda, B, ldb, (float)beta, C, (int)N);
+  if (wide)
+    cblas_dgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+  else
+    cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, (float)beta, C,
+                (int)ldc);
   kg_flop_add((uint64_t)(2 * M * N * K));
 }
 
 /* ---- the three primitives (buffers contiguous, in the compute type) --------------------------- */
 
-static int64_t kdim(const geom *g) { return g->C * g->kh * g->kw; }
+/* A tile is the GEMM's column range: CONV_TILE output pixels of one image, or, when an image
+ * has fewer pixels, nb whole images side by side. Its im2col block [K, tile] stays in L2/L3
+ * while the GEMM reads it: at [8,32,128,128] 3x3 one sgemm over the whole image ran at 31-36
+ * GFLOP/s, over 256-column tiles at 66-80 (docs/kernels.md). Tiles run in parallel, each with
+ * a single-threaded GEMM (OpenBLAS's OpenMP build does not nest). */
+typedef struct {
+  int64_t b0, nb, p0, np; /* images b0 .. b0+nb-1, pixels p0 .. p0+np-1 of each */
+} tile;
 
-static kg_status conv_fwd(const geom *g, bool wide, const void *im, const void *w, void *col) {
-  int es = wide ? 8 : 4;
-  int64_t K = kdim(g), P = g->Ho * g->Wo, imsz = g->C * g->H * g->W;
-  void *ws = pointwise(g) ? NULL : malloc((size_t)(K * P > 0 ? K * P : 1) * (size_t)es);
-  if (!pointwise(g) && !ws) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the im2col buffer");
-  for (int64_t b = 0; b < g->B && !kg_interrupt_pending(); b++)
-    for (int64_t gi = 0; gi < g->G; gi++) {
-      const void *src = AT(im, (b * g->G + gi) * imsz), *cols = src;
-      if (ws) im2col(g, wide, src, ws), cols = ws;
-      gemm(wide, false, false, g->M, P, K, AT(w, gi * g->M * K), cols, 0, AT(col, (b * g->G + gi) * g->M * P));
+typedef struct {
+  int64_t per_img, imgs, count; /* tiles per image (large images) or images per tile (small) */
+} tiling;
+
+static tiling make_tiling(const geom *g) {
+  int64_t P = npix(g);
+  if (P >= CONV_TILE) return (tiling){(P + CONV_TILE - 1) / CONV_TILE, 1, g->B * ((P + CONV_TILE - 1) / CONV_TILE)};
+  int64_t imgs = P > 0 ? CONV_TILE / P : 1;
+  if (imgs < 1) imgs = 1;
+  if (imgs > g->B) imgs = g->B;
+  return (tiling){1, imgs, (g->B + imgs - 1) / imgs};
+}
+
+static tile tile_at(const geom *g, const tiling *tl, int64_t t) {
+  int64_t P = npix(g);
+  if (tl->per_img > 1 || tl->imgs == 1) {
+    int64_t p0 = t % tl->per_img * CONV_TILE;
+    return (tile){t / tl->per_img, 1, p0, P - p0 < CONV_TILE ? P - p0 : CONV_TILE};
+  }
+  int64_t b0 = t * tl->imgs;
+  return (tile){b0, g->B - b0 < tl->imgs ? g->B - b0 : tl->imgs, 0, P};
+}
+
+/* run tiles in parallel only when there is enough work to share */
+static bool tiles_parallel(const geom *g, const tiling *tl) {
+  return tl->count > 1 && 2 * g->B * g->G * g->M * npix(g) * kdim(g) > CONV_PAR_FLOPS;
+}
+
+/* col block [C*kh*kw, np] (row stride ld) of pixels p0 .. p0+np-1 of im [C, H, W], zero outside
+ * the image; the in-image span of each output row is found once, then copied */
+#define DEFINE_IM2COL_RANGE(T, sfx)                                                              \
+  static void im2col_range_##sfx(const geom *g, const T *im, T *col, int64_t ld, int64_t p0, int64_t np) { \
+    int64_t rows = kdim(g), Wo = g->Wo;                                                          \
+    for (int64_t r = 0; r < rows; r++) {                                                         \
+      int64_t c = r / (g->kh * g->kw), ki = r / g->kw % g->kh, kj = r % g->kw;                   \
+      int64_t off = kj * g->dw - g->pw, lo, hi;                                                  \
+      valid_range(off, g->sw, g->W, Wo, &lo, &hi);                                               \
+      const T *src = im + c * g->H * g->W;                                                       \
+      for (int64_t oh = p0 / Wo; oh * Wo < p0 + np; oh++) {                                      \
+        int64_t a = p0 - oh * Wo > 0 ? p0 - oh * Wo : 0, e = p0 + np - oh * Wo < Wo ? p0 + np - oh * Wo : Wo; \
+        T *d = col + r * ld + oh * Wo - p0; /* d[ow]: pixel (oh, ow) */                          \
+        int64_t ih = oh * g->sh - g->ph + ki * g->dh;                                            \
+        if (ih < 0 || ih >= g->H) {                                                              \
+          for (int64_t ow = a; ow < e; ow++) d[ow] = 0;                                          \
+          continue;                                                                              \
+        }                                                                                        \
+        int64_t l = lo < a ? a : lo > e ? e : lo, h = hi > e ? e : hi < l ? l : hi;              \
+        const T *s = src + ih * g->W + off;                                                      \
+        /* plain loops, not memset/memcpy: rows of small images are a few elements long */      \
+        for (int64_t ow = a; ow < l; ow++) d[ow] = 0;                                            \
+        if (g->sw == 1)                                                                          \
+          for (int64_t ow = l; ow < h; ow++) d[ow] = s[ow];                                      \
+        else                                                                                     \
+          for (int64_t ow = l; ow < h; ow++) d[ow] = s[ow * g->sw];                              \
+        for (int64_t ow = h; ow < e; ow++) d[ow] = 0;                                            \
+      }                                                                                          \
+    }                                                                                            \
+  }
+DEFINE_IM2COL_RANGE(float, f32)
+DEFINE_IM2COL_RANGE(double, f64)
+
+/* im2col of whole small images (several per tile) as a gather: the source offset within a
+ * channel plane of each (kernel tap, output pixel), or -1 for padding, is the same for every
+ * channel and image, so it is computed once; row by row im2col spent most of its time on the
+ * bookkeeping of rows only a few pixels long. false when the map cannot be allocated. */
+static bool gather_columns(const geom *g, bool wide, const void *im, const tile *t, int64_t gi, void *ws,
+                           int64_t ld) {
+  int64_t kk = (int64_t)g->kh * g->kw, P = npix(g), HW = g->H * g->W;
+  int32_t *map = malloc(sizeof(int32_t) * (size_t)(kk * P));
+  if (!map) return false;
+  for (int64_t k = 0; k < kk; k++)
+    for (int64_t p = 0; p < P; p++) {
+      int64_t ih = p / g->Wo * g->sh - g->ph + k / g->kw * g->dh, iw = p % g->Wo * g->sw - g->pw + k % g->kw * g->dw;
+      map[k * P + p] = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W ? (int32_t)(ih * g->W + iw) : -1;
     }
-  free(ws);
+  for (int64_t j = 0; j < t->nb; j++) {
+    int64_t base = ((t->b0 + j) * g->G + gi) * imsize(g);
+    for (int64_t r = 0; r < kdim(g); r++) {
+      const int32_t *m = map + r % kk * P;
+      int64_t src = base + r / kk * HW, dst = r * ld + j * P;
+      if (wide) {
+        const double *sp = (const double *)im + src;
+        double *dp = (double *)ws + dst;
+        for (int64_t p = 0; p < P; p++) dp[p] = m[p] >= 0 ? sp[m[p]] : 0;
+      } else {
+        const float *sp = (const float *)im + src;
+        float *dp = (float *)ws + dst;
+        for (int64_t p = 0; p < P; p++) dp[p] = m[p] >= 0 ? sp[m[p]] : 0;
+      }
+    }
+  }
+  free(map);
+  return true;
+}
+
+/* the column matrix [K, nb*np] (leading dim *ld) of tile t of group gi: the image itself when
+ * the kernel is pointwise and the tile lies in one image, else im2col into ws */
+static const void *tile_columns(const geom *g, bool wide, const void *im, const tile *t, int64_t gi, void *ws,
+                                int64_t *ld) {
+  int es = wide ? 8 : 4;
+  if (pointwise(g) && t->nb == 1) {
+    *ld = npix(g);
+    return AT(im, (t->b0 * g->G + gi) * imsize(g) + t->p0);
+  }
+  *ld = t->nb * t->np;
+  if (t->nb > 1 && gather_columns(g, wide, im, t, gi, ws, *ld)) return ws;
+  for (int64_t j = 0; j < t->nb; j++) {
+    const void *src = AT(im, ((t->b0 + j) * g->G + gi) * imsize(g));
+    if (wide) im2col_range_f64(g, src, (double *)ws + j * t->np, *ld, t->p0, t->np);
+    else im2col_range_f32(g, src, (float *)ws + j * t->np, *ld, t->p0, t->np);
+  }
+  return ws;
+}
+
+/* the column-side block [M, nb*np] (leading dim *ld) of tile t of group gi: in place when the
+ * tile lies in one image, else gathered into ws */
+static const void *tile_block(const geom *g, bool wide, const void *col, const tile *t, int64_t gi, void *ws,
+                              int64_t *ld) {
+  int es = wide ? 8 : 4;
+  int64_t P = npix(g), M = g->M;
+  if (t->nb == 1) {
+    *ld = P;
+    return AT(col, (t->b0 * g->G + gi) * M * P + t->p0);
+  }
+  *ld = t->nb * P;
+  for (int64_t j = 0; j < t->nb; j++)
+    copy_rows(wide, AT(ws, j * P), *ld, AT(col, ((t->b0 + j) * g->G + gi) * M * P), P, M, P, NULL);
+  return ws;
+}
+
+/* col (+ bias[G*M] when given) = w @ im2col(im), tile by tile */
+static kg_status conv_fwd(const geom *g, bool wide, const void *im, const void *w, const void *bias, void *col) {
+  int es = wide ? 8 : 4;
+  int64_t K = kdim(g), P = npix(g), M = g->M;
+  tiling tl = make_tiling(g);
+  int64_t cols = tl.imgs * (tl.per_img > 1 ? CONV_TILE : P);
+  bool oom = false;
+#pragma omp parallel if (tiles_parallel(g, &tl))
+  {
+    scratch s1 = {0}, s2 = {0};
+    void *ws = scratch_get(&s1, K * cols, es), *out = tl.imgs > 1 ? scratch_get(&s2, M * cols, es) : NULL;
+    if (!ws || (tl.imgs > 1 && !out)) {
+#pragma omp atomic write
+      oom = true;
+    }
+#pragma omp for schedule(static)
+    for (int64_t ti = 0; ti < tl.count; ti++) {
+      if (oom || kg_interrupt_pending()) continue;
+      tile t = tile_at(g, &tl, ti);
+      for (int64_t gi = 0; gi < g->G; gi++) {
+        int64_t ld;
+        const void *cm = tile_columns(g, wide, im, &t, gi, ws, &ld), *bg = bias ? AT(bias, gi * M) : NULL;
+        if (t.nb == 1) { /* straight into y, on top of the bias */
+          void *y = AT(col, (t.b0 * g->G + gi) * M * P + t.p0);
+          if (bg) fill_rows(wide, y, P, M, t.np, bg);
+          gemm(wide, false, false, M, t.np, K, AT(w, gi * M * K), K, cm, ld, bg ? 1 : 0, y, P);
+        } else {
+          gemm(wide, false, false, M, t.nb * P, K, AT(w, gi * M * K), K, cm, ld, 0, out, t.nb * P);
+          for (int64_t j = 0; j < t.nb; j++)
+            copy_rows(wide, AT(col, ((t.b0 + j) * g->G + gi) * M * P), P, AT(out, j * P), t.nb * P, M, P, bg);
+        }
+      }
+    }
+    scratch_free(&s1), scratch_free(&s2);
+  }
+  if (oom) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the im2col buffers");
   return KG_OK;
+}
+
+/* stride 1 with padding <= the dilated kernel's reach: the data gradient is itself a
+ * convolution of the column side with the flipped, transposed kernel (padding (k-1)d - p), so
+ * it runs as conv_fwd (efficient GEMM with K = M*kh*kw, no col2im scatter) */
+static bool flip_ok(const geom *g) {
+  return g->sh == 1 && g->sw == 1 && g->ph <= (g->kh - 1) * g->dh && g->pw <= (g->kw - 1) * g->dw;
+}
+
+/* wf[g*C + c, m, kh-1-i, kw-1-j] = w[g*M + m, c, i, j] */
+static void flip_kernel(const geom *g, bool wide, const void *w, void *wf) {
+  int es = wide ? 8 : 4;
+  int64_t kk = (int64_t)g->kh * g->kw;
+  for (int64_t gi = 0; gi < g->G; gi++)
+    for (int64_t m = 0; m < g->M; m++)
+      for (int64_t c = 0; c < g->C; c++)
+        for (int64_t k = 0; k < kk; k++)
+          memcpy(AT(wf, ((gi * g->C + c) * g->M + m) * kk + kk - 1 - k), AT(w, ((gi * g->M + m) * g->C + c) * kk + k),
+                 (size_t)es);
 }
 
 static kg_status conv_bwd_data(const geom *g, bool wide, const void *col, const void *w, void *im) {
   int es = wide ? 8 : 4;
-  int64_t K = kdim(g), P = g->Ho * g->Wo, imsz = g->C * g->H * g->W;
-  void *ws = pointwise(g) ? NULL : malloc((size_t)(K * P > 0 ? K * P : 1) * (size_t)es);
-  if (!pointwise(g) && !ws) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the col2im buffer");
-  for (int64_t b = 0; b < g->B && !kg_interrupt_pending(); b++)
+  int64_t K = kdim(g), P = npix(g), M = g->M;
+  if (flip_ok(g)) {
+    geom f = {g->B, g->G, g->M, g->Ho, g->Wo, g->C, g->H, g->W, g->kh, g->kw, 1, 1,
+              (g->kh - 1) * g->dh - g->ph, (g->kw - 1) * g->dw - g->pw, g->dh, g->dw};
+    scratch s = {0};
+    void *wf = scratch_get(&s, g->G * M * K, es);
+    if (!wf) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the flipped kernel");
+    flip_kernel(g, wide, w, wf);
+    kg_status st = conv_fwd(&f, wide, col, wf, NULL, im);
+    scratch_free(&s);
+    return st;
+  }
+  /* strided: GEMM into whole-image column blocks, then col2im (adds overlapping windows) */
+  int64_t nb = chunk_of(g, es);
+  scratch s1 = {0}, s2 = {0};
+  void *ws = scratch_get(&s1, K * nb * P, es), *in = nb > 1 ? scratch_get(&s2, M * nb * P, es) : NULL;
+  if (!ws || (nb > 1 && !in)) {
+    scratch_free(&s1), scratch_free(&s2);
+    return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the col2im buffer");
+  }
+  for (int64_t b0 = 0; b0 < g->B && !kg_interrupt_pending(); b0 += nb) {
+    int64_t n = g->B - b0 < nb ? g->B - b0 : nb;
     for (int64_t gi = 0; gi < g->G; gi++) {
-      void *dst = AT(im, (b * g->G + gi) * imsz);
-      gemm(wide, true, false, K, P, g->M, AT(w, gi * g->M * K), AT(col, (b * g->G + gi) * g->M * P), 0,
-           ws ? ws : dst);
-      if (ws) col2im(g, wide, ws, dst);
+      tile t = {b0, n, 0, P};
+      int64_t ld;
+      const void *dy = tile_block(g, wide, col, &t, gi, in, &ld);
+      gemm(wide, true, false, K, n * P, M, AT(w, gi * M * K), K, dy, ld, 0, ws, n * P);
+      for (int64_t j = 0; j < n; j++) col2im(g, wide, AT(ws, j * P), n * P, AT(im, ((b0 + j) * g->G + gi) * imsize(g)));
     }
-  free(ws);
+  }
+  scratch_free(&s1), scratch_free(&s2);
   return KG_OK;
 }
 
+/* dw[g] = Σ_tiles col_tile @ im2col_tileᵀ; each thread sums its tiles into its own partial,
+ * the partials are added in thread order (deterministic for a given thread count) */
 static kg_status conv_bwd_weight(const geom *g, bool wide, const void *im, const void *col, void *dw) {
   int es = wide ? 8 : 4;
-  int64_t K = kdim(g), P = g->Ho * g->Wo, imsz = g->C * g->H * g->W;
-  memset(dw, 0, (size_t)(g->G * g->M * K) * (size_t)es);
-  void *ws = pointwise(g) ? NULL : malloc((size_t)(K * P > 0 ? K * P : 1) * (size_t)es);
-  if (!pointwise(g) && !ws) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the im2col buffer");
-  for (int64_t b = 0; b < g->B && !kg_interrupt_pending(); b++)
-    for (int64_t gi = 0; gi < g->G; gi++) {
-      const void *src = AT(im, (b * g->G + gi) * imsz), *cols = src;
-      if (ws) im2col(g, wide, src, ws), cols = ws;
-      gemm(wide, false, true, g->M, K, P, AT(col, (b * g->G + gi) * g->M * P), cols, 1, AT(dw, gi * g->M * K));
+  int64_t K = kdim(g), P = npix(g), M = g->M, nw = g->G * M * K;
+  tiling tl = make_tiling(g);
+  int64_t cols = tl.imgs * (tl.per_img > 1 ? CONV_TILE : P);
+  int nt = tiles_parallel(g, &tl) ? omp_get_max_threads() : 1;
+  scratch sp = {0};
+  char *parts = nt > 1 ? scratch_get(&sp, nw * (nt - 1), es) : NULL;
+  if (nt > 1 && !parts) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the weight-gradient partials");
+  bool oom = false;
+  int used = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    int me = omp_get_thread_num();
+    void *acc = me == 0 ? dw : parts + (int64_t)(me - 1) * nw * es;
+    if (me == 0) used = omp_get_num_threads();
+    memset(acc, 0, (size_t)nw * (size_t)es);
+    scratch s1 = {0}, s2 = {0};
+    void *ws = scratch_get(&s1, K * cols, es), *in = tl.imgs > 1 ? scratch_get(&s2, M * cols, es) : NULL;
+    if (!ws || (tl.imgs > 1 && !in)) {
+#pragma omp atomic write
+      oom = true;
     }
-  free(ws);
+#pragma omp for schedule(static)
+    for (int64_t ti = 0; ti < tl.count; ti++) {
+      if (oom || kg_interrupt_pending()) continue;
+      tile t = tile_at(g, &tl, ti);
+      for (int64_t gi = 0; gi < g->G; gi++) {
+        int64_t lda, ldb;
+        const void *dy = tile_block(g, wide, col, &t, gi, in, &lda), *cm = tile_columns(g, wide, im, &t, gi, ws, &ldb);
+        gemm(wide, false, true, M, K, t.nb * t.np, dy, lda, cm, ldb, 1, AT(acc, gi * M * K), K);
+      }
+    }
+    scratch_free(&s1), scratch_free(&s2);
+  }
+  for (int p = 1; p < used; p++) add_into(wide, dw, parts + (int64_t)(p - 1) * nw * es, nw);
+  scratch_free(&sp);
+  if (oom) return kg_error(KG_ERR_OOM, "conv2d", "out of memory for the im2col buffers");
   return KG_OK;
 }
 
@@ -211,15 +519,25 @@ static void add_bias(bool wide, void *y, const void *bias, int64_t B, int64_t C,
   }
 }
 
-/* db[C] = Σ_{b, p} dy[b, C, p], accumulated in double */
+/* db[C] = Σ_{b, p} dy[b, C, p]: f32 partial sums over runs of 8 lanes (vectorisable), the
+ * runs added in double */
 static void bias_grad(bool wide, const void *dy, void *db, int64_t B, int64_t C, int64_t P) {
 #pragma omp parallel for if (B * C * P > KG_PAR_THRESHOLD) schedule(static)
   for (int64_t c = 0; c < C; c++) {
     double s = 0;
     for (int64_t b = 0; b < B; b++) {
       int64_t o = (b * C + c) * P;
-      if (wide) for (int64_t i = 0; i < P; i++) s += ((const double *)dy)[o + i];
-      else for (int64_t i = 0; i < P; i++) s += ((const float *)dy)[o + i];
+      if (wide) {
+        for (int64_t i = 0; i < P; i++) s += ((const double *)dy)[o + i];
+      } else {
+        const float *row = (const float *)dy + o;
+        float lane[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= P; i += 8)
+          for (int k = 0; k < 8; k++) lane[k] += row[i + k];
+        for (; i < P; i++) s += row[i];
+        for (int k = 0; k < 8; k++) s += lane[k];
+      }
     }
     if (wide) ((double *)db)[c] = s;
     else ((float *)db)[c] = (float)s;
@@ -234,13 +552,16 @@ static kg_status conv_forward(const kg_op_call *c, bool transposed) {
   kg_tensor *y = c->out[0];
   bool wide = y->dtype == KG_F64;
   geom g = transposed ? make_geom(y, x, w, c->params) : make_geom(x, y, w, c->params);
-  void *xb = load_all(x, wide), *wb = load_all(w, wide), *yb = out_buf(y, wide), *bb = b ? load_all(b, wide) : NULL;
+  scratch sx, sw, sb = {0}, sy;
+  const void *xb = load_all(x, wide, &sx), *wb = load_all(w, wide, &sw), *bb = b ? load_all(b, wide, &sb) : NULL;
+  void *yb = out_buf(y, wide, &sy);
   kg_status s = KG_OK;
   if (!xb || !wb || !yb || (b && !bb)) s = kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for buffers");
-  else s = transposed ? conv_bwd_data(&g, wide, xb, wb, yb) : conv_fwd(&g, wide, xb, wb, yb);
-  if (s == KG_OK && bb) add_bias(wide, yb, bb, y->shape[0], y->shape[1], y->shape[2] * y->shape[3]);
-  if (yb) out_flush(y, yb, wide);
-  free(xb), free(wb), free(bb);
+  else if (transposed) s = conv_bwd_data(&g, wide, xb, wb, yb);
+  else s = conv_fwd(&g, wide, xb, wb, bb, yb);
+  if (s == KG_OK && bb && transposed) add_bias(wide, yb, bb, y->shape[0], y->shape[1], y->shape[2] * y->shape[3]);
+  if (yb) out_flush(y, yb, wide, &sy);
+  scratch_free(&sx), scratch_free(&sw), scratch_free(&sb);
   return s;
 }
 
@@ -260,7 +581,9 @@ static kg_status conv_backward(const kg_op_call *c, bool transposed) {
   /* the image side is x for conv2d, dy for conv_transpose2d */
   const kg_tensor *im = transposed ? dy : x, *col = transposed ? x : dy;
   geom g = make_geom(im, col, w, &bp->p);
-  void *dyb = load_all(dy, wide), *xb = dw ? load_all(x, wide) : NULL, *wb = dx ? load_all(w, wide) : NULL;
+  scratch sdy, sx = {0}, sw = {0}, so;
+  const void *dyb = load_all(dy, wide, &sdy), *xb = dw ? load_all(x, wide, &sx) : NULL,
+             *wb = dx ? load_all(w, wide, &sw) : NULL;
   kg_status s = KG_OK;
   if (!dyb || (dw && !xb) || (dx && !wb)) {
     s = kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for buffers");
@@ -268,25 +591,25 @@ static kg_status conv_backward(const kg_op_call *c, bool transposed) {
   }
   const void *imb = transposed ? dyb : xb, *colb = transposed ? xb : dyb;
   if (dx) {
-    void *o = out_buf(dx, wide);
+    void *o = out_buf(dx, wide, &so);
     if (!o) s = kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for dx");
-    else s = transposed ? conv_fwd(&g, wide, dyb, wb, o) : conv_bwd_data(&g, wide, dyb, wb, o);
-    if (o) out_flush(dx, o, wide);
+    else s = transposed ? conv_fwd(&g, wide, dyb, wb, NULL, o) : conv_bwd_data(&g, wide, dyb, wb, o);
+    if (o) out_flush(dx, o, wide, &so);
   }
   if (dw && s == KG_OK) {
-    void *o = out_buf(dw, wide);
+    void *o = out_buf(dw, wide, &so);
     if (!o) s = kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for dw");
     else s = conv_bwd_weight(&g, wide, imb, colb, o);
-    if (o) out_flush(dw, o, wide);
+    if (o) out_flush(dw, o, wide, &so);
   }
   if (db && s == KG_OK) {
-    void *o = out_buf(db, wide);
+    void *o = out_buf(db, wide, &so);
     if (!o) s = kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for db");
     else bias_grad(wide, dyb, o, dy->shape[0], dy->shape[1], dy->shape[2] * dy->shape[3]);
-    if (o) out_flush(db, o, wide);
+    if (o) out_flush(db, o, wide, &so);
   }
 done:
-  free(dyb), free(xb), free(wb);
+  scratch_free(&sdy), scratch_free(&sx), scratch_free(&sw);
   return s;
 }
 

@@ -18,6 +18,10 @@ void kg_cpu_load_f64(double *dst, const void *src, kg_dtype dt, int64_t stride, 
 void kg_cpu_store_f32(void *dst, kg_dtype dt, int64_t stride, const float *src, int64_t n);
 void kg_cpu_store_f64(void *dst, kg_dtype dt, int64_t stride, const double *src, int64_t n);
 
+/* y[i] = exp(x[i]) in float without libm (AVX2+FMA or the same formula in scalar code; y may
+ * be x; error <= 1 ulp, docs/kernels.md); defined in elementwise.c */
+void kg_cpu_exp_f32(float *y, const float *x, int64_t n);
+
 /* Compute in double for f64 and for integers (exact to 2^53), float otherwise. */
 static inline bool kg_cpu_wide(kg_dtype dt) { return dt == KG_F64 || dt == KG_I64 || dt == KG_I32; }
 

@@ -1,9 +1,13 @@
 /* elementwise.c (cpu) — unary, binary, clamp, where and the fused unary backward.
  * Each run of elements is loaded into a float (double when any operand is f64 or integer)
- * buffer, computed with the formulas of keng/scalar.h, and stored in the output dtype. */
+ * buffer, computed with the formulas of keng/scalar.h, and stored in the output dtype.
+ * Float runs of tanh, gelu_tanh, exp, sigmoid, silu and quick_gelu (and the backward of
+ * gelu_tanh, silu, quick_gelu) use the libm-free formulas below: AVX2+FMA 8 lanes when the CPU
+ * has them, else a scalar loop with the same formula. f64 stays on libm. */
 #include "cpu.h"
 
 #include <keng/scalar.h>
+#include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
 
@@ -43,6 +47,70 @@ static inline float tanh_scalar(float x) {
 #undef SC
 }
 
+
+/* ---- float exp and the sigmoid family without libm (scalar: the same formula as exp8) ------
+ * exp x = 2^n * p(r), n = round(x / ln2), r = x - n ln2 (two-part ln2, exact n * LN2_HI),
+ * p the degree-7 Taylor polynomial on |r| <= ln2/2 (truncation < 0.1 ulp). x is clamped to
+ * [-110, 88.8] (exp rounds to 0 below, overflows above) and 2^n is applied as 2^(n>>1) *
+ * 2^(n - (n>>1)) so that both factors are normal floats and results in the subnormal range
+ * are still rounded once from a normal number. NaN stays NaN.
+ * sigmoid from e = exp(-|x|), d = 1 / (1 + e) (exact division): sigmoid = d and 1 - sigmoid =
+ * e d for x >= 0, the reverse below, so neither tail cancels (1 - s for large x is e d, not
+ * 1 - d; results down to the subnormals keep their precision, unlike 1 / (1 + exp(-x)));
+ * silu x = x sigmoid x, quick_gelu x = x sigmoid(1.702 x), their derivatives
+ * s (1 + a (1 - s)) with a = x or 1.702 x. Error against libm in double: docs/kernels.md. */
+static inline float pow2i(int32_t n) {
+  int32_t bits = (n + 127) << 23;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline float exp_scalar(float x) {
+#define SP(u, acc, c) ((acc) * (u) + (c))
+#define SC(c) (c)
+  if (x != x) return x;
+  float c = x > 88.8f ? 88.8f : x < -110.0f ? -110.0f : x;
+  float n = nearbyintf(c * 1.44269504088896341f);
+  float r = c - n * LN2_HI - n * LN2_LO;
+  int32_t ni = (int32_t)n, n1 = ni >> 1;
+  return EXP_POLY(SP, SC, r) * pow2i(n1) * pow2i(ni - n1);
+#undef SP
+#undef SC
+}
+
+/* exact GELU: x Phi(x), Phi(x) = erfc(-x/sqrt2) / 2. erfc(a), a >= 0, is the Chebyshev fit
+ * t exp(-a^2 + ERFC_POLY(t)), t = 1 / (1 + a/2) (Numerical Recipes' erfcc, relative error
+ * below 1.2e-7 for every a >= 0), so the x << 0 tail keeps its relative precision where
+ * 1 + erf(x/sqrt2) cancels. Phi'(x) = exp(-x^2/2) / sqrt(2 pi). */
+#define ERFC_POLY(P, C, t)                                                                                     \
+  P(t, P(t, P(t, P(t, P(t, P(t, P(t, P(t, P(t, C(0.17087277f), -0.82215223f), 1.48851587f), -1.13520398f),   \
+                              0.27886807f), -0.18628806f), 0.09678418f), 0.37409196f), 1.00002368f), -1.26551223f)
+#define RSQRT2 0.70710678118654752f
+#define RSQRT2PI 0.39894228040143268f
+
+/* Phi(x) and, when dphi is given, *dphi = x Phi'(x) */
+static inline float phi_scalar(float x, float *dphi) {
+#define SP(u, acc, c) ((acc) * (u) + (c))
+#define SC(c) (c)
+  float a = fabsf(x) * RSQRT2, t = 1.0f / (1.0f + 0.5f * a);
+  float half_erfc = 0.5f * t * exp_scalar(ERFC_POLY(SP, SC, t) - a * a);
+  if (dphi) *dphi = x * RSQRT2PI * exp_scalar(-a * a);
+  return x < 0 ? half_erfc : 1.0f - half_erfc;
+#undef SP
+#undef SC
+}
+
+/* sigmoid x and *rest = 1 - sigmoid x, each from e = exp(-|x|) without cancellation */
+static inline float sigmoid_scalar(float x, float *rest) {
+  float e = exp_scalar(x < 0 ? x : -x), d = 1.0f / (1.0f + e), ed = e * d;
+  *rest = x < 0 ? d : ed;
+  return x < 0 ? ed : d;
+}
+
+/* the exp family: forward ops, and the backward of the ones saving their input */
+enum { F_EXP, F_SIGMOID, F_SILU, F_QUICK_GELU, F_SILU_GRAD, F_QUICK_GELU_GRAD, F_GELU, F_GELU_GRAD };
+
 #ifdef KG_X86
 #include <immintrin.h>
 #define VP(u, acc, c) _mm256_fmadd_ps(acc, u, _mm256_set1_ps(c))
@@ -62,8 +130,18 @@ __attribute__((target("avx2,fma"))) static inline __m256 tanh8(__m256 x) {
   t = _mm256_or_ps(t, _mm256_and_ps(sign, x));                            /* sign of x */
   return _mm256_blendv_ps(t, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));       /* NaN stays */
 }
-#undef VP
-#undef VC
+
+__attribute__((target("avx2,fma"))) static inline __m256 exp8(__m256 x) {
+  __m256 c = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.8f)), _mm256_set1_ps(-110.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), c));
+  __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  __m256 e = _mm256_mul_ps(_mm256_mul_ps(EXP_POLY(VP, VC, r), s1), s2);
+  return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); /* NaN stays */
+}
 
 /* op 0: tanh, 1: gelu (tanh form), 2: g * gelu'(s); returns elements done */
 __attribute__((target("avx2,fma"))) static int64_t tanh_family8(int op, float *y, const float *x, const float *g, int64_t n) {
@@ -92,11 +170,52 @@ __attribute__((target("avx2,fma"))) static int64_t tanh_family8(int op, float *y
   return i;
 }
 
+
+/* y = f(x) (or g * f'(x) for the _GRAD codes); returns elements done */
+__attribute__((target("avx2,fma"))) static int64_t exp_family8(int op, float *y, const float *x, const float *g, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), k = _mm256_set1_ps(1.702f), sign = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i), out;
+    if (op == F_EXP) {
+      out = exp8(v);
+    } else if (op == F_GELU || op == F_GELU_GRAD) {
+      __m256 a = _mm256_mul_ps(_mm256_andnot_ps(sign, v), _mm256_set1_ps(RSQRT2)), a2 = _mm256_mul_ps(a, a);
+      __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.5f), a, one));
+      __m256 he = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), t), exp8(_mm256_sub_ps(ERFC_POLY(VP, VC, t), a2)));
+      __m256 ph = _mm256_blendv_ps(_mm256_sub_ps(one, he), he, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
+      if (op == F_GELU) {
+        out = _mm256_mul_ps(v, ph);
+      } else { /* g (Phi + x Phi') */
+        __m256 dph = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(RSQRT2PI)), exp8(_mm256_xor_ps(a2, sign)));
+        out = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_add_ps(ph, dph));
+      }
+    } else {
+      __m256 a = op == F_QUICK_GELU || op == F_QUICK_GELU_GRAD ? _mm256_mul_ps(k, v) : v;
+      __m256 e = exp8(_mm256_or_ps(a, sign)); /* exp(-|a|) */
+      __m256 d = _mm256_div_ps(one, _mm256_add_ps(one, e)), ed = _mm256_mul_ps(e, d);
+      __m256 neg = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_LT_OQ);
+      __m256 sg = _mm256_blendv_ps(d, ed, neg), rest = _mm256_blendv_ps(ed, d, neg); /* s, 1 - s */
+      if (op == F_SIGMOID) out = sg;
+      else if (op == F_SILU || op == F_QUICK_GELU) out = _mm256_mul_ps(v, sg);
+      else /* g * s (1 + a (1 - s)) */
+        out = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_mul_ps(sg, _mm256_fmadd_ps(a, rest, one)));
+    }
+    _mm256_storeu_ps(y + i, out);
+  }
+  return i;
+}
+
+#undef VP
+#undef VC
+
 static int have_avx2_fma = -1;
+/* KENG_NO_SIMD=1 forces the scalar fallbacks (the kernel lab checks both paths) */
 static bool use_avx2_fma(void) {
   if (have_avx2_fma < 0) {
+    const char *off = getenv("KENG_NO_SIMD");
     __builtin_cpu_init();
-    have_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    have_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && *off && *off != '0');
   }
   return have_avx2_fma == 1;
 }
@@ -119,16 +238,50 @@ static void tanh_family(int op, float *y, const float *x, const float *g, int64_
   }
 }
 
-/* float runs of the tanh family; false when op has no fast path */
+static void exp_family(int op, float *y, const float *x, const float *g, int64_t n) {
+  int64_t i = 0;
+#ifdef KG_X86
+  if (use_avx2_fma()) i = exp_family8(op, y, x, g, n);
+#endif
+  for (; i < n; i++) {
+    float v = x[i];
+    if (op == F_EXP) {
+      y[i] = exp_scalar(v);
+      continue;
+    }
+    if (op == F_GELU || op == F_GELU_GRAD) {
+      float dph, ph = phi_scalar(v, op == F_GELU ? NULL : &dph);
+      y[i] = op == F_GELU ? v * ph : g[i] * (ph + dph);
+      continue;
+    }
+    float a = op == F_QUICK_GELU || op == F_QUICK_GELU_GRAD ? 1.702f * v : v, rest, sg = sigmoid_scalar(a, &rest);
+    y[i] = op == F_SIGMOID ? sg : op == F_SILU || op == F_QUICK_GELU ? v * sg : g[i] * (sg * (a * rest + 1.0f));
+  }
+}
+
+void kg_cpu_exp_f32(float *y, const float *x, int64_t n) { exp_family(F_EXP, y, x, NULL, n); }
+
+/* float runs of the tanh and exp families; false when op has no fast path */
 static bool fast_unary_f32(kg_op op, float *y, const float *x, int64_t n) {
-  if (op != KG_OP_TANH && op != KG_OP_GELU_TANH) return false;
-  tanh_family(op == KG_OP_TANH ? 0 : 1, y, x, NULL, n);
-  return true;
+  switch (op) {
+  case KG_OP_TANH: tanh_family(0, y, x, NULL, n); return true;
+  case KG_OP_GELU_TANH: tanh_family(1, y, x, NULL, n); return true;
+  case KG_OP_EXP: exp_family(F_EXP, y, x, NULL, n); return true;
+  case KG_OP_SIGMOID: exp_family(F_SIGMOID, y, x, NULL, n); return true;
+  case KG_OP_SILU: exp_family(F_SILU, y, x, NULL, n); return true;
+  case KG_OP_QUICK_GELU: exp_family(F_QUICK_GELU, y, x, NULL, n); return true;
+  case KG_OP_GELU: exp_family(F_GELU, y, x, NULL, n); return true;
+  default: return false;
+  }
 }
 static bool fast_grad_f32(kg_op op, float *dx, const float *g, const float *s, int64_t n) {
-  if (op != KG_OP_GELU_TANH) return false;
-  tanh_family(2, dx, s, g, n);
-  return true;
+  switch (op) {
+  case KG_OP_GELU_TANH: tanh_family(2, dx, s, g, n); return true;
+  case KG_OP_SILU: exp_family(F_SILU_GRAD, dx, s, g, n); return true;
+  case KG_OP_QUICK_GELU: exp_family(F_QUICK_GELU_GRAD, dx, s, g, n); return true;
+  case KG_OP_GELU: exp_family(F_GELU_GRAD, dx, s, g, n); return true;
+  default: return false;
+  }
 }
 #define FAST_UNARY(T, op, y, x, n) (sizeof(T) == 4 && fast_unary_f32(op, (float *)(y), (const float *)(x), n))
 #define FAST_GRAD(T, op, dx, g, s, n) \
@@ -249,9 +402,45 @@ typedef struct {
     }                                                                                            \
   }
 
+/* the same run computed in place on the operands' memory: every operand f32 with unit stride
+ * (the common case), so the two chunk copies per element are skipped */
+static void ew_run_f32_direct(const ew_ctx *c, char *const *ptr, int64_t n) {
+  float *y = (float *)ptr[0];
+  const float *a = (const float *)ptr[1], *b = c->nops > 2 ? (const float *)ptr[2] : NULL;
+  switch (c->op) {
+  case KG_OP_UNARY_BACKWARD: {
+    const kg_unary_backward_params *p = c->params;
+    double lo = p->lo, hi = p->hi;
+    if (!FAST_GRAD(float, p->op, y, a, b, n)) UNARY_GRAD_BODY(float, p->op, y, a, b, n, lo, hi)
+  } break;
+  case KG_OP_CLAMP: {
+    const kg_clamp_params *p = c->params;
+    CLAMP_BODY(float, y, a, n, p->lo, p->hi)
+  } break;
+  default:
+    if (c->nops == 2) {
+      if (!FAST_UNARY(float, c->op, y, a, n)) UNARY_BODY(float, c->op, y, a, n)
+    } else {
+      BINARY_BODY(float, c->op, y, a, b, n)
+    }
+  }
+}
+
+/* and no input overlaps the output except exactly (in place): a shifted overlap would read
+ * elements already written, which the chunked path does not */
+static bool all_f32_unit(const ew_ctx *c, char *const *ptr, const int64_t *stride, int64_t n) {
+  if (c->wide || c->op == KG_OP_WHERE) return false;
+  for (int k = 0; k < c->nops; k++) {
+    if (c->dt[k] != KG_F32 || stride[k] != 1) return false;
+    if (k > 0 && ptr[k] != ptr[0] && ptr[k] < ptr[0] + n * 4 && ptr[0] < ptr[k] + n * 4) return false;
+  }
+  return true;
+}
+
 static void ew_run(void *ctx, char *const *ptr, const int64_t *stride, int64_t n) {
   const ew_ctx *c = ctx;
-  if (c->wide) EW_RUN(double, kg_cpu_load_f64, kg_cpu_store_f64)
+  if (all_f32_unit(c, ptr, stride, n)) ew_run_f32_direct(c, ptr, n);
+  else if (c->wide) EW_RUN(double, kg_cpu_load_f64, kg_cpu_store_f64)
   else EW_RUN(float, kg_cpu_load_f32, kg_cpu_store_f32)
 }
 

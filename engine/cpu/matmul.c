@@ -7,16 +7,20 @@
  * row, never gathered with a stride). The right operand of a small-M product (decode: a few
  * rows against a big bf16 weight) is converted in column blocks of about 256 KiB, each
  * multiplied while it is still in cache; the blocks are shared among the threads, each
- * running a single-threaded sgemm. Batch dims over which b is broadcast fold into a's rows
+ * running a single-threaded sgemm. Up to 32 rows against a bf16 b with a unit stride, on a CPU
+ * with AVX2, gemm_bf16.c reads b as bf16 instead (no conversion pass). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
  * point at the same matrix. See docs/kernels.md for the figures.
  */
 #include "cpu.h"
+#include "gemm_bf16.h"
 
 #include <cblas.h>
 #include <omp.h>
 #include <string.h>
 
+/* rows of a up to which a bf16 b is read directly by gemm_bf16.c (see docs/kernels.md, Decode) */
+#define MM_BF16_ROWS 32
 /* rows of a below which b is converted block by block (else whole, with one threaded GEMM) */
 #define MM_BLOCK_ROWS 128
 /* bytes of converted b per block */
@@ -72,6 +76,14 @@ static bool direct(const view *v, kg_dtype wt, mat *m) {
     return true;
   }
   return false;
+}
+
+/* does out = A @ b go to gemm_bf16.c? A few rows of f32 a (row-major) against a bf16 b with a
+ * unit stride on either dim, on a CPU with AVX2 + FMA (else convert + sgemm is faster) */
+static bool bf16_small(const view *b, kg_dtype wt, const mat *A, int64_t N) {
+  if (wt != KG_F32 || b->dt != KG_BF16 || A->trans || N > MM_BF16_ROWS) return false;
+  if (b->rs < 0 || b->cs < 0 || (b->rs != 1 && b->cs != 1)) return false;
+  return kg_cpu_gemm_bf16_avx2();
 }
 
 /* converts columns [c0, c0 + nc) of v into dst as wt, following v's memory order: row-major
@@ -193,6 +205,12 @@ kg_status kg_cpu_matmul(const kg_op_call *c) {
       A = convert(p, wt, &av, 0, K);
     }
     last_aoff = aoff;
+    if (bf16_small(&bv, wt, &A, N)) { /* decode: read the bf16 weight directly */
+      bool trans = bv.rs == 1;
+      kg_gemm_bf16_opts go = {.a_bf16 = a->dtype == KG_BF16}; /* then a's f32 copy packs back exactly */
+      st = kg_cpu_gemm_bf16(optr, odt, M, A.p, A.ld, (const uint16_t *)bv.p, trans ? bv.cs : bv.rs, trans, N, M, K, &go);
+      continue;
+    }
     bool bdirect = direct(&bv, wt, &B);
     if (!bdirect && N < MM_BLOCK_ROWS) { /* few rows: convert b in cache-sized column blocks */
       st = blocked(wt, &A, &bv, optr, odt, N, M, K);

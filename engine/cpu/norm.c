@@ -11,7 +11,8 @@
  *             dw[c] = sum dy * xhat, db[c] = sum dy               (over rows and spatial positions)
  *
  * Values are stored in the tensors' dtypes and computed in f32 (f64 for f64 input); the row
- * sums accumulate in double. Rows run in parallel; dw/db use per-thread partial sums.
+ * sums accumulate in double (f32: over 8 float lanes per block of NORM_BLOCK elements, the
+ * blocks added in double). Rows run in parallel; dw/db use per-thread partial sums.
  */
 #include "cpu.h"
 
@@ -46,6 +47,93 @@ static norm_plan plan_of(const kg_tensor *x, const kg_norm_params *p, bool group
   }
   q.M = q.cpg * q.S;
   return q;
+}
+
+
+/* ---- row sums: float lanes, blocks added in double --------------------------------------------
+ * A double accumulator per element is one long dependency chain (4 cycles an add); 8 float
+ * lanes over blocks of NORM_BLOCK elements, each block's total added in double, vectorise and
+ * keep the rounding of a block's float sum to ~NORM_BLOCK/8 additions. double rows keep the
+ * plain loop. */
+#define NORM_BLOCK 128
+
+static double sum_block_f32(const float *v, int64_t n) {
+  float lane[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) lane[k] += v[i + k];
+  double s = 0;
+  for (; i < n; i++) s += v[i];
+  for (int k = 0; k < 8; k++) s += lane[k];
+  return s;
+}
+
+/* sum v[i] */
+static double row_sum_f32(const float *v, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i += NORM_BLOCK) s += sum_block_f32(v + i, n - i < NORM_BLOCK ? n - i : NORM_BLOCK);
+  return s;
+}
+static double row_sum_f64(const double *v, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) s += v[i];
+  return s;
+}
+
+/* sum (v[i] - m)^2 */
+static double row_ss_f32(const float *v, int64_t n, float m) {
+  double s = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += NORM_BLOCK) {
+    int64_t e = n - i0 < NORM_BLOCK ? n - i0 : NORM_BLOCK, i = 0;
+    float lane[8] = {0};
+    const float *b = v + i0;
+    for (; i + 8 <= e; i += 8)
+      for (int k = 0; k < 8; k++) lane[k] += (b[i + k] - m) * (b[i + k] - m);
+    for (; i < e; i++) s += (double)(b[i] - m) * (b[i] - m);
+    for (int k = 0; k < 8; k++) s += lane[k];
+  }
+  return s;
+}
+static double row_ss_f64(const double *v, int64_t n, double m) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) s += (v[i] - m) * (v[i] - m);
+  return s;
+}
+
+/* over one channel block: *aw = sum g[i] * xhat[i], *ab = sum g[i], writing xhat into x */
+static void chan_sums_f32(float *x, const float *g, int64_t n, float mean, float rstd, double *aw, double *ab) {
+  double sw = 0, sb = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += NORM_BLOCK) {
+    int64_t e = n - i0 < NORM_BLOCK ? n - i0 : NORM_BLOCK, i = 0;
+    float lw[8] = {0}, lb[8] = {0};
+    float *xb = x + i0;
+    const float *gb = g + i0;
+    for (; i + 8 <= e; i += 8)
+      for (int k = 0; k < 8; k++) {
+        float xh = (xb[i + k] - mean) * rstd;
+        xb[i + k] = xh;
+        lw[k] += gb[i + k] * xh;
+        lb[k] += gb[i + k];
+      }
+    for (; i < e; i++) {
+      float xh = (xb[i] - mean) * rstd;
+      xb[i] = xh;
+      sw += (double)gb[i] * xh;
+      sb += gb[i];
+    }
+    for (int k = 0; k < 8; k++) sw += lw[k], sb += lb[k];
+  }
+  *aw = sw, *ab = sb;
+}
+static void chan_sums_f64(double *x, const double *g, int64_t n, double mean, double rstd, double *aw, double *ab) {
+  double sw = 0, sb = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double xh = (x[i] - mean) * rstd;
+    x[i] = xh;
+    sw += g[i] * xh;
+    sb += g[i];
+  }
+  *aw = sw, *ab = sb;
 }
 
 #define NORM_KERNELS(T, SFX)                                                                         \
@@ -84,14 +172,8 @@ static norm_plan plan_of(const kg_tensor *x, const kg_norm_params *p, bool group
       _Pragma("omp for schedule(static)") for (int64_t r = 0; r < q->rows; r++) {                    \
         if (!buf) continue;                                                                          \
         kg_cpu_load_##SFX(buf, xd + r * q->M * xes, x->dtype, 1, q->M);                              \
-        double sum = 0, ss = 0;                                                                      \
-        if (q->center)                                                                               \
-          for (int64_t i = 0; i < q->M; i++) sum += buf[i];                                          \
-        T mean = q->center ? (T)(sum / (double)q->M) : 0;                                            \
-        for (int64_t i = 0; i < q->M; i++) {                                                         \
-          T d = buf[i] - mean;                                                                       \
-          ss += (double)d * d;                                                                       \
-        }                                                                                            \
+        T mean = q->center ? (T)(row_sum_##SFX(buf, q->M) / (double)q->M) : 0;                       \
+        double ss = row_ss_##SFX(buf, q->M, mean);                                                   \
         T rstd = (T)(1.0 / sqrt(ss / (double)q->M + q->eps));                                        \
         int64_t c0 = (r % q->G) * q->cpg;                                                            \
         for (int64_t k = 0; k < q->cpg; k++) {                                                       \
@@ -138,12 +220,14 @@ static norm_plan plan_of(const kg_tensor *x, const kg_norm_params *p, bool group
         double sa = 0, sb = 0; /* sum gw, sum gw * xhat */                                           \
         for (int64_t k = 0; k < q->cpg; k++) {                                                       \
           double aw = 0, ab = 0;                                                                     \
-          T wc = wv[c0 + k], *xv = xb + k * q->S, *gv = gb + k * q->S;                               \
-          for (int64_t s = 0; s < q->S; s++) {                                                       \
-            T xh = (xv[s] - mean) * rstd;                                                            \
-            xv[s] = xh;                                                                              \
-            aw += (double)gv[s] * xh;                                                                \
-            ab += gv[s];                                                                             \
+          T wc = wv[c0 + k];                                                                         \
+          if (q->S == 1) { /* layer/rms norm: one element per channel */                             \
+            T xh = (xb[k] - mean) * rstd;                                                            \
+            xb[k] = xh;                                                                              \
+            aw = (double)gb[k] * xh;                                                                 \
+            ab = gb[k];                                                                              \
+          } else {                                                                                   \
+            chan_sums_##SFX(xb + k * q->S, gb + k * q->S, q->S, mean, rstd, &aw, &ab);               \
           }                                                                                          \
           pw[c0 + k] += aw;                                                                          \
           pb[c0 + k] += ab;                                                                          \

@@ -1,5 +1,6 @@
 /* reduce.c (cpu) — sum over any set of dims, accumulating in double; max/min/argmax/argmin,
- * cumsum and topk along one dim.
+ * cumsum and topk along one dim. A contiguous sum over leading dims adds whole rows
+ * (sum_leading) instead of walking strided columns.
  *
  * The input is viewed as [kept dims..., reduced dims...]; each output element (parallel over
  * them) walks its reduced elements in runs along the innermost reduced dim. Along-one-dim ops
@@ -69,10 +70,43 @@ static void add_run(void *ctx, const double *v, int64_t start, int64_t n) {
   *(double *)ctx += s;
 }
 
+/* x contiguous and reduced over its leading dims only (a bias gradient: [B, T, C] -> [C]): x
+ * is [R, N] row-major and out[j] = sum_r x[r, j]. Walking each output's column would gather
+ * with a stride of N; instead rows are added into double accumulators, a block of columns per
+ * thread (the same additions in the same order as the column walk, so the same result). */
+#define SUM_COLS 512
+static bool sum_leading(const kg_tensor *x, uint32_t mask, kg_tensor *o) {
+  int k = 0;
+  while (k < x->ndim && (mask & (1u << k))) k++;
+  if (k == 0 || k == x->ndim || (mask >> k) != 0 || !kg_is_contiguous(x)) return false;
+  int64_t N = 1, R = 1;
+  for (int d = 0; d < x->ndim; d++) {
+    if (d < k) R *= x->shape[d];
+    else N *= x->shape[d];
+  }
+  if (N < 8 || R < 2) return false; /* few columns: the column walk is as good */
+  const char *base = kg_data(x);
+  int es = kg_dtype_info[x->dtype].size;
+  int64_t nblk = (N + SUM_COLS - 1) / SUM_COLS;
+#pragma omp parallel for if (R * N > KG_PAR_THRESHOLD && nblk > 1) schedule(static)
+  for (int64_t b = 0; b < nblk; b++) {
+    int64_t j0 = b * SUM_COLS, m = N - j0 < SUM_COLS ? N - j0 : SUM_COLS;
+    double acc[SUM_COLS], row[SUM_COLS];
+    for (int64_t j = 0; j < m; j++) acc[j] = 0;
+    for (int64_t r = 0; r < R; r++) {
+      kg_cpu_load_f64(row, base + (r * N + j0) * es, x->dtype, 1, m);
+      for (int64_t j = 0; j < m; j++) acc[j] += row[j];
+    }
+    for (int64_t j = 0; j < m; j++) kg_store_from_double(kg_data(o), o->dtype, j0 + j, acc[j]);
+  }
+  return true;
+}
+
 kg_status kg_cpu_sum(const kg_op_call *c) {
   const kg_tensor *x = c->in[0];
   kg_tensor *o = c->out[0];
   const kg_reduce_params *rp = c->params;
+  if (sum_leading(x, rp->mask, o)) return KG_OK;
   kg_cpu_reduce_plan p;
   kg_cpu_reduce_layout(x, rp->mask, &p);
   const char *base = kg_data(x);

@@ -2,6 +2,7 @@
  * for f64 inputs) and their backward passes from the saved output y:
  *   softmax      dx = y * (g - sum(g * y))
  *   log_softmax  dx = g - exp(y) * sum(g)
+ * each one fused kernel (softmax_backward / log_softmax_backward, INTERNAL ops).
  * Shapes: x: [..., N, ...] with N at dim; y like x. */
 #include "../core/internal.h"
 
@@ -34,27 +35,18 @@ kg_status kg_log_softmax(kg_tensor **out, const kg_tensor *x, int dim) {
   return softmax_like(KG_OP_LOG_SOFTMAX, out, x, dim);
 }
 
+/* dx in one fused kernel (engine/cpu/softmax.c, engine/cuda/softmax.cu): in {g, y} -> {dx} */
+static kg_status softmax_grad(kg_op bop, kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  const kg_tensor *y = n->saved_out[0], *g = dout[0];
+  KG_TRY(kg_new_like(&din[0], g, y->ndim, y->shape, kg_dtype_promote(g->dtype, y->dtype)));
+  const kg_tensor *in[2] = {g, y};
+  return kg_op_dispatch(bop, 1, &din[0], 2, in, n->params); /* the engine releases din[] */
+}
+
 kg_status kg_grad_softmax(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
-  const kg_dim_params *p = n->params;
-  const kg_tensor *y = n->saved_out[0];
-  kg_tensor *gy = NULL, *s = NULL, *t = NULL;
-  kg_status st = kg_binary(&gy, KG_OP_MUL, dout[0], y);
-  if (!st) st = kg_sum(&s, gy, 1u << p->dim, true);
-  if (!st) st = kg_binary(&t, KG_OP_SUB, dout[0], s);
-  if (!st) st = kg_binary(&din[0], KG_OP_MUL, y, t);
-  kg_tensor *tmp[3] = {gy, s, t};
-  kg_release_all(3, tmp);
-  return st;
+  return softmax_grad(KG_OP_SOFTMAX_BACKWARD, n, dout, din);
 }
 
 kg_status kg_grad_log_softmax(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
-  const kg_dim_params *p = n->params;
-  kg_tensor *e = NULL, *s = NULL, *t = NULL;
-  kg_status st = kg_unary(&e, KG_OP_EXP, n->saved_out[0]);
-  if (!st) st = kg_sum(&s, dout[0], 1u << p->dim, true);
-  if (!st) st = kg_binary(&t, KG_OP_MUL, e, s);
-  if (!st) st = kg_binary(&din[0], KG_OP_SUB, dout[0], t);
-  kg_tensor *tmp[3] = {e, s, t};
-  kg_release_all(3, tmp);
-  return st;
+  return softmax_grad(KG_OP_LOG_SOFTMAX_BACKWARD, n, dout, din);
 }

@@ -1,11 +1,17 @@
--- kernels.lua — micro-benchmarks of two hot kernels, f32 on the CPU (not a test):
---   matmul [2048, 2048] @ [2048, 2048]            -> GFLOP/s (2·N³ / median time)
---   scaled_dot_product_attention q, k, v [8, 8, 512, 64] (B, H, T/S, D), forward -> ms
--- Usage: keng scripts/bench/kernels.lua [runs=5] [threads]
+-- kernels.lua — micro-benchmarks of two hot kernels on the CPU (not a test):
+--   matmul f32 [2048, 2048] @ [2048, 2048]        -> GFLOP/s (2·N³ / median time)
+--   scaled_dot_product_attention q, k, v [8, 8, 512, 64] (B, H, T/S, D), f32 forward -> ms
+--   then a table of attention shapes (the headline one and the CPU-tier models' own, from
+--   scripts/models/*.lua) in f32 and bf16: forward, and forward + backward (gradients of q, k,
+--   v for a fixed random upstream gradient) -> ms
+-- Usage: keng scripts/bench/kernels.lua [runs=5] [threads] [cpu]
+--   cpu: time with process CPU time (os.clock) instead of wall-clock, for one thread on a shared
+--   machine (with more threads it sums them)
 -- The peer with PyTorch is tests/fixtures/gen/bench_torch.py.
 local keng = keng or require "keng"
 local runs = tonumber(arg and arg[1]) or 5
 if arg and arg[2] then keng.set_num_threads(tonumber(arg[2])) end
+local clock = arg and arg[3] == "cpu" and os.clock or keng.time
 
 local function median(xs)
   table.sort(xs)
@@ -13,21 +19,24 @@ local function median(xs)
   return n % 2 == 1 and xs[(n + 1) // 2] or (xs[n // 2] + xs[n // 2 + 1]) / 2
 end
 
--- median wall-clock seconds of fn over `runs` calls, after one warm-up call
+-- median wall-clock seconds of fn over `runs` calls, after one warm-up call; also the fastest
+-- (on a shared machine the median moves with the other jobs, the fastest much less)
 local function time(fn)
   fn()
   local ts = {}
   for i = 1, runs do
     collectgarbage()
-    local t0 = keng.time()
+    local t0 = clock()
     fn()
-    ts[i] = keng.time() - t0
+    ts[i] = clock() - t0
   end
-  return median(ts)
+  local med = median(ts)
+  return med, ts[1]
 end
 
 keng.manual_seed(0)
-print(string.format("keng %s, %d threads, median of %d runs", keng.version, keng.num_threads(), runs))
+print(string.format("keng %s, %d threads, median of %d runs%s", keng.version, keng.num_threads(), runs,
+  clock == os.clock and ", process CPU time" or ""))
 
 local N = 2048
 local a, b = keng.randn({N, N}), keng.randn({N, N})
@@ -41,3 +50,38 @@ keng.no_grad(function()
   print(string.format("sdpa f32 [8,8,512,64] forward: %.1f ms (causal %.1f ms), %.1f GFLOP/s", ts * 1e3, tc * 1e3,
     4 * 8 * 8 * 512 * 512 * 64 / ts / 1e9))
 end)
+
+-- attention table: name, q [B, H, T, D], k/v [B, Hkv, S, D], options; the mask (sam's
+-- additive bias, [B, H, T, S] f32) is made per row
+local shapes = {
+  {"headline", {8, 8, 512, 64}, {8, 8, 512, 64}, {}},
+  {"headline causal", {8, 8, 512, 64}, {8, 8, 512, 64}, {causal = true}},
+  {"bert_tiny", {32, 2, 128, 64}, {32, 2, 128, 64}, {}},
+  {"gemma_tiny fit", {8, 4, 128, 64}, {8, 4, 128, 64}, {causal = true}},
+  {"mistral_tiny fit", {8, 8, 128, 32}, {8, 2, 128, 32}, {causal = true}},
+  {"sam_tiny windowed", {25, 3, 49, 64}, {25, 3, 49, 64}, {bias = true}},
+  {"sam_tiny global", {1, 3, 256, 64}, {1, 3, 256, 64}, {bias = true}},
+  {"sd_tiny self", {26, 2, 256, 32}, {26, 2, 256, 32}, {}},
+}
+print("sdpa table: ms, median (fastest) of forward | of forward + backward")
+for _, dt in ipairs({"f32", "bf16"}) do
+  for _, row in ipairs(shapes) do
+    local name, qs, ks, o = row[1], row[2], row[3], row[4]
+    local q, k, v = keng.randn(qs):to(dt), keng.randn(ks):to(dt), keng.randn(ks):to(dt)
+    local opts = {causal = o.causal}
+    if o.bias then opts.mask = keng.randn({qs[1], qs[2], qs[3], ks[3]}) end
+    local tf, tf_min
+    keng.no_grad(function()
+      tf, tf_min = time(function() return keng.scaled_dot_product_attention(q, k, v, opts) end)
+    end)
+    for _, t in ipairs({q, k, v}) do t.requires_grad = true end
+    local g = keng.randn(qs):to(dt)
+    local tb, tb_min = time(function()
+      q.grad, k.grad, v.grad = nil, nil, nil
+      keng.scaled_dot_product_attention(q, k, v, opts):backward(g)
+    end)
+    print(string.format("sdpa %-4s %-18s q [%s] kv [%s]%s: %7.2f (%7.2f) | %7.2f (%7.2f)", dt, name,
+      table.concat(qs, ","), table.concat(ks, ","), o.causal and " causal" or "", tf * 1e3, tf_min * 1e3, tb * 1e3,
+      tb_min * 1e3))
+  end
+end

@@ -178,15 +178,17 @@ function CausalLM:hidden(ids, ctx, caches)
   return self.model.norm(x)                                         -- [B, T, C]
 end
 
--- head(h [B, T, C]) -> f32 logits [B, T, V]: the matmul runs in the model dtype with f32
--- accumulation, then the logits are cast to f32 (softmax and the loss see f32)
+-- head(h [B, T, C], raw) -> f32 logits [B, T, V]: the matmul runs in the model dtype with f32
+-- accumulation, then the logits are cast to f32 (softmax and the loss see f32); raw keeps the
+-- model dtype (greedy decoding needs only the argmax, which the exact cast does not change)
 -- (h is flattened to [B·T, C] first: one GEMM, not one per batch row, which matters on the CPU
 -- where a bf16 weight is converted per GEMM call)
-function CausalLM:head(h)
+function CausalLM:head(h, raw)
   local B, T, C = h.shape[1], h.shape[2], h.shape[3]
   local x = h:reshape{B * T, C}                                     -- [B·T, C]
   local y = self.lm_head and self.lm_head(x) or keng.linear(x, self.model.embed_tokens.weight:to(h.dtype))
-  return y:float():view{B, T, -1}                                   -- [B, T, V]
+  if not raw then y = y:float() end
+  return y:view{B, T, -1}                                           -- [B, T, V]
 end
 
 -- logits(ids) -> f32 [B, T, V] over the whole sequence (causal, sliding window)
@@ -210,7 +212,8 @@ end
 
 local SAMPLERS = {greedy = true, temperature = true, top_k = true, top_p = true}
 
--- pick(logits [B, V] f32, o) -> list of B ids. Order: temperature -> top_k -> top_p -> sample.
+-- pick(logits [B, V] f32 (any float dtype for greedy), o) -> list of B ids.
+-- Order: temperature -> top_k -> top_p -> sample.
 local function pick(logits, o)
   if o.sampler == "greedy" then return logits:argmax(-1):tolist() end
   if o.temperature ~= 1 then logits = logits / o.temperature end
@@ -344,7 +347,8 @@ function CausalLM:generate(prompts, opts)
     local ctx = {positions = keng.tensor(pos, {dtype = "i64", device = dev}), start = 1,
                  mask = make_mask(pads, 0, P, P, cfg.window, dev)}
     local h = self:hidden(keng.tensor(ids, {dtype = "i64", device = dev}), ctx, caches)  -- [B, P, C]
-    local logits = self:head(h:narrow(2, P, 1)):select(2, 1)        -- [B, V]
+    local raw = o.sampler == "greedy"                               -- argmax of the model-dtype logits
+    local logits = self:head(h:narrow(2, P, 1), raw):select(2, 1)   -- [B, V]
     for s = 1, steps do
       local next_ids = pick(logits, o)
       local all_done, feed, fpos = true, {}, {}
@@ -363,7 +367,7 @@ function CausalLM:generate(prompts, opts)
       ctx = {positions = keng.tensor(fpos, {dtype = "i64", device = dev}), start = P + s,
              mask = make_mask(pads, P + s - 1, 1, P + s, cfg.window, dev)}
       h = self:hidden(keng.tensor(feed, {dtype = "i64", device = dev}), ctx, caches)  -- [B, 1, C]
-      logits = self:head(h):select(2, 1)                            -- [B, V]
+      logits = self:head(h, raw):select(2, 1)                       -- [B, V]
     end
   end)
   if was_training then self:train() end

@@ -214,6 +214,49 @@ describe("scaled_dot_product_attention", function()
     end
   end)
 
+  -- f32 and bf16 run the AVX2 tiles (f64 the BLAS ones): odd lengths, D not a multiple of 8
+  -- or 16, several query and key tiles, masks, against composed ops in f64 on the same values
+  it("has f32 and bf16 values and gradients matching composed f64 ops across tiles", function()
+    local cases = {
+      {T = 70, S = 131, D = 64, causal = true, window = 0},
+      {T = 97, S = 97, D = 80, causal = false, window = 30, fmask = true},
+      {T = 50, S = 77, D = 20, causal = false, window = 0, bmask = true},
+    }
+    for _, c in ipairs(cases) do
+      for _, dt in ipairs({"f32", "bf16"}) do
+        local leaves = {}
+        for i, s in ipairs({c.T, c.S, c.S}) do
+          leaves[i] = keng.randn({2, 2, s, c.D}):to(dt):detach()
+          leaves[i].requires_grad = true
+        end
+        local q, k, v = leaves[1], leaves[2], leaves[3]
+        local bias, mask = band_bias(c.T, c.S, c.causal, c.window), nil
+        if c.fmask then
+          mask = keng.randn({1, 2, c.T, c.S})
+          bias = bias + mask:to("f64")
+        elseif c.bmask then -- key padding [B,1,1,S]: the last 10 keys of batch 2 hidden
+          local rows = {{}, {}}
+          for j = 1, c.S do rows[1][j], rows[2][j] = true, j <= c.S - 10 end
+          mask = keng.tensor(rows, {dtype = "bool"}):reshape{2, 1, 1, c.S}
+          bias = bias + keng.where(mask, keng.zeros({1}, {dtype = "f64"}), keng.full({1}, -1e9, {dtype = "f64"}))
+        end
+        local g = keng.randn({2, 2, c.T, c.D})
+        local out = sdpa(q, k, v, {causal = c.causal, window = c.window, mask = mask})
+        assert.are.equal(dt, out.dtype)
+        ;(out:to("f32") * g):sum():backward()
+        local q64, k64, v64 = q:to("f64"):detach(), k:to("f64"):detach(), v:to("f64"):detach()
+        for _, t in ipairs({q64, k64, v64}) do t.requires_grad = true end
+        local ref = composed_sdpa(q64, k64, v64, bias, 1 / math.sqrt(c.D))
+        ;(ref * g:to("f64")):sum():backward()
+        local tol, tag = dt == "f32" and 2e-5 or 2e-2, string.format(" %s T=%d S=%d D=%d", dt, c.T, c.S, c.D)
+        H.close(out, ref, tol, "out" .. tag)
+        H.close(q.grad, q64.grad, tol, "dq" .. tag)
+        H.close(k.grad, k64.grad, tol, "dk" .. tag)
+        H.close(v.grad, v64.grad, tol, "dv" .. tag)
+      end
+    end
+  end)
+
   it("raises on bad shapes, dtypes and masks", function()
     local q, k, v = keng.randn({1, 3, 4, 4}), keng.randn({1, 2, 5, 4}), keng.randn({1, 2, 5, 4})
     local e = H.raises(function() sdpa(q, k, v) end, "scaled_dot_product_attention")

@@ -152,6 +152,82 @@ describe("conv2d", function()
     H.close(keng.conv_transpose2d(xt, wt, nil, {}), (ref_conv_transpose2d(xt, wt, nil, {})), 1e-5)
   end)
 
+  -- the CPU kernel cuts the output pixels into tiles of 256 columns (several small images per
+  -- tile) and runs the stride-1 data gradient as a conv with the flipped kernel: these shapes
+  -- cross tile edges mid-row, end on partial tiles, and take each data-gradient path
+  local tiled = {
+    {name = "3x3, 17x19 pixels, 3 tiles per image", x = {2, 3, 17, 19}, w = {4, 3, 3, 3}, o = {padding = 1}},
+    {name = "5 images of 9x10 per tile, partial last tile", x = {7, 2, 9, 10}, w = {3, 2, 3, 3}, o = {padding = {1, 2}}},
+    {name = "1x1 across tiles", x = {3, 4, 16, 17}, w = {5, 4, 1, 1}, o = {}},
+    {name = "1x1, images folded", x = {5, 3, 6, 7}, w = {2, 3, 1, 1}, o = {}},
+    {name = "groups, dilation, tiles", x = {2, 4, 18, 15}, w = {6, 2, 3, 2}, o = {groups = 2, dilation = {2, 1}, padding = {2, 1}}},
+    {name = "padding beyond the kernel (col2im path)", x = {2, 2, 6, 5}, w = {3, 2, 3, 3}, o = {padding = 3}},
+    {name = "stride 2, tiles", x = {3, 2, 35, 33}, w = {2, 2, 3, 3}, o = {stride = 2, padding = 1}},
+    {name = "stride 2, col2im in chunks of 2 + 1 images", x = {3, 1, 84, 100}, w = {2, 1, 3, 3}, o = {stride = 2, padding = 1}},
+  }
+  for _, c in ipairs(tiled) do
+    it("matches the direct loop with its gradients: " .. c.name, function()
+      keng.manual_seed(8)
+      local x, w, b = H.leaf(c.x), H.leaf(c.w), H.leaf({c.w[1]})
+      local ref, shape = ref_conv2d(x, w, b, c.o)
+      local y = keng.conv2d(x, w, b, c.o)
+      same_shape(y, shape)
+      close64(y, ref, 1e-12, c.name)
+      -- gradients of sum(y * r) against the same conv run one image and one output channel
+      -- at a time (those take the untiled single-image and direct paths)
+      local r = keng.randn(shape, {dtype = "f64"})
+      ;(y * r):sum():backward()
+      local gx, gw, gb = x.grad, w.grad, b.grad
+      local ex = keng.zeros(c.x, {dtype = "f64"})
+      for n = 1, c.x[1] do
+        local xn = x:detach():narrow(1, n, 1)
+        xn.requires_grad = true
+        ;(keng.conv2d(xn, w:detach(), nil, c.o) * r:narrow(1, n, 1)):sum():backward()
+        ex[n] = xn.grad[1]
+      end
+      close64(gx, ex:tolist(), 1e-10, c.name .. " dx")
+      -- dw[co] = sum over images and pixels of r[co] times the input window: finite differences
+      -- in w are exact for a linear map, so compare with (f(w + e) - f(w - e)) / 2 on a few entries
+      local function f(wv) return (keng.conv2d(x:detach(), wv, nil, c.o) * r):sum():item() end
+      local wl = w:detach()
+      for _, idx in ipairs({{1, 1, 1, 1}, {c.w[1], c.w[2], c.w[3], c.w[4]}}) do
+        local e = keng.zeros(c.w, {dtype = "f64"})
+        e[idx[1]][idx[2]][idx[3]][idx[4]] = 1
+        local fd = (f(wl + e) - f(wl - e)) / 2
+        H.close(gw[idx[1]][idx[2]][idx[3]][idx[4]]:item(), fd, 1e-9, c.name .. " dw")
+      end
+      close64(gb, r:sum({1, 3, 4}):tolist(), 1e-10, c.name .. " db")
+    end)
+  end
+
+  it("splits tiles among threads and sums their weight gradients", function()
+    keng.manual_seed(10)
+    local x, w, b = H.leaf({4, 8, 24, 24}), H.leaf({8, 8, 3, 3}), H.leaf({8})
+    local r = keng.randn({4, 8, 24, 24}, {dtype = "f64"})
+    ;(keng.conv2d(x, w, b, {padding = 1}) * r):sum():backward()
+    local sw = keng.zeros({8, 8, 3, 3}, {dtype = "f64"})
+    for n = 1, 4 do -- one image each: below the size that runs in parallel
+      local wn = w:detach()
+      wn.requires_grad = true
+      ;(keng.conv2d(x:detach():narrow(1, n, 1), wn, nil, {padding = 1}) * r:narrow(1, n, 1)):sum():backward()
+      sw = sw + wn.grad
+    end
+    close64(w.grad, sw:tolist(), 1e-10)
+    close64(keng.conv2d(x:detach(), w:detach(), b:detach(), {padding = 1}),
+      (ref_conv2d(x:detach(), w:detach(), b:detach(), {padding = 1})), 1e-12)
+  end)
+
+  it("f32 and bf16 at tiled sizes match f64", function()
+    keng.manual_seed(9)
+    local x, w, b = keng.randn({3, 8, 20, 21}, {dtype = "f64"}), keng.randn({6, 8, 3, 3}, {dtype = "f64"}), keng.randn({6}, {dtype = "f64"})
+    local ref = keng.conv2d(x, w, b, {padding = 1})
+    H.close(keng.conv2d(x:float(), w:float(), b:float(), {padding = 1}), ref:float(), 1e-4)
+    H.close(keng.conv2d(H.noncontig(x:float()), w:float(), b:float(), {padding = 1}), ref:float(), 1e-4)
+    local yb = keng.conv2d(x:bf16(), w:bf16(), b:bf16(), {padding = 1})
+    assert.are.equal("bf16", yb.dtype)
+    H.close(yb:float(), keng.conv2d(x:bf16():double(), w:bf16():double(), b:bf16():double(), {padding = 1}):float(), 0.1)
+  end)
+
   it("works as a method and without options", function()
     local x, w = keng.randn({1, 1, 4, 4}), keng.randn({1, 1, 2, 2})
     same_shape(x:conv2d(w), {1, 1, 3, 3})

@@ -153,6 +153,75 @@ describe("unary ops", function()
     H.close(i:exp(), {math.exp(-2), math.exp(3)}, 1e-6)
   end)
 
+  -- float exp, sigmoid, silu, quick_gelu (and the backward of the last two) run a libm-free
+  -- formula (8 lanes, scalar tail); f64 stays on libm, so f64 is the reference here
+  it("float exp family (and exact gelu) matches f64 to a few ulp over the whole range, grads too", function()
+    local rel_v
+    -- quick_gelu rounds its argument 1.702 x to float: |1.702 x| 2^-24 more relative error
+    local function rel_close(a, b, tol, msg)
+      local fa, fb = a:tolist(), b:tolist()
+      for i = 1, #fa do
+        local x, y = fa[i], fb[i]
+        local t = msg:find("quick_gelu") and tol + 6e-8 * math.abs(1.702 * rel_v[i]) or tol
+        local ok = (x ~= x and y ~= y) or x == y or math.abs(x - y) <= t * math.abs(y) + 1e-37
+        assert(ok, string.format("%s: element %d: %.9g vs %.9g", msg, i, x, y))
+      end
+    end
+    -- 1003 points (not a multiple of 8) from -95 to 95, plus the edges of exp's range
+    local v = {}
+    rel_v = v
+    for i = 0, 1002 do v[#v + 1] = -95 + 190 * i / 1002 end
+    for _, e in ipairs({88.72, 88.73, 89, -87.3, -103.9, -104.5, -200, 0, -0.0, 1e-30, math.huge, -math.huge}) do
+      v[#v + 1] = e
+    end
+    local x = keng.tensor(v)
+    local xd = x:double()
+    for _, name in ipairs({"exp", "sigmoid", "silu", "quick_gelu"}) do
+      rel_close(x[name](x), xd[name](xd):float(), 5e-7, name)
+      local nc = H.noncontig(x)
+      rel_close(nc[name](nc), xd[name](xd):float(), 5e-7, name .. " non-contiguous")
+    end
+    -- exact gelu: an erfc fit (relative error < 1.2e-7) keeps the x << 0 tail, where
+    -- 1 + erf(x / sqrt 2) cancels; the exp argument x^2/2 rounds, so 2e-7 |x|^2 relative there
+    local gv = x:gelu():tolist()
+    local gr = xd:gelu():tolist()
+    for i = 1, #v do
+      local t = 4e-7 + 1.2e-7 * v[i] * v[i]
+      if v[i] == v[i] and math.abs(v[i]) <= 5 then -- beyond, f64's own 1 + erf cancels
+        assert(math.abs(gv[i] - gr[i]) <= t * math.abs(gr[i]) + 1e-37,
+          string.format("gelu at %.9g: %.9g vs %.9g", v[i], gv[i], gr[i]))
+      end
+    end
+    -- the tail: Phi(-10) = 7.6198530241605e-24 (erfc(10 / sqrt 2) / 2)
+    local tail = keng.full({9}, -10, {dtype = "f32"}):gelu():tolist()
+    for _, t in ipairs(tail) do
+      assert(math.abs(t / -7.6198530241605e-23 - 1) < 3e-5, string.format("gelu(-10) = %.9g", t))
+    end
+    local nan = keng.tensor({0 / 0, 1, 0 / 0, 2, 3, 4, 5, 6, 0 / 0})
+    for _, name in ipairs({"exp", "sigmoid", "silu", "quick_gelu", "gelu"}) do
+      local y = nan[name](nan):tolist()
+      assert.is_true(y[1] ~= y[1] and y[3] ~= y[3] and y[9] ~= y[9], name .. " keeps NaN")
+    end
+    assert.are.equal(math.huge, keng.tensor({89}):exp():item())
+    assert.are.equal(0, keng.tensor({-104}):exp():item())
+    -- backward in f32 against the f64 backward, inputs of moderate size (grads are O(1))
+    local g = {}
+    for i = 0, 300 do g[#g + 1] = -30 + 60 * i / 300 end
+    for _, name in ipairs({"silu", "quick_gelu", "sigmoid", "exp", "gelu"}) do
+      local a = keng.tensor(g):detach()
+      a.requires_grad = true
+      a[name](a):sum():backward()
+      local b = keng.tensor(g):double():detach() -- the same (float) inputs
+      b.requires_grad = true
+      b[name](b):sum():backward()
+      local ga, gb = a.grad:tolist(), b.grad:tolist()
+      for i = 1, #ga do
+        assert(math.abs(ga[i] - gb[i]) <= 5e-7 * math.max(1, math.abs(gb[i])),
+          string.format("%s grad at %.4g: %.9g vs %.9g", name, g[i], ga[i], gb[i]))
+      end
+    end
+  end)
+
   it("special values", function()
     local y = keng.tensor({0, -1, 4}):sqrt():tolist()
     assert.are.equal(0, y[1])

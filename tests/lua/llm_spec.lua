@@ -190,6 +190,31 @@ describe("bf16", function()
       assert.are.equal(10, #out[1])
     end
   end)
+
+  -- decode steps multiply one row of x by the bf16 weights (the direct bf16 GEMV of
+  -- engine/cpu/gemm_bf16.c), the full sequence multiplies T rows: both must pick the same
+  -- token, up to ties closer than bf16 rounding of the hidden states
+  it("KV-cache decoding picks the full-sequence argmax (or a near tie), step by step", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = loaded(name)
+      lm:to("bf16")
+      local prompt = {2, 40, 41, 42}
+      for _, B in ipairs({1, 3}) do                                 -- batch 3: rows decode together
+        local prompts = {}
+        for b = 1, B do prompts[b] = prompt end
+        local out = lm:generate(prompts, {max_length = 20, stop_token_ids = {}})
+        for b = 2, B do assert.are.same(out[1], out[b], name .. " row " .. b) end
+        local ids = out[1]
+        local full = lm:logits(keng.tensor({ids})):select(1, 1)     -- [T, V] f32
+        for t = #prompt, #ids - 1 do
+          local row = full:select(1, t)                             -- logits after token t
+          local best, picked = row:max():item(), row:tolist()[ids[t + 1] + 1]
+          assert.is_true(best - picked <= 0.02 * (1 + math.abs(best)),
+            string.format("%s B=%d step %d: picked %d (%.4f), best %.4f", name, B, t, ids[t + 1], picked, best))
+        end
+      end
+    end
+  end)
 end)
 
 describe("LoRA", function()

@@ -209,6 +209,27 @@ describe("group_norm", function()
     H.close(g1[3], b.grad, 1e-9, "db")
   end)
 
+  -- f32 rows sum over 8 float lanes per block of 128 elements: rows longer than a block, with a
+  -- tail that is not a multiple of 8 and a mean far from 0, against the f64 kernel on the same values
+  it("f32 matches f64 on long rows with a large mean, forward and backward", function()
+    keng.manual_seed(26)
+    local x32 = (keng.randn({2, 6, 15, 13}) * 0.5 + 100):detach()
+    local w32, b32 = keng.randn({6}):detach(), keng.randn({6}):detach()
+    local gy = keng.randn({2, 6, 15, 13})
+    local function run(x, w, b, g)
+      x.requires_grad, w.requires_grad, b.requires_grad = true, true, true
+      local y = keng.group_norm(x, 2, w, b)
+      y:mul(g):sum():backward()
+      return y, x.grad, w.grad, b.grad
+    end
+    local a = {run(x32, w32, b32, gy)}
+    local r = {run(x32:double():detach(), w32:double():detach(), b32:double():detach(), gy:double())}
+    for i, name in ipairs({"y", "dx", "dw", "db"}) do H.close(a[i]:double(), r[i], 2e-4, name) end
+    -- layer_norm over rows of 300 (3 blocks, a tail of 44) with the same check
+    local l = (keng.randn({4, 300}) * 0.1 - 50):detach()
+    H.close(keng.layer_norm(l):double(), keng.layer_norm(l:double()), 2e-4, "layer_norm")
+  end)
+
   it("reports groups that do not divide the channels", function()
     local x = keng.randn({2, 6, 3})
     H.raises(function() keng.group_norm(x, 4) end, "group_norm")

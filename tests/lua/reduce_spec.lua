@@ -91,6 +91,26 @@ describe("sum, mean, var", function()
     H.close(x:mean({1, 3}), x:sum({1, 3}) / 8, 1e-6, "mean over {1,3}")
   end)
 
+  -- sums over leading dims of a contiguous tensor add whole rows (blocks of 512 columns, one
+  -- per thread): more than one block, a ragged last block, integers and bf16, against the
+  -- column-by-column walk of a non-contiguous copy
+  it("over leading dims match the strided walk", function()
+    keng.manual_seed(9)
+    local x = keng.randn({3, 7, 1100})
+    local ref = {}
+    for j = 1, 1100 do ref[j] = 0 end
+    local xl = x:tolist()
+    for a = 1, 3 do for b = 1, 7 do for j = 1, 1100 do ref[j] = ref[j] + xl[a][b][j] end end end
+    H.close(x:sum({1, 2}), ref, 1e-5, "sum over {1,2}")
+    shape_is(x:sum({1, 2}, true), {1, 1, 1100})
+    H.close(x:sum(1), H.noncontig(x):sum(1), 1e-6, "sum over dim 1")
+    local i = keng.arange(3 * 600):reshape{3, 600}
+    assert.are.equal("i64", i:sum(1).dtype)
+    assert.are.same(i:double():sum(1):tolist(), i:sum(1):double():tolist())
+    local b = x:bf16()
+    H.close(b:sum(1):float(), b:float():sum(1), 2e-2, "bf16")
+  end)
+
   it("integer sums are i64; non-contiguous and bf16 inputs work", function()
     local i = keng.tensor({{1, 2}, {3, 4}}, {dtype = "i32"})
     assert.are.equal("i64", i:sum().dtype)
@@ -310,6 +330,85 @@ describe("softmax, log_softmax", function()
     H.gradcheck(function(t) return t:softmax(1) end, {H.leaf({3, 4})})
     H.gradcheck(function(t) return t:log_softmax(-1) end, {H.leaf({2, 3, 4})})
     H.gradcheck(function(t) return keng.log_softmax(t, 1) end, {H.leaf({3, 2})})
+  end)
+
+  -- float rows run a libm-free exp and sum over float lanes in runs of 128: rows longer than a
+  -- run with a ragged tail, -inf entries and a wide spread, against f64 on the same values
+  it("f32 on long rows matches f64", function()
+    keng.manual_seed(8)
+    local x32 = keng.randn({5, 301}) * 20
+    x32[2][7] = -math.huge
+    x32[3]:fill_(-math.huge)
+    local x64 = x32:double()
+    H.close(x32:softmax(-1):double(), x64:softmax(-1), 1e-6, "softmax")
+    H.close(x32:log_softmax(-1):double(), x64:log_softmax(-1), 1e-5, "log_softmax")
+    H.close(x32:softmax(1):double(), x64:softmax(1), 1e-6, "softmax dim 1")
+    -- a NaN anywhere in a row makes the whole row NaN (as PyTorch), other rows are untouched
+    local xn = x32:clone()
+    xn[4][200] = 0 / 0
+    for _, name in ipairs({"softmax", "log_softmax"}) do
+      local y = xn[name](xn, -1)
+      for j = 1, 301, 50 do assert.is_true(y[4][j]:item() ~= y[4][j]:item(), name .. " NaN row") end
+      H.close(y[5], x32[name](x32, -1)[5], 0, name .. " other rows")
+    end
+    local g = keng.randn({5, 301})
+    for _, name in ipairs({"softmax", "log_softmax"}) do
+      local a, b = x32:detach(), x64:detach()
+      a.requires_grad, b.requires_grad = true, true
+      a[name](a, -1):backward(g)
+      b[name](b, -1):backward(g:double())
+      H.close(a.grad:double(), b.grad, 1e-5, name .. " backward")
+    end
+  end)
+
+  -- the backward is one fused kernel per form (softmax_backward, log_softmax_backward): check
+  -- it against the formulas written out in Lua, for every dim, non-contiguous and broadcast
+  -- (expanded, stride-0) gradients, 0-d input, and f32 / bf16 against f64
+  it("backward matches y * (g - sum(g y)) and g - exp(y) sum(g) along any dim", function()
+    keng.manual_seed(7)
+    -- H.close reads tensors through f32: compare f64 results as lists
+    local function close64(a, b, tol, msg)
+      return H.close(keng.is_tensor(a) and a:tolist() or a, keng.is_tensor(b) and b:tolist() or b, tol, msg)
+    end
+    local function ref_grad(y, g, d, log_form)
+      local s = log_form and g:sum(d, true) or (g * y):sum(d, true)
+      return log_form and g - y:exp() * s or y * (g - s)
+    end
+    for _, log_form in ipairs({false, true}) do
+      local name = log_form and "log_softmax" or "softmax"
+      for _, d in ipairs({1, 2, 3, -1}) do
+        local t = keng.randn({3, 4, 5}, {dtype = "f64"}):detach()
+        t.requires_grad = true
+        local y = t[name](t, d)
+        local g = keng.randn({3, 4, 5}, {dtype = "f64"})
+        y:backward(g)
+        close64(t.grad, ref_grad(y:detach(), g, d, log_form), 1e-12, name .. " dim " .. d)
+        -- a non-contiguous gradient and a broadcast one
+        t.grad = nil
+        t[name](t, d):backward(H.noncontig(g))
+        close64(t.grad, ref_grad(y:detach(), g, d, log_form), 1e-12, name .. " non-contiguous g, dim " .. d)
+        t.grad = nil
+        local gb = keng.randn({1, 4, 1}, {dtype = "f64"}):expand({3, 4, 5})
+        t[name](t, d):backward(gb)
+        close64(t.grad, ref_grad(y:detach(), gb:contiguous(), d, log_form), 1e-12, name .. " expanded g, dim " .. d)
+      end
+      -- f32 and bf16 compute in f32: close to f64
+      local x64 = keng.randn({6, 33}, {dtype = "f64"})
+      local g64 = keng.randn({6, 33}, {dtype = "f64"})
+      local want = ref_grad(x64[name](x64, 2), g64, 2, log_form)
+      for _, dt in ipairs({"f32", "bf16"}) do
+        local xt = x64:to(dt):detach()
+        xt.requires_grad = true
+        xt[name](xt, 2):backward(g64:to(dt))
+        assert.are.equal(dt, xt.grad.dtype)
+        H.close(xt.grad:double(), want, dt == "f32" and 1e-5 or 3e-2, name .. " " .. dt)
+      end
+      -- 0-d input: the gradient of a one-element softmax
+      local z = keng.tensor(0.5, {dtype = "f64"}):detach()
+      z.requires_grad = true
+      z[name](z, -1):backward()
+      close64(z.grad, 0, 1e-12, name .. " 0-d")
+    end
   end)
 
   it("reject integer input", function()

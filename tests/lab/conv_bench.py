@@ -1,0 +1,34 @@
+"""conv_bench.py — the PyTorch peer of conv_bench.lua (same shapes, CPU time).
+    python3 tests/lab/conv_bench.py [runs] [threads]"""
+import sys, time, statistics, torch
+torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+cases = [
+  ("vae_in 3->32 k3 @128", 8, 3, 128, 32, 3, 1, 1),
+  ("vae 32->32 k3 @128", 8, 32, 128, 32, 3, 1, 1),
+  ("vae down 32 k3 s2 @129", 8, 32, 129, 32, 3, 2, 0),
+  ("vae 64->64 k3 @64", 8, 64, 64, 64, 3, 1, 1),
+  ("vae 1x1 32->64 @64", 8, 32, 64, 64, 1, 1, 0),
+  ("vae 128 k3 @32", 8, 128, 32, 128, 3, 1, 1),
+  ("vae 128 k3 @16", 8, 128, 16, 128, 3, 1, 1),
+  ("unet 32 k3 @16 B26", 26, 32, 16, 32, 3, 1, 1),
+  ("unet 64 k3 @8 B26", 26, 64, 8, 64, 3, 1, 1),
+  ("unet 128 k3 @4 B26", 26, 128, 4, 128, 3, 1, 1),
+  ("unet 1x1 64 @8 B26", 26, 64, 8, 64, 1, 1, 0),
+]
+def tm(fn):
+    fn(); ts = []
+    for _ in range(runs):
+        t0 = time.process_time(); fn(); ts.append(time.process_time() - t0)
+    return statistics.median(ts)
+print("torch %d threads" % torch.get_num_threads())
+for name, B, Ci, H, Co, k, s, p in cases:
+    torch.manual_seed(0)
+    x, w, b = torch.randn(B, Ci, H, H), torch.randn(Co, Ci, k, k) * 0.1, torch.randn(Co)
+    with torch.no_grad():
+        tf = tm(lambda: torch.nn.functional.conv2d(x, w, b, s, p))
+    x.requires_grad_(); w.requires_grad_(); b.requires_grad_()
+    def fb():
+        y = torch.nn.functional.conv2d(x, w, b, s, p); y.sum().backward(); x.grad = w.grad = b.grad = None
+    tb = tm(fb)
+    print("%-26s fwd %8.2f ms  fwd+bwd %8.2f ms" % (name, tf * 1e3, tb * 1e3))

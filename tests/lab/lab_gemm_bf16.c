@@ -1,0 +1,304 @@
+/* lab_gemm_bf16.c — kernel lab for engine/cpu/gemm_bf16.c: out[N, M] = a[N, K] @ B[K, M] with
+ * B a bf16 weight read as it lies (b_trans: W [M, K], x @ W^T; else W [K, M], x @ W).
+ *
+ *   lab_gemm_bf16 --check   every variant (scalar, AVX2, AVX-512, AVX512_BF16) x both layouts vs a naive f64 reference
+ *                           at every N in 1..40, K in 1..300 (edges around multiples of 8/16 and
+ *                           every K for a few N), column counts around the tile edges, padded
+ *                           leading dims, f32/bf16 output, forced K blocks and 2 threads
+ *   lab_gemm_bf16           times the variants at decode sizes against convert + OpenBLAS sgemm,
+ *                           then the DRAM roofline: a 1 GiB bf16 weight streamed by a GEMV vs a
+ *                           plain read of the same buffer
+ *   lab_gemm_bf16 --small   the decode sizes only (no 1 GiB buffer); --roofline: the roofline only
+ *
+ * Shape letters: N rows of a (tokens), K reduction, M output columns (weight rows for b_trans).
+ */
+#include "cpu/gemm_bf16.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <keng/scalar.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (float)((rng >> 40) * (1.0 / (1 << 23)) - 1.0);
+}
+
+/* ---- check ---------------------------------------------------------------------------------- */
+
+typedef struct {
+  const char *name;
+  kg_gemm_bf16_variant v;
+} variant;
+
+static int failures, checks;
+
+/* one product with padded leading dims, compared with the f64 sum of the same (exact) inputs */
+static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int64_t K, kg_dtype odt, int threads,
+                      int64_t kc) {
+  int64_t lda = K + 3, ldw = (trans ? K : M) + 5, ldo = M + 2;
+  int64_t wrows = trans ? M : K;
+  float *a = malloc(sizeof(float) * (size_t)(N * lda));
+  uint16_t *w = malloc(2 * (size_t)(wrows * ldw));
+  float *o32 = malloc(sizeof(float) * (size_t)(N * ldo));
+  uint16_t *o16 = malloc(2 * (size_t)(N * ldo));
+  bool a16 = var->v == KG_GEMM_BF16_DPBF16; /* that variant needs bf16 values in a */
+  for (int64_t i = 0; i < N * lda; i++) a[i] = a16 ? kg_bf16_to_f32(kg_f32_to_bf16(frand())) : frand();
+  for (int64_t i = 0; i < wrows * ldw; i++) w[i] = kg_f32_to_bf16(frand());
+  for (int64_t i = 0; i < N * ldo; i++) o32[i] = NAN, o16[i] = 0x7fc0;
+  kg_gemm_bf16_opts o = {var->v, threads, kc, a16};
+  void *out = odt == KG_F32 ? (void *)o32 : (void *)o16;
+  kg_cpu_gemm_bf16(out, odt, ldo, a, lda, w, ldw, trans, N, M, K, &o);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t m = 0; m < ldo; m++) {
+      double got = odt == KG_F32    ? o32[n * ldo + m]
+                   : odt == KG_BF16 ? kg_bf16_to_f32(o16[n * ldo + m])
+                                    : kg_f16_to_f32(o16[n * ldo + m]);
+      if (m >= M) { /* padding must stay untouched */
+        if (!isnan(got)) failures++;
+        continue;
+      }
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < K; k++) {
+        double p = (double)a[n * lda + k] * kg_bf16_to_f32(trans ? w[m * ldw + k] : w[k * ldw + m]);
+        ref += p, mag += fabs(p);
+      }
+      /* f32 accumulation: each of the <= K roundings costs <= 2^-24 of the running magnitude */
+      double tol = (K + 4) * ldexp(mag, -24) + 1e-30;
+      if (odt != KG_F32) tol += ldexp(fabs(ref), -8); /* final rounding to bf16 */
+      checks++;
+      if (!(fabs(got - ref) <= tol)) {
+        if (failures < 10)
+          fprintf(stderr, "FAIL %s %s N=%lld M=%lld K=%lld odt=%s t=%d kc=%lld [%lld,%lld]: %.9g vs %.9g\n", var->name,
+                  trans ? "nt" : "nn", (long long)N, (long long)M, (long long)K, kg_dtype_info[odt].name, threads,
+                  (long long)kc, (long long)n, (long long)m, got, ref);
+        failures++;
+      }
+    }
+  free(a), free(w), free(o32), free(o16);
+}
+
+static int run_check(void) {
+  variant vars[4] = {{"scalar", KG_GEMM_BF16_SCALAR},
+                     {"avx2", KG_GEMM_BF16_AVX2},
+                     {"avx512", KG_GEMM_BF16_AVX512},
+                     {"dpbf16", KG_GEMM_BF16_DPBF16}};
+  int nvar = kg_cpu_gemm_bf16_dpbf16() ? 4 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
+  printf("checking");
+  for (int v = 0; v < nvar; v++) printf(" %s", vars[v].name);
+  printf(nvar < 4 ? " (the others do not run on this CPU)\n" : "\n");
+  static const int64_t Ks[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 300};
+  static const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 40, 515};
+  int nK = sizeof Ks / sizeof *Ks, nM = sizeof Ms / sizeof *Ms;
+  double t0 = now();
+  for (int vi = 0; vi < nvar; vi++)
+    for (int tr = 0; tr < 2; tr++) {
+      /* every N against the K and M edges */
+      for (int64_t N = 1; N <= 40; N++)
+        for (int ki = 0; ki < nK; ki++)
+          for (int mi = (int)(N % 2); mi < nM - 1; mi += 2 + (int)(N % 3))
+            check_one(&vars[vi], tr, N, Ms[mi], Ks[ki], KG_F32, 1, 0);
+      /* every K in 1..300 for a few N */
+      for (int64_t K = 1; K <= 300; K++) {
+        check_one(&vars[vi], tr, 1, 13, K, KG_F32, 1, 0);
+        check_one(&vars[vi], tr, 7, 21, K, KG_F32, 1, 0);
+      }
+      /* bf16/f16 output, forced K blocks (exact multiples and not), 2 threads, chunked columns */
+      for (int64_t N = 1; N <= 40; N += 3)
+        for (int ki = 0; ki < nK; ki += 2) {
+          check_one(&vars[vi], tr, N, 37, Ks[ki], KG_BF16, 1, 0);
+          check_one(&vars[vi], tr, N, 19, Ks[ki], KG_F16, 1, 0);
+          check_one(&vars[vi], tr, N, 29, Ks[ki], KG_F32, 1, 16);
+          check_one(&vars[vi], tr, N, 29, Ks[ki], KG_F32, 1, 24);
+        }
+      for (int64_t N = 1; N <= 40; N += 13)
+        for (int ki = 0; ki < nK; ki += 4) check_one(&vars[vi], tr, N, 515, Ks[ki], N % 2 ? KG_BF16 : KG_F32, 2, 0);
+    }
+  printf("%d checks, %d failures (%.1f s)\n", checks, failures, now() - t0);
+  return failures ? 1 : 0;
+}
+
+/* ---- timing --------------------------------------------------------------------------------- */
+
+/* median wall ms of reps calls */
+#define REPS 9
+static int cmp_d(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+typedef struct {
+  bool trans, baseline;
+  kg_gemm_bf16_variant v;
+  int threads;
+} timed;
+
+/* the pre-issue path in spirit: the weight converted to f32 (in full) each call, then sgemm */
+static void convert_sgemm(float *c, const float *a, const uint16_t *w, float *wf, bool trans, int64_t N, int64_t M,
+                          int64_t K) {
+  kg_cpu_load_f32(wf, w, KG_BF16, 1, M * K);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans ? CblasTrans : CblasNoTrans, (int)N, (int)M, (int)K, 1.0f, a, (int)K,
+              wf, trans ? (int)K : (int)M, 0.0f, c, (int)M);
+}
+
+static double time_ms(const timed *t, float *c, const float *a, const uint16_t *w, float *wf, int64_t N, int64_t M,
+                      int64_t K, int reps) {
+  double ms[REPS];
+  kg_gemm_bf16_opts o = {t->v, t->threads, 0, true}; /* timing only: a_bf16 lets DPBF16 run */
+  openblas_set_num_threads(t->threads);
+  for (int r = -1; r < reps; r++) {
+    double t0 = now();
+    if (t->baseline) convert_sgemm(c, a, w, wf, t->trans, N, M, K);
+    else kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, t->trans ? K : M, t->trans, N, M, K, &o);
+    if (r >= 0) ms[r] = (now() - t0) * 1e3;
+  }
+  qsort(ms, (size_t)reps, sizeof *ms, cmp_d);
+  return ms[reps / 2];
+}
+
+static void run_decode_sizes(void) {
+  static const int64_t shapes[][2] = {{256, 32000}, {256, 768}, {768, 256}, {256, 256}, {4096, 4096}}; /* K, M */
+  static const int64_t Ns[] = {1, 4, 8, 16, 32, 64, 128};
+  printf("\nms per call (median of %d) and GFLOP/s, weight bf16, a f32, out f32\n", REPS);
+  printf("| K x M | N | threads | scalar nt | avx2 nt | avx512 nt | dpbf16 nt | avx2 nn | convert+sgemm nt |\n"
+         "|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    int64_t K = shapes[s][0], M = shapes[s][1];
+    uint16_t *w = malloc(2 * (size_t)(K * M));
+    float *wf = malloc(4 * (size_t)(K * M));
+    for (int64_t i = 0; i < K * M; i++) w[i] = kg_f32_to_bf16(frand());
+    for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
+      int64_t N = Ns[ni];
+      float *a = malloc(4 * (size_t)(N * K)), *c = malloc(4 * (size_t)(N * M));
+      for (int64_t i = 0; i < N * K; i++) a[i] = frand();
+      for (int th = 1; th <= 2; th++) {
+        timed vs[6] = {{true, false, KG_GEMM_BF16_SCALAR, th},
+                       {true, false, KG_GEMM_BF16_AVX2, th},
+                       {true, false, KG_GEMM_BF16_AVX512, th},
+                       {true, false, KG_GEMM_BF16_DPBF16, th},
+                       {false, false, KG_GEMM_BF16_AVX2, th},
+                       {true, true, KG_GEMM_BF16_AUTO, th}};
+        printf("| %lldx%lld | %lld | %d |", (long long)K, (long long)M, (long long)N, th);
+        for (int v = 0; v < 6; v++) {
+          if (v == 0 && (N > 1 || K * M > 1 << 24)) { /* the scalar variant only at N = 1 */
+            printf(" |");
+            continue;
+          }
+          bool runs = v == 2 ? kg_cpu_gemm_bf16_avx512() : v == 3 ? kg_cpu_gemm_bf16_dpbf16() : kg_cpu_gemm_bf16_avx2();
+          if (v > 0 && v < 5 && !runs) {
+            printf(" n/a |");
+            continue;
+          }
+          double ms = time_ms(&vs[v], c, a, w, wf, N, M, K, REPS);
+          printf(" %.3f (%.0f) |", ms, 2.0 * N * M * K / ms * 1e-6);
+        }
+        printf("\n");
+        fflush(stdout);
+      }
+      free(a), free(c);
+    }
+    free(w), free(wf);
+  }
+}
+
+/* plain read of n bytes (sum of 64-bit words, 4 chains), threads share the buffer */
+__attribute__((target("avx2"))) static uint64_t read_all(const uint8_t *p, size_t n, int threads) {
+  uint64_t total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
+  for (size_t blk = 0; blk < n / 4096; blk++) {
+    const __m256i *q = (const __m256i *)(p + blk * 4096);
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (int i = 0; i < 4096 / 32; i += 4) {
+      s0 = _mm256_add_epi64(s0, _mm256_load_si256(q + i));
+      s1 = _mm256_add_epi64(s1, _mm256_load_si256(q + i + 1));
+      s2 = _mm256_add_epi64(s2, _mm256_load_si256(q + i + 2));
+      s3 = _mm256_add_epi64(s3, _mm256_load_si256(q + i + 3));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    uint64_t l[4];
+    _mm256_storeu_si256((__m256i *)l, s);
+    total += l[0] + l[1] + l[2] + l[3];
+  }
+  return total;
+}
+
+static void run_roofline(void) {
+  const int64_t M = 16384, K = 32768; /* W [M, K] bf16 = 1 GiB */
+  size_t bytes = (size_t)(M * K) * 2;
+  uint16_t *w = aligned_alloc(4096, bytes);
+  float *a = malloc(4 * (size_t)K), *c = malloc(4 * (size_t)K); /* K >= M: room for both layouts */
+  if (!w || !a || !c) {
+    printf("roofline: cannot allocate 1 GiB, skipped\n");
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < M * K; i++) w[i] = (uint16_t)(0x3f80 + (i & 0x3f)); /* touch every page */
+  for (int64_t i = 0; i < K; i++) a[i] = frand();
+  printf("\nDRAM roofline: W [%lld, %lld] bf16 = %.2f GiB streamed once per call (median of 5, GB/s = 1e9 B/s)\n",
+         (long long)M, (long long)K, bytes / 1073741824.0);
+  printf("| threads | plain read GB/s | x @ W^T avx2 GB/s (share) | x @ W^T avx512 | x @ W^T dpbf16 | x @ W avx2 |\n"
+         "|---|---|---|---|---|---|\n");
+  volatile uint64_t sink = 0;
+  for (int th = 1; th <= 2; th++) {
+    double r[5], g[4][5];
+    kg_gemm_bf16_opts o2 = {KG_GEMM_BF16_AVX2, th, 0}, o5 = {KG_GEMM_BF16_AVX512, th, 0};
+    kg_gemm_bf16_opts od = {KG_GEMM_BF16_DPBF16, th, 0, true};
+    bool z = kg_cpu_gemm_bf16_avx512(), d = kg_cpu_gemm_bf16_dpbf16();
+    for (int i = 0; i < 5; i++) {
+      double t0 = now();
+      sink += read_all((const uint8_t *)w, bytes, th);
+      r[i] = bytes / (now() - t0) * 1e-9;
+      t0 = now();
+      kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, K, true, 1, M, K, &o2);
+      g[0][i] = bytes / (now() - t0) * 1e-9;
+      t0 = now();
+      if (z) kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, K, true, 1, M, K, &o5);
+      g[1][i] = z ? bytes / (now() - t0) * 1e-9 : 0;
+      t0 = now();
+      if (d) kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, K, true, 1, M, K, &od);
+      g[2][i] = d ? bytes / (now() - t0) * 1e-9 : 0;
+      t0 = now(); /* the same buffer read as W [K', M'] = [16384, 32768] with x [1, 16384] */
+      kg_cpu_gemm_bf16(c, KG_F32, K, a, M, w, K, false, 1, K, M, &o2);
+      g[3][i] = bytes / (now() - t0) * 1e-9;
+    }
+    qsort(r, 5, sizeof *r, cmp_d);
+    printf("| %d | %.1f |", th, r[2]);
+    for (int v = 0; v < 4; v++) {
+      qsort(g[v], 5, sizeof *g[v], cmp_d);
+      printf(" %.1f (%.0f%%) |", g[v][2], 100 * g[v][2] / r[2]);
+    }
+    printf("\n");
+  }
+  (void)sink;
+  free(w), free(a), free(c);
+}
+
+int main(int argc, char **argv) {
+  bool check = false, small = false, roof_only = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--check")) check = true;
+    else if (!strcmp(argv[i], "--small")) small = true;
+    else if (!strcmp(argv[i], "--roofline")) roof_only = true;
+    else {
+      fprintf(stderr, "usage: %s [--check | --small | --roofline]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (check) return run_check();
+  printf("AVX2+FMA: %s\n", kg_cpu_gemm_bf16_avx2() ? "yes" : "no");
+  if (!roof_only) run_decode_sizes();
+  if (!small) run_roofline();
+  return 0;
+}
