@@ -25,6 +25,7 @@
 -- bos_id, eos_id, pad_id.
 local keng = require "keng"
 local nn = require "keng.nn"
+local common = require "models.common"
 
 local M = {}
 
@@ -382,82 +383,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- loading helpers shared by gemma.lua and mistral.lua
 
--- a small JSON reader for config.json (objects, arrays, strings, numbers, true/false/null)
-function M.json_decode(s)
-  local i = 1
-  local function ws() i = s:find("[^ \t\r\n]", i) or #s + 1 end
-  local function err(what) error(string.format("config.json: %s at byte %d", what, i), 0) end
-  local value
-  local function str()
-    local out = {}
-    i = i + 1
-    while true do
-      local c = s:sub(i, i)
-      if c == "" then err("unterminated string") end
-      if c == '"' then i = i + 1 break end
-      if c == "\\" then
-        local e = s:sub(i + 1, i + 1)
-        local map = {n = "\n", t = "\t", r = "\r", b = "\b", f = "\f"}
-        if e == "u" then
-          out[#out + 1] = utf8.char(tonumber(s:sub(i + 2, i + 5), 16)); i = i + 6
-        else
-          out[#out + 1] = map[e] or e; i = i + 2
-        end
-      else
-        out[#out + 1] = c; i = i + 1
-      end
-    end
-    return table.concat(out)
-  end
-  function value()
-    ws()
-    local c = s:sub(i, i)
-    if c == "{" then
-      local t = {}
-      i = i + 1; ws()
-      if s:sub(i, i) == "}" then i = i + 1 return t end
-      while true do
-        ws()
-        if s:sub(i, i) ~= '"' then err("key expected") end
-        local k = str(); ws()
-        if s:sub(i, i) ~= ":" then err("':' expected") end
-        i = i + 1
-        t[k] = value(); ws()
-        local d = s:sub(i, i); i = i + 1
-        if d == "}" then return t elseif d ~= "," then err("',' or '}' expected") end
-      end
-    elseif c == "[" then
-      local t = {}
-      i = i + 1; ws()
-      if s:sub(i, i) == "]" then i = i + 1 return t end
-      while true do
-        t[#t + 1] = value(); ws()
-        local d = s:sub(i, i); i = i + 1
-        if d == "]" then return t elseif d ~= "," then err("',' or ']' expected") end
-      end
-    elseif c == '"' then return str()
-    elseif s:sub(i, i + 3) == "true" then i = i + 4 return true
-    elseif s:sub(i, i + 4) == "false" then i = i + 5 return false
-    elseif s:sub(i, i + 3) == "null" then i = i + 4 return nil
-    else
-      local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
-      if not num or num == "" then err("unexpected character '" .. c .. "'") end
-      i = i + #num
-      return math.tointeger(tonumber(num)) or tonumber(num)
-    end
-  end
-  local v = value()
-  return v
-end
-
-function M.read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
 -- the checkpoint name -> our name: "model.layers.0.self_attn.q_proj.weight" ->
 -- "model.layers.1.self_attn.query.weight" (nil for names we do not keep, e.g. rotary buffers)
 local PROJ = {q_proj = "query", k_proj = "key", v_proj = "value", o_proj = "output"}
@@ -498,13 +423,6 @@ end
 ---------------------------------------------------------------------------------------------
 -- a model family: presets, from_preset, from_pretrained (gemma.lua and mistral.lua)
 
-local function sorted_keys(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
-
 -- family{name=, presets=, defaults=} -> module table {presets, config, from_preset,
 -- from_pretrained, build}. defaults: the family's fixed facts (act, unit_offset, tie, ...).
 function M.family(spec)
@@ -512,14 +430,8 @@ function M.family(spec)
 
   -- config(name) -> a full cfg (a copy) for a preset name
   function F.config(name, level)
-    local p = spec.presets[name]
-    if not p then
-      error(string.format("%s.from_preset: unknown preset '%s' (valid: %s)", spec.name, tostring(name),
-        table.concat(sorted_keys(spec.presets), ", ")), (level or 1) + 1)
-    end
-    local cfg = {}
-    for k, v in pairs(spec.defaults) do cfg[k] = v end
-    for k, v in pairs(p) do cfg[k] = v end
+    local cfg = common.overlay(spec.defaults,
+      common.preset(spec.name .. ".from_preset", spec.presets, name, (level or 1) + 1))
     cfg.head_dim = cfg.head_dim or cfg.hidden // cfg.heads
     return cfg
   end
@@ -535,11 +447,7 @@ function M.family(spec)
   function F.from_preset(name, opts)
     opts = opts or {}
     local lm = F.build(F.config(name, 2), opts)
-    if opts.weights then
-      local ok, t = pcall(keng.load, opts.weights)
-      if not ok then error(spec.name .. ".from_preset: " .. tostring(t), 2) end
-      M.load_hf(lm, t, 3)
-    end
+    if opts.weights then M.load_hf(lm, common.load_tensors(opts.weights, spec.name .. ".from_preset", 2), 3) end
     return lm
   end
 
@@ -547,12 +455,8 @@ function M.family(spec)
   -- (model.safetensors or sharded model-*.safetensors + index) and tokenizer.model
   function F.from_pretrained(dir, opts)
     opts = opts or {}
-    local text = M.read_file(dir .. "/config.json")
-    if not text then error(spec.name .. ".from_pretrained: no config.json in " .. dir, 2) end
-    local ok, j = pcall(M.json_decode, text)
-    if not ok then error(spec.name .. ".from_pretrained: " .. tostring(j), 2) end
-    local cfg = {}
-    for k, v in pairs(spec.defaults) do cfg[k] = v end
+    local j = common.read_config(dir, spec.name .. ".from_pretrained", 2)   -- nulls read as absent
+    local cfg = common.overlay(spec.defaults)
     local function req(key)
       if j[key] == nil then error(spec.name .. ".from_pretrained: config.json lacks " .. key, 3) end
       return j[key]
@@ -564,7 +468,7 @@ function M.family(spec)
     cfg.eps = j.rms_norm_eps or cfg.eps
     cfg.rope_base = j.rope_theta or (j.rope_parameters and j.rope_parameters.rope_theta) or 10000
     if j.tie_word_embeddings ~= nil then cfg.tie = j.tie_word_embeddings end
-    if spec.uses_window then cfg.window = j.sliding_window end       -- null in JSON: no window
+    if spec.uses_window then cfg.window = j.sliding_window end       -- null or absent: no window
     local act = j.hidden_activation or j.hidden_act
     if act then
       if act == "silu" or act == "swish" then cfg.act = "silu"
@@ -576,9 +480,7 @@ function M.family(spec)
     cfg.eos_id = first(j.eos_token_id) or cfg.eos_id
     cfg.pad_id = first(j.pad_token_id) or cfg.pad_id
     local lm = F.build(cfg, opts)
-    local okl, t = pcall(keng.load, dir)
-    if not okl then error(spec.name .. ".from_pretrained: " .. tostring(t), 2) end
-    M.load_hf(lm, t, 3)
+    M.load_hf(lm, common.load_tensors(dir, spec.name .. ".from_pretrained", 2), 3)
     rawset(lm, "tokenizer", M.load_tokenizer(dir))
     return lm
   end

@@ -168,9 +168,7 @@ function M.from_pretrained(dir, opts)
     if type(j[key]) ~= "number" then error("clip.from_pretrained: " .. dir .. "/config.json lacks " .. key, 2) end
   end
   local m = TextModel(M.config_from_hf(j), {dtype = opts.dtype, device = "meta"})
-  local okl, sd = pcall(keng.load, dir)
-  if not okl then error("clip.from_pretrained: " .. tostring(sd), 2) end
-  load_weights(m, sd, dir)
+  load_weights(m, common.load_tensors(dir, "clip.from_pretrained", 2), dir)
   if opts.device and opts.device ~= "cpu" and opts.device ~= "meta" then m:to(opts.device) end
   return m
 end

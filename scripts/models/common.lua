@@ -1,17 +1,25 @@
 -- models.common — the scaffolding model files share: a config over its defaults with the checks
--- every Transformer encoder needs, preset lists for messages, a model directory's config.json,
--- and the token-id range check. Errors name `who` ("bert", "clip.from_pretrained") and point
--- `level` frames up, as error() does (1 = the function that called the helper).
-local keng = require "keng"
+-- every Transformer encoder needs, preset lookup with the valid names in its message, a model
+-- directory's config.json and tensors, and the token-id range check. Errors name `who` ("bert",
+-- "clip.from_pretrained") and point `level` frames up, as error() does (1 = the function that
+-- called the helper).
+local json = require "keng.json"
 
 local M = {}
+
+-- overlay(base, over) -> a new table with base's fields, then over's (over may be nil); a shallow
+-- copy, so nested tables are shared with base and over
+function M.overlay(base, over)
+  local c = {}
+  for k, v in pairs(base) do c[k] = v end
+  for k, v in pairs(over or {}) do c[k] = v end
+  return c
+end
 
 -- encoder_config(who, defaults, cfg, activations, width_key, level) -> defaults overlaid by cfg,
 -- with cfg.activation a key of activations and cfg[width_key] a multiple of cfg.heads
 function M.encoder_config(who, defaults, cfg, activations, width_key, level)
-  local c = {}
-  for k, v in pairs(defaults) do c[k] = v end
-  for k, v in pairs(cfg) do c[k] = v end
+  local c = M.overlay(defaults, cfg)
   if not activations[c.activation] then
     error(who .. ": unknown activation '" .. tostring(c.activation) .. "'", level + 1)
   end
@@ -31,15 +39,32 @@ function M.preset(who, presets, name, level)
   error(string.format("%s: unknown preset '%s' (valid: %s)", who, tostring(name), table.concat(names, ", ")), level + 1)
 end
 
--- read_config(dir, who, level) -> the table decoded from dir/config.json
-function M.read_config(dir, who, level)
-  local f = io.open(dir .. "/config.json", "rb")
-  if not f then error(who .. ": no config.json in " .. dir, level + 1) end
+-- read_json(path, who, level) -> the object (or array) in the JSON file at path, nil when the
+-- file cannot be opened. JSON null reads as absent (a config's "sliding_window": null is no key, so defaults
+-- apply); malformed JSON, or a value that is not an object, raises "who: path: why".
+function M.read_json(path, who, level)
+  local f = io.open(path, "rb")
+  if not f then return nil end
   local text = f:read("a")
   f:close()
-  local ok, j = pcall(require("keng.json").decode, text)
-  if not ok then error(who .. ": " .. dir .. "/config.json: " .. tostring(j), level + 1) end
+  local ok, j = pcall(json.decode, text, {null_as_nil = true})
+  if ok and type(j) ~= "table" then ok, j = false, "not a JSON object" end
+  if not ok then error(string.format("%s: %s: %s", who, path, tostring(j)), level + 1) end
   return j
+end
+
+-- read_config(dir, who, level) -> the object decoded from dir/config.json (read_json)
+function M.read_config(dir, who, level)
+  return M.read_json(dir .. "/config.json", who, level + 1) or error(who .. ": no config.json in " .. dir, level + 1)
+end
+
+-- load_tensors(path, who, level) -> keng.load(path) (a .safetensors file, a sharded index or a
+-- directory), its error raised as "who: why". (keng is required here, not at the top, so that
+-- the config readers above load in a bare Lua state: tests/fuzz/fuzz_config.c.)
+function M.load_tensors(path, who, level)
+  local ok, t = pcall(require("keng").load, path)
+  if not ok then error(who .. ": " .. tostring(t), level + 1) end
+  return t
 end
 
 -- check_token_ids(who, ids, vocab, level): every id of the integer tensor ids lies in [0, vocab)

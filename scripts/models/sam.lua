@@ -28,6 +28,7 @@
 -- uses prompt_encoder.shared_embedding (the loader accepts either name).
 local keng = require "keng"
 local nn = require "keng.nn"
+local common = require "models.common"
 
 local M = {}
 
@@ -607,24 +608,9 @@ M.presets = {
   sam_huge_sa1b = {image_size = 1024, width = 1280, depth = 32, heads = 16, mlp = 5120, global = {7, 15, 23, 31}},
 }
 
-local function sorted_keys(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
-
 -- config(name) -> a full cfg (a copy); global block indices are 0-based, as in HF
 function M.config(name, level)
-  local p = M.presets[name]
-  if not p then
-    error(string.format("sam.from_preset: unknown preset '%s' (valid: %s)", tostring(name),
-      table.concat(sorted_keys(M.presets), ", ")), (level or 1) + 1)
-  end
-  local cfg = {}
-  for k, v in pairs(DEFAULTS) do cfg[k] = v end
-  for k, v in pairs(p) do cfg[k] = v end
-  return cfg
+  return common.overlay(DEFAULTS, common.preset("sam.from_preset", M.presets, name, (level or 1) + 1))
 end
 
 function M.build(cfg, opts) return Sam(cfg, opts) end
@@ -646,19 +632,14 @@ end
 function M.from_preset(name, opts)
   opts = opts or {}
   local m = M.build(M.config(name, 2), opts)
-  if opts.weights then
-    local ok, t = pcall(keng.load, opts.weights)
-    if not ok then error("sam.from_preset: " .. tostring(t), 2) end
-    M.load_hf(m, t, 3)
-  end
+  if opts.weights then M.load_hf(m, common.load_tensors(opts.weights, "sam.from_preset", 2), 3) end
   return m
 end
 
 -- cfg from a Hugging Face SamConfig (config.json)
 function M.config_from_hf(j)
   local v, p, d = j.vision_config or {}, j.prompt_encoder_config or {}, j.mask_decoder_config or {}
-  local cfg = {}
-  for k, x in pairs(DEFAULTS) do cfg[k] = x end
+  local cfg = common.overlay(DEFAULTS)
   cfg.image_size, cfg.patch = v.image_size or 1024, v.patch_size or 16
   cfg.width, cfg.depth, cfg.heads = v.hidden_size or 768, v.num_hidden_layers or 12, v.num_attention_heads or 12
   cfg.mlp = v.mlp_dim or math.floor(cfg.width * (v.mlp_ratio or 4))
@@ -679,15 +660,10 @@ end
 -- from_pretrained(dir, {dtype =, device =, normalize =}) -> Sam with dir's config.json and
 -- model.safetensors (or a sharded index)
 function M.from_pretrained(dir, opts)
-  local util = require "models.causal_lm"
-  local text = util.read_file(dir .. "/config.json")
-  if not text then error("sam.from_pretrained: cannot read " .. dir .. "/config.json", 2) end
-  local ok, j = pcall(util.json_decode, text)
-  if not ok then error("sam.from_pretrained: " .. tostring(j), 2) end
+  local j = common.read_json(dir .. "/config.json", "sam.from_pretrained", 2)   -- nulls read as absent
+  if not j then error("sam.from_pretrained: cannot read " .. dir .. "/config.json", 2) end
   local m = M.build(M.config_from_hf(j), opts)
-  local okl, t = pcall(keng.load, dir)
-  if not okl then error("sam.from_pretrained: " .. tostring(t), 2) end
-  return M.load_hf(m, t, 3)
+  return M.load_hf(m, common.load_tensors(dir, "sam.from_pretrained", 2), 3)
 end
 
 return M

@@ -16,6 +16,7 @@
 -- pipe.image_encoder is the VAE encoder up to its 8-channel conv output (BENCH_SPEC's SD fit row).
 local keng = require "keng"
 local nn = require "keng.nn"
+local common = require "models.common"
 local U = require "models.unet"
 local V = require "models.vae"
 
@@ -41,9 +42,7 @@ M.DDIM_V1 = {num_train_timesteps = 1000, beta_start = 0.00085, beta_end = 0.012,
 
 -- DDIM.new(cfg) with diffusers' scheduler_config.json keys (defaults: SD v1's)
 function DDIM.new(cfg)
-  local c = {}
-  for k, v in pairs(M.DDIM_V1) do c[k] = v end
-  for k, v in pairs(cfg or {}) do c[k] = v end
+  local c = common.overlay(M.DDIM_V1, cfg)
   if c.clip_sample or c.thresholding then error("DDIM: clip_sample and thresholding are not supported", 2) end
   if c.prediction_type ~= "epsilon" and c.prediction_type ~= "v_prediction" then
     error("DDIM: unsupported prediction_type " .. tostring(c.prediction_type), 2)
@@ -284,13 +283,6 @@ function Pipeline:forward(prompt, opts) return self:text_to_image(prompt, opts) 
 ---------------------------------------------------------------------------------------------
 -- construction and loading
 
-local function preset_names()
-  local names = {}
-  for k in pairs(M.presets) do names[#names + 1] = k end
-  table.sort(names)
-  return table.concat(names, ", ")
-end
-
 local function load_tokenizer(spec, vocab)
   if type(spec) == "table" then return spec end
   if type(spec) == "string" then return require("models.clip").tokenizer(spec) end
@@ -302,10 +294,7 @@ end
 -- Without a tokenizer the prompt is tokenized byte by byte (the weights are random anyway).
 function M.from_preset(name, opts)
   opts = opts or {}
-  local p = M.presets[name]
-  if not p then
-    error(string.format("stable_diffusion.from_preset: unknown preset '%s' (valid: %s)", tostring(name), preset_names()), 2)
-  end
+  local p = common.preset("stable_diffusion.from_preset", M.presets, name, 2)
   if opts.seed then keng.manual_seed(opts.seed) end
   local o = {dtype = opts.dtype, device = opts.device}
   local clip = require "models.clip"

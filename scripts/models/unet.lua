@@ -24,6 +24,7 @@
 -- preset and a config.json build the same way.
 local keng = require "keng"
 local nn = require "keng.nn"
+local common = require "models.common"
 
 local M = {}
 
@@ -420,38 +421,16 @@ end
 M.copy = copy
 
 function M.config(name, level)
-  local p = M.presets[name]
-  if not p then
-    local names = {}
-    for k in pairs(M.presets) do names[#names + 1] = k end
-    table.sort(names)
-    error(string.format("unet.from_preset: unknown preset '%s' (valid: %s)", tostring(name),
-      table.concat(names, ", ")), (level or 1) + 1)
-  end
-  return copy(p)
+  return copy(common.preset("unet.from_preset", M.presets, name, (level or 1) + 1))
 end
 
 -- from_preset(name, {dtype =, device =}) -> UNet with random weights (shapes only on "meta")
 function M.from_preset(name, opts) return UNet(M.config(name, 2), opts) end
 
-function M.read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
--- reads dir/config.json (or dir/name) -> table, nulls dropped (errors name the file)
+-- reads dir/config.json (or dir/name) -> table, nulls read as absent (errors name the file)
 function M.read_config(dir, who, level, name)
   local path = dir .. "/" .. (name or "config.json")
-  local text = M.read_file(path)
-  if not text then error(string.format("%s: missing %s", who, path), level + 1) end
-  local json = require "keng.json"
-  local ok, j = pcall(json.decode, text)
-  if not ok or type(j) ~= "table" then error(string.format("%s: %s: %s", who, path, tostring(j)), level + 1) end
-  for k, v in pairs(j) do if v == json.null then j[k] = nil end end   -- null: the default
-  return j
+  return common.read_json(path, who, level + 1) or error(string.format("%s: missing %s", who, path), level + 1)
 end
 
 -- loads dir/diffusion_pytorch_model.safetensors (or any *.safetensors / sharded index) strictly

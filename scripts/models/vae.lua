@@ -16,6 +16,7 @@
 -- (0.18215 for SD v1); decode() takes the unscaled latent.
 local keng = require "keng"
 local nn = require "keng.nn"
+local common = require "models.common"
 local U = require "models.unet"
 
 local M = {}
@@ -201,15 +202,7 @@ function VAE:forward(x) return self:decode(self:latent_mean(x)) end
 -- construction and loading
 
 function M.config(name, level)
-  local p = M.presets[name]
-  if not p then
-    local names = {}
-    for k in pairs(M.presets) do names[#names + 1] = k end
-    table.sort(names)
-    error(string.format("vae.from_preset: unknown preset '%s' (valid: %s)", tostring(name),
-      table.concat(names, ", ")), (level or 1) + 1)
-  end
-  return U.copy(p)
+  return U.copy(common.preset("vae.from_preset", M.presets, name, (level or 1) + 1))
 end
 
 function M.from_preset(name, opts) return VAE(M.config(name, 2), opts) end

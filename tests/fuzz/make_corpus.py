@@ -79,6 +79,11 @@ for k, v in json_bad.items():
     put("config", k, v)
 put("config", "bad_escape", '{"a": "\\u12", "b": "\\x"}')
 put("config", "neg", '{"n": -, "m": 1e}')
+# nulls read as absent by models.common.read_json (HF writes unset options as null)
+put("config", "nulls", '{"sliding_window": null, "head_dim": null, "ids": [1, null, 2, null], '
+                       '"vision_config": {"mlp_dim": null, "global": [null]}, "a": 1, "a": null}')
+put("config", "top_null", "null")
+put("config", "not_object", "[1, 2]")
 
 # ---- index.json (next to a valid shard.safetensors holding a and b) ---------------------------
 put("safetensors_index", "ok", json.dumps(idx))

@@ -76,7 +76,7 @@ end)
 
 describe("config.json readers", function()
   local json = require "keng.json"
-  local lm = require "models.causal_lm"
+  local function decode_config(text) return json.decode(text, {null_as_nil = true}) end  -- models.common
   local inputs = {
     deep = string.rep("[", 100000),
     unterminated = '{"a": "abc',
@@ -86,10 +86,18 @@ describe("config.json readers", function()
   }
   for name, text in pairs(inputs) do
     it(name .. " fails with a string error or decodes", function()
-      for _, decode in ipairs{json.decode, lm.json_decode} do
+      for _, decode in ipairs{json.decode, decode_config} do
         local ok, err = pcall(decode, text)
         if not ok then assert.are.equal("string", type(err)) end
       end
     end)
   end
+  it("read null as json.null, or with null_as_nil as absent (arrays close up)", function()
+    local text = '{"w": null, "v": {"d": null, "n": 2}, "ids": [1, null, 2], "a": 1, "a": null}'
+    local kept = json.decode(text)
+    assert.are.equal(json.null, kept.w)
+    assert.are.equal(json.null, kept.ids[2])
+    assert.are.same({v = {n = 2}, ids = {1, 2}}, decode_config(text))
+    assert.is_nil(decode_config("null"))
+  end)
 end)

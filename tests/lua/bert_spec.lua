@@ -226,6 +226,25 @@ describe("bert model", function()
     assert.is_true((m.classifier.weight - before):abs():max():item() > 0)
   end)
 
+  it("reads null config.json options as absent (the defaults)", function()
+    local json = require "keng.json"
+    local g = keng.load(FIX .. "/golden.safetensors")
+    local function load(value)                                      -- value: json.null or nil
+      local m = H.with_model_dir(FIX, function(j)
+        for _, k in ipairs{"layer_norm_eps", "hidden_dropout_prob", "type_vocab_size", "hidden_act"} do
+          j[k] = value
+        end
+      end, bert.from_pretrained)
+      m:eval()
+      return m.config, m{token_ids = g.input_ids, padding_mask = g.attention_mask}
+    end
+    local cfg_null, out_null = load(json.null)
+    local cfg_absent, out_absent = load(nil)
+    assert.are.same(cfg_absent, cfg_null)
+    assert.are.equal(1e-12, cfg_null.eps)
+    H.close(out_null.sequence_output, out_absent.sequence_output, 0, "sequence_output")
+  end)
+
   it("raises clear errors", function()
     local e = H.raises(function() bert.from_preset("bert_huge") end, "unknown preset 'bert_huge' (valid: ")
     assert.truthy(e:find("bert_base_en", 1, true) and e:find("bert_tiny", 1, true))

@@ -5,6 +5,7 @@
 --   H.noncontig(t)                the same values as t, laid out non-contiguously
 --   H.device                      the device specs run on: KENG_DEVICE (cpu, cuda, cuda:N), default cpu
 --   H.t(data, opts)               keng.tensor(data, opts) on H.device (opts.device wins)
+--   H.with_model_dir(src, edit, fn)  fn(dir) on a copy of a checkpoint directory, config.json edited
 local keng = require "keng"
 local H = {}
 
@@ -126,6 +127,27 @@ function H.leaf(shape, scale)
   t = t:detach()
   t.requires_grad = true
   return t
+end
+
+-- H.with_model_dir(src, edit, fn) -> fn(dir), where dir is a fresh temporary directory holding
+-- src's *.safetensors and src/config.json as edit(j) leaves it (j decoded with keng.json, so
+-- json.null writes a null); dir is removed afterwards, also when fn raises
+function H.with_model_dir(src, edit, fn)
+  local json = require "keng.json"
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p '" .. dir .. "' && cp " .. src .. "/*.safetensors '" .. dir .. "/'"))
+  local f = assert(io.open(src .. "/config.json", "rb"))
+  local j = json.decode(f:read("a"))
+  f:close()
+  edit(j)
+  f = assert(io.open(dir .. "/config.json", "wb"))
+  f:write(json.encode(j, {indent = "  "}))
+  f:close()
+  local ok, r = pcall(fn, dir)
+  os.execute("rm -rf '" .. dir .. "'")
+  if not ok then error(r, 0) end
+  return r
 end
 
 return H

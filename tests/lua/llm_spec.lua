@@ -156,6 +156,30 @@ describe("string prompts", function()
   end)
 end)
 
+describe("config.json with nulls", function()
+  -- Hugging Face writes unset options as null ("sliding_window": null, "head_dim": null): they
+  -- read as absent, so the family's defaults apply, as when the keys are missing
+  it("loads like one without the keys", function()
+    local json = require "keng.json"
+    local function load(value)                                      -- value: json.null or nil
+      return H.with_model_dir(FIX .. "mistral", function(j)
+        for _, k in ipairs{"sliding_window", "head_dim", "rms_norm_eps", "rope_theta", "pad_token_id",
+                           "bos_token_id"} do
+          j[k] = value
+        end
+        j.rope_parameters.rope_theta = value
+      end, mistral.from_pretrained)
+    end
+    local null, absent = load(json.null), load(nil)
+    assert.are.same(absent.cfg, null.cfg)
+    assert.is_nil(null.cfg.window)                                  -- no sliding window
+    assert.are.equal(16, null.cfg.head_dim)                         -- hidden / heads
+    assert.are.equal(10000, null.cfg.rope_base)
+    local ids = keng.tensor({{2, 5, 9, 11, 3, 7, 20, 30, 40, 50, 60, 70}})  -- longer than the fixture's window 8
+    H.close(null:logits(ids), absent:logits(ids), 0, "logits")
+  end)
+end)
+
 describe("sampling", function()
   it("is reproducible with a seed and stays in the vocabulary", function()
     local lm = loaded("mistral")

@@ -125,6 +125,27 @@ describe("sam presets", function()
   end)
 end)
 
+describe("sam config.json with nulls", function()
+  -- a null in a nested config reads as absent: the default applies (these equal the fixture's)
+  it("loads like one without the keys", function()
+    local json = require "keng.json"
+    local function embeddings(value)                                -- value: json.null or nil
+      local m = H.with_model_dir(FIX, function(j)
+        for _, k in ipairs{"layer_norm_eps", "patch_size", "num_pos_feats"} do j.vision_config[k] = value end
+        for _, k in ipairs{"iou_head_depth", "attention_downsample_rate", "num_multimask_outputs"} do
+          j.mask_decoder_config[k] = value
+        end
+      end, sam.from_pretrained)
+      return m.cfg, keng.no_grad(function() return m.encoder(keng.load(FIX .. "/golden.safetensors").images) end)
+    end
+    local cfg_null, emb_null = embeddings(json.null)
+    local cfg_absent, emb_absent = embeddings(nil)
+    assert.are.same(cfg_absent, cfg_null)
+    assert.are.equal(1e-6, cfg_null.eps)
+    H.close(emb_null, emb_absent, 0, "embeddings")
+  end)
+end)
+
 describe("sam training path", function()
   it("gives the same embeddings with a tape (explicit attention) as without (fused)", function()
     local m, g = loaded()

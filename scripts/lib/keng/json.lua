@@ -76,8 +76,13 @@ function json.encode(v, opts)
   return table.concat(out)
 end
 
--- json.decode(string) -> value; raises "json: <what> at byte N" on malformed input
-function json.decode(s)
+-- json.decode(string, {null_as_nil = false}) -> value; raises "json: <what> at byte N" on
+-- malformed input. JSON null decodes to json.null, or with null_as_nil to nil: an object member
+-- that is null is then absent, and an array closes up over its nulls (a model config's
+-- "sliding_window": null reads as no key)
+function json.decode(s, opts)
+  local null = json.null
+  if opts and opts.null_as_nil then null = nil end
   local pos = 1
   local function fail(what) error(string.format("json: %s at byte %d", what, pos), 0) end
   local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
@@ -132,7 +137,7 @@ function json.decode(s)
     elseif c == '"' then return str()
     elseif s:sub(pos, pos + 3) == "true" then pos = pos + 4; return true
     elseif s:sub(pos, pos + 4) == "false" then pos = pos + 5; return false
-    elseif s:sub(pos, pos + 3) == "null" then pos = pos + 4; return json.null
+    elseif s:sub(pos, pos + 3) == "null" then pos = pos + 4; return null
     else
       local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
       if not num or num == "" or num == "-" then fail("unexpected character '" .. c .. "'") end
