@@ -11,6 +11,12 @@
  * with AVX2, gemm_bf16.c reads b as bf16 instead (no conversion pass). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
  * point at the same matrix. See docs/kernels.md for the figures.
+ *
+ * kg_cpu_linear (y = x wᵀ + b) runs the same product with b = wᵀ (a strided view, no copy) and
+ * adds the bias inside the product: each output block in the compute type is first filled with
+ * the bias rows and the GEMM then accumulates into it (beta = 1): a streaming write of y instead
+ * of a separate add that reads and writes it again, and one rounding for bf16/f16 outputs. The
+ * direct bf16 path (at most MM_BF16_ROWS rows) adds it to its rows while they are in cache.
  */
 #include "cpu.h"
 #include "gemm_bf16.h"
@@ -100,18 +106,44 @@ static mat convert(void *dst, kg_dtype wt, const view *v, int64_t c0, int64_t nc
   return (mat){dst, false, nc > 0 ? nc : 1};
 }
 
-static void gemm(kg_dtype wt, int64_t N, int64_t M, int64_t K, const mat *A, const mat *B, void *C, int64_t ldc) {
+/* C = A @ B, or C += A @ B when acc (C then holds the bias rows) */
+static void gemm(kg_dtype wt, int64_t N, int64_t M, int64_t K, const mat *A, const mat *B, void *C, int64_t ldc,
+                 bool acc) {
   if (wt == KG_F64)
     cblas_dgemm(CblasRowMajor, A->trans ? CblasTrans : CblasNoTrans, B->trans ? CblasTrans : CblasNoTrans, (int)N, (int)M,
-                (int)K, 1.0, A->p, (int)A->ld, B->p, (int)B->ld, 0.0, C, (int)ldc);
+                (int)K, 1.0, A->p, (int)A->ld, B->p, (int)B->ld, acc ? 1.0 : 0.0, C, (int)ldc);
   else
     cblas_sgemm(CblasRowMajor, A->trans ? CblasTrans : CblasNoTrans, B->trans ? CblasTrans : CblasNoTrans, (int)N, (int)M,
-                (int)K, 1.0f, A->p, (int)A->ld, B->p, (int)B->ld, 0.0f, C, (int)ldc);
+                (int)K, 1.0f, A->p, (int)A->ld, B->p, (int)B->ld, acc ? 1.0f : 0.0f, C, (int)ldc);
 }
 
-/* out[N, M] (contiguous, dtype odt) = A[N, K] @ B[K, M]: B converted per column block */
+/* rows [0, N) of C (compute type wt, row stride ldc) = bias[j0, j0 + M); nt threads split the rows */
+static void fill_bias(kg_dtype wt, void *C, int64_t ldc, int64_t N, int64_t M, const void *bias, int64_t j0, int nt) {
+  int ws = kg_dtype_info[wt].size;
+  const char *src = (const char *)bias + j0 * ws;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < N; r++) memcpy((char *)C + r * ldc * ws, src, (size_t)(M * ws));
+}
+
+/* threads for a pass over n elements outside a parallel region */
+static int pass_threads(int64_t n) { return n >= 4 * KG_PAR_THRESHOLD ? kg_num_threads() : 1; }
+
+/* rows of out (dtype odt, row stride M) = f32 rows of c (row stride M) + bias */
+static void store_bias_f32(char *out, kg_dtype odt, const float *c, const float *bias, int64_t N, int64_t M) {
+  int os = kg_dtype_info[odt].size;
+  float row[256];
+  for (int64_t r = 0; r < N; r++)
+    for (int64_t j0 = 0; j0 < M; j0 += 256) {
+      int64_t n = M - j0 < 256 ? M - j0 : 256;
+      for (int64_t j = 0; j < n; j++) row[j] = c[r * M + j0 + j] + bias[j0 + j];
+      kg_cpu_store_f32(out + (r * M + j0) * os, odt, 1, row, n);
+    }
+}
+
+/* out[N, M] (contiguous, dtype odt) = A[N, K] @ B[K, M] (+ bias, wt, when not NULL): B
+ * converted per column block */
 static kg_status blocked(kg_dtype wt, const mat *A, const view *B, char *out, kg_dtype odt, int64_t N, int64_t M,
-                         int64_t K) {
+                         int64_t K, const void *bias) {
   int ws = kg_dtype_info[wt].size, os = kg_dtype_info[odt].size;
   int64_t mb = MM_BLOCK_BYTES / (ws * (K > 0 ? K : 1));
   mb = mb < 16 ? 16 : mb / 16 * 16;
@@ -136,10 +168,12 @@ static kg_status blocked(kg_dtype wt, const mat *A, const view *B, char *out, kg
       int64_t j0 = blk * mb, nc = M - j0 < mb ? M - j0 : mb;
       mat Bm = convert(bp, wt, B, j0, nc);
       if (cp) {
-        gemm(wt, N, nc, K, A, &Bm, cp, nc);
+        if (bias) fill_bias(wt, cp, nc, N, nc, bias, j0, 1);
+        gemm(wt, N, nc, K, A, &Bm, cp, nc, bias != NULL);
         for (int64_t r = 0; r < N; r++) kg_cpu_store_f32(out + (r * M + j0) * os, odt, 1, (float *)cp + r * nc, nc);
       } else {
-        gemm(wt, N, nc, K, A, &Bm, out + j0 * os, M);
+        if (bias) fill_bias(wt, out + j0 * os, M, N, nc, bias, j0, 1);
+        gemm(wt, N, nc, K, A, &Bm, out + j0 * os, M, bias != NULL);
       }
     }
     buf_free(&bb);
@@ -148,39 +182,81 @@ static kg_status blocked(kg_dtype wt, const mat *A, const view *B, char *out, kg
   return oom ? kg_error(KG_ERR_OOM, "matmul", "out of memory converting operands") : KG_OK;
 }
 
-kg_status kg_cpu_matmul(const kg_op_call *c) {
-  const kg_tensor *a = c->in[0], *b = c->in[1];
-  kg_tensor *o = c->out[0];
-  int nd = o->ndim, na = a->ndim, nb = b->ndim;
-  int64_t N = o->shape[nd - 2], M = o->shape[nd - 1], K = a->shape[na - 1];
-  int64_t batch = N * M > 0 ? kg_numel(o) / (N * M) : 0;
-  kg_dtype wt = o->dtype == KG_F64 ? KG_F64 : KG_F32, odt = o->dtype;
+/* one product out[batch..., N, M] = a[batch..., N, K] @ b[batch..., K, M] (+ bias[M] on every
+ * row): out contiguous; a's and b's element strides given per dim of out's shape (broadcast
+ * batch dims have stride 0) */
+typedef struct {
+  int nd;
+  int64_t shape[KG_MAX_DIMS], K;
+  char *o;
+  kg_dtype odt;
+  const char *a, *b;
+  kg_dtype adt, bdt;
   int64_t astr[KG_MAX_DIMS], bstr[KG_MAX_DIMS];
-  kg_broadcast_strides(a, nd, o->shape, astr); /* batch dims broadcast; last two are a's own */
-  kg_broadcast_strides(b, nd, o->shape, bstr);
-  astr[nd - 2] = a->stride[na - 2], astr[nd - 1] = a->stride[na - 1];
-  bstr[nd - 2] = b->stride[nb - 2], bstr[nd - 1] = b->stride[nb - 1];
+  const void *bias; /* NULL, or M values in the compute type (f64 for f64 outputs, else f32) */
+} product;
+
+/* the direct bf16 path (gemm_bf16.c) of one batch entry: it writes its few rows itself, the bias
+ * is added to them after (or to an f32 copy, so that a bf16/f16 output is rounded once) */
+static kg_status run_bf16_small(const product *p, char *optr, const mat *A, const view *bv, int64_t N, int64_t M,
+                                int64_t K, buf *cbuf) {
+  bool trans = bv->rs == 1;
+  int64_t ldw = trans ? bv->cs : bv->rs;
+  kg_gemm_bf16_opts go = {.a_bf16 = p->adt == KG_BF16}; /* then a's f32 copy packs back exactly */
+  if (!p->bias) return kg_cpu_gemm_bf16(optr, p->odt, M, A->p, A->ld, (const uint16_t *)bv->p, ldw, trans, N, M, K, &go);
+  bool f32 = p->odt == KG_F32;
+  float *cp = f32 ? (float *)optr : buf_get(cbuf, (size_t)(N * M * 4));
+  if (!cp) return kg_error(KG_ERR_OOM, "linear", "out of memory for the f32 result");
+  KG_TRY(kg_cpu_gemm_bf16(cp, KG_F32, M, A->p, A->ld, (const uint16_t *)bv->p, ldw, trans, N, M, K, &go));
+  if (f32) {
+    const float *bias = p->bias;
+    for (int64_t r = 0; r < N; r++)
+      for (int64_t j = 0; j < M; j++) cp[r * M + j] += bias[j];
+  } else {
+    store_bias_f32(optr, p->odt, cp, p->bias, N, M);
+  }
+  return KG_OK;
+}
+
+/* out = the bias rows (or +0) when K == 0 */
+static void empty_product(const product *p, int64_t rows, int64_t M) {
+  int os = kg_dtype_info[p->odt].size;
+  if (!p->bias) {
+    memset(p->o, 0, (size_t)(rows * M * os)); /* +0 in every float dtype */
+    return;
+  }
+  for (int64_t r = 0; r < rows; r++) {
+    if (p->odt == KG_F64) kg_cpu_store_f64(p->o + r * M * os, p->odt, 1, p->bias, M);
+    else kg_cpu_store_f32(p->o + r * M * os, p->odt, 1, p->bias, M);
+  }
+}
+
+static kg_status run_product(const product *p, const char *op) {
+  int nd = p->nd;
+  int64_t N = p->shape[nd - 2], M = p->shape[nd - 1], K = p->K;
+  int64_t batch = 1;
+  for (int d = 0; d < nd; d++) batch *= p->shape[d];
+  batch = N * M > 0 ? batch / (N * M) : 0;
+  kg_dtype wt = p->odt == KG_F64 ? KG_F64 : KG_F32, odt = p->odt;
   kg_flop_add((uint64_t)(2 * batch * N * M * K));
   if (batch == 0) return KG_OK;
-  int aes = kg_dtype_info[a->dtype].size, bes = kg_dtype_info[b->dtype].size, os = kg_dtype_info[odt].size;
+  int aes = kg_dtype_info[p->adt].size, bes = kg_dtype_info[p->bdt].size, os = kg_dtype_info[odt].size;
   int ws = kg_dtype_info[wt].size;
   if (K == 0) {
-    memset(kg_data(o), 0, (size_t)(batch * N * M * os)); /* +0 in every float dtype */
+    empty_product(p, batch * N, M);
     return KG_OK;
   }
   /* b broadcast over every batch dim, and a's batch dims continue its rows: one GEMM */
   if (batch > 1) {
     bool fold = true;
-    int64_t expect = astr[nd - 2] * N;
+    int64_t expect = p->astr[nd - 2] * N;
     for (int d = nd - 3; d >= 0; d--) {
-      if (o->shape[d] == 1) continue;
-      if (bstr[d] != 0 || astr[d] != expect) fold = false;
-      expect *= o->shape[d];
+      if (p->shape[d] == 1) continue;
+      if (p->bstr[d] != 0 || p->astr[d] != expect) fold = false;
+      expect *= p->shape[d];
     }
     if (fold) N *= batch, batch = 1;
   }
-  const char *abase = kg_data(a), *bbase = kg_data(b);
-  char *obase = kg_data(o);
   buf abuf = {0}, bbuf = {0}, cbuf = {0};
   int64_t last_aoff = -1, last_boff = -1;
   mat A, B;
@@ -188,58 +264,99 @@ kg_status kg_cpu_matmul(const kg_op_call *c) {
   for (int64_t bi = 0; bi < batch && st == KG_OK && !kg_interrupt_pending(); bi++) {
     int64_t rem = bi, aoff = 0, boff = 0;
     for (int d = nd - 3; d >= 0; d--) {
-      int64_t i = rem % o->shape[d];
-      rem /= o->shape[d];
-      aoff += i * astr[d];
-      boff += i * bstr[d];
+      int64_t i = rem % p->shape[d];
+      rem /= p->shape[d];
+      aoff += i * p->astr[d];
+      boff += i * p->bstr[d];
     }
-    view av = {abase + aoff * aes, a->dtype, N, K, astr[nd - 2], astr[nd - 1]};
-    view bv = {bbase + boff * bes, b->dtype, K, M, bstr[nd - 2], bstr[nd - 1]};
-    char *optr = obase + bi * N * M * os;
+    view av = {p->a + aoff * aes, p->adt, N, K, p->astr[nd - 2], p->astr[nd - 1]};
+    view bv = {p->b + boff * bes, p->bdt, K, M, p->bstr[nd - 2], p->bstr[nd - 1]};
+    char *optr = p->o + bi * N * M * os;
     if (aoff != last_aoff && !direct(&av, wt, &A)) {
-      void *p = buf_get(&abuf, (size_t)(N * K * ws));
-      if (!p) {
-        st = kg_error(KG_ERR_OOM, "matmul", "out of memory converting operands");
+      void *ap = buf_get(&abuf, (size_t)(N * K * ws));
+      if (!ap) {
+        st = kg_error(KG_ERR_OOM, op, "out of memory converting operands");
         break;
       }
-      A = convert(p, wt, &av, 0, K);
+      A = convert(ap, wt, &av, 0, K);
     }
     last_aoff = aoff;
     if (bf16_small(&bv, wt, &A, N)) { /* decode: read the bf16 weight directly */
-      bool trans = bv.rs == 1;
-      kg_gemm_bf16_opts go = {.a_bf16 = a->dtype == KG_BF16}; /* then a's f32 copy packs back exactly */
-      st = kg_cpu_gemm_bf16(optr, odt, M, A.p, A.ld, (const uint16_t *)bv.p, trans ? bv.cs : bv.rs, trans, N, M, K, &go);
+      st = run_bf16_small(p, optr, &A, &bv, N, M, K, &cbuf);
       continue;
     }
     bool bdirect = direct(&bv, wt, &B);
     if (!bdirect && N < MM_BLOCK_ROWS) { /* few rows: convert b in cache-sized column blocks */
-      st = blocked(wt, &A, &bv, optr, odt, N, M, K);
+      st = blocked(wt, &A, &bv, optr, odt, N, M, K, p->bias);
       last_boff = -1;
       continue;
     }
     if (!bdirect && boff != last_boff) {
-      void *p = buf_get(&bbuf, (size_t)(K * M * ws));
-      if (!p) {
-        st = kg_error(KG_ERR_OOM, "matmul", "out of memory converting operands");
+      void *bp = buf_get(&bbuf, (size_t)(K * M * ws));
+      if (!bp) {
+        st = kg_error(KG_ERR_OOM, op, "out of memory converting operands");
         break;
       }
-      B = convert(p, wt, &bv, 0, M);
+      B = convert(bp, wt, &bv, 0, M);
       last_boff = boff;
     }
-    if (odt == wt) {
-      gemm(wt, N, M, K, &A, &B, optr, M);
-    } else {
-      float *cp = buf_get(&cbuf, (size_t)(N * M * 4));
-      if (!cp) {
-        st = kg_error(KG_ERR_OOM, "matmul", "out of memory for the f32 result");
-        break;
-      }
-      gemm(wt, N, M, K, &A, &B, cp, M);
-      kg_cpu_store_f32(optr, odt, 1, cp, N * M);
+    void *cp = optr;
+    if (odt != wt && !(cp = buf_get(&cbuf, (size_t)(N * M * 4)))) {
+      st = kg_error(KG_ERR_OOM, op, "out of memory for the f32 result");
+      break;
     }
+    if (p->bias) fill_bias(wt, cp, M, N, M, p->bias, 0, pass_threads(N * M));
+    gemm(wt, N, M, K, &A, &B, cp, M, p->bias != NULL);
+    if (cp != optr) kg_cpu_store_f32(optr, odt, 1, cp, N * M);
   }
   buf_free(&abuf);
   buf_free(&bbuf);
   buf_free(&cbuf);
+  return st;
+}
+
+kg_status kg_cpu_matmul(const kg_op_call *c) {
+  const kg_tensor *a = c->in[0], *b = c->in[1];
+  kg_tensor *o = c->out[0];
+  int nd = o->ndim, na = a->ndim, nb = b->ndim;
+  product p = {.nd = nd, .K = a->shape[na - 1], .o = kg_data(o), .odt = o->dtype, .a = kg_data(a), .b = kg_data(b),
+               .adt = a->dtype, .bdt = b->dtype};
+  memcpy(p.shape, o->shape, sizeof(int64_t) * (size_t)nd);
+  kg_broadcast_strides(a, nd, o->shape, p.astr); /* batch dims broadcast; last two are a's own */
+  kg_broadcast_strides(b, nd, o->shape, p.bstr);
+  p.astr[nd - 2] = a->stride[na - 2], p.astr[nd - 1] = a->stride[na - 1];
+  p.bstr[nd - 2] = b->stride[nb - 2], p.bstr[nd - 1] = b->stride[nb - 1];
+  return run_product(&p, "matmul");
+}
+
+/* in = {x [..., I], w [O, I], b [O] or NULL}, out = y [..., O] contiguous: the product x @ wᵀ
+ * with wᵀ read through swapped strides; a 1-D x is one row */
+kg_status kg_cpu_linear(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0], *w = c->in[1], *b = c->nin > 2 ? c->in[2] : NULL;
+  kg_tensor *y = c->out[0];
+  int nx = x->ndim;
+  int64_t nout = w->shape[0], nin = w->shape[1]; /* not O, I: complex.h defines I */
+  product p = {.nd = nx < 2 ? 2 : nx, .K = nin, .o = kg_data(y), .odt = y->dtype, .a = kg_data(x), .b = kg_data(w),
+               .adt = x->dtype, .bdt = w->dtype};
+  int nd = p.nd;
+  if (nx < 2) {
+    p.shape[0] = 1, p.astr[0] = nin; /* one row; its stride only has to look dense */
+  } else {
+    for (int d = 0; d < nx - 1; d++) p.shape[d] = x->shape[d], p.astr[d] = x->stride[d];
+  }
+  p.shape[nd - 1] = nout;
+  p.astr[nd - 1] = x->stride[nx - 1];
+  for (int d = 0; d < nd - 2; d++) p.bstr[d] = 0;
+  p.bstr[nd - 2] = w->stride[1], p.bstr[nd - 1] = w->stride[0]; /* wᵀ [I, O] */
+  kg_dtype wt = y->dtype == KG_F64 ? KG_F64 : KG_F32;
+  buf bb = {0};
+  if (b) {
+    void *bp = buf_get(&bb, (size_t)(nout > 0 ? nout : 1) * kg_dtype_info[wt].size);
+    if (!bp) return kg_error(KG_ERR_OOM, "linear", "out of memory converting the bias");
+    load_run(bp, wt, kg_data(b), b->dtype, b->stride[0], nout);
+    p.bias = bp;
+  }
+  kg_status st = run_product(&p, "linear");
+  buf_free(&bb);
   return st;
 }

@@ -171,8 +171,8 @@ template <int N> __device__ __forceinline__ void kg_cuda_offsets(const kg_cuda_i
 }
 
 /* ---- fused linear (matmul.cu): y = x wᵀ + b (+ GELU, tanh form) through a cuBLASLt epilogue;
- * KG_ERR_VALUE when layout or dtype does not fit (then run matmul + add). Called by the linear op
- * (kg_cuda_linear_bias) when no gradient is asked for. */
+ * KG_ERR_VALUE when layout or dtype does not fit (then run matmul + add). The linear op's kernel
+ * (kg_cuda_linear) uses the same epilogue. */
 kg_status kg_cuda_linear_fused(kg_tensor *y, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, bool gelu);
 
 /* ---- cuDNN fused attention (sdpa_cudnn.cu): runs the SDPA forward into out and lse when cuDNN

@@ -16,9 +16,10 @@
  * alignment and epilogue. The fallback takes f64, broadcast batches that do not fold (a stride
  * of 0 with more than one batch), and any case cuBLASLt declines; it uses the same workspace.
  *
- * kg_cuda_gemm_lt also serves fused epilogues (bias, bias + GELU): kg_cuda_linear_fused below
- * computes y = x wᵀ + b (optionally GELU, cuBLASLt's tanh approximation) in one call; the `linear`
- * op (engine/ops/matmul.c) takes it on cuda when no gradient is asked for (kg_cuda_linear_bias). */
+ * gemm_lt also serves fused epilogues (bias, bias + GELU): the `linear` op's kernel
+ * (kg_cuda_linear below) computes y = x wᵀ + b in one call with the BIAS epilogue, in training
+ * and inference alike (its backward is built from matmul in engine/ops/matmul.c);
+ * kg_cuda_linear_fused offers bias + GELU (cuBLASLt's tanh approximation) too. */
 #include "cuda.cuh"
 
 #include <cublasLt.h>
@@ -325,41 +326,71 @@ extern "C" kg_status kg_cuda_matmul(const kg_op_call *c) {
 
 /* y[..., O] = x[..., I] · w[O, I]ᵀ + b[O], then GELU (tanh form) when gelu: one cuBLASLt call with
  * a BIAS or GELU_BIAS epilogue. x dense (rows evenly spaced), w and b contiguous, y contiguous,
- * one dtype among f32/bf16/f16. Returns KG_ERR_VALUE when the layout or dtype does not fit (the
- * caller then runs matmul + add). Called by kg_cuda_linear_bias below (bias only: keng's `linear`
- * has no activation argument, so the GELU_BIAS epilogue has no caller yet). */
-kg_status kg_cuda_linear_fused(kg_tensor *y, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, bool gelu) {
-  const char *op = "linear";
+ * one dtype among f32/bf16/f16. *done = false, with nothing queued, when the layout or dtype does
+ * not fit or cuBLASLt declines (the caller then runs matmul + a bias add). */
+static kg_status linear_epilogue(kg_tensor *y, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, bool gelu,
+                                 bool *done) {
   int64_t I = w->shape[1], O = w->shape[0], rows = I ? kg_numel(x) / I : 0;
   kg_dtype dt = y->dtype;
+  *done = false;
   if ((dt != KG_F32 && dt != KG_BF16 && dt != KG_F16) || x->dtype != dt || w->dtype != dt || b->dtype != dt ||
       !kg_is_contiguous(x) || !kg_is_contiguous(w) || !kg_is_contiguous(b) || !kg_is_contiguous(y) || !rows || !I ||
       rows > INT32_MAX || O > INT32_MAX || I > INT32_MAX)
-    return kg_error(KG_ERR_VALUE, op, "layout or dtype not supported by the fused path");
-  int dev = y->device.index;
-  /* column-major: y'[O, rows] = (w')ᵀ... w row-major [O, I] is w' col-major [I, O] with ld I: op T
-   * gives [O, I]; x row-major [rows, I] is x' col-major [I, rows] with ld I: op N */
-  bool done = false;
-  KG_TRY(gemm_lt(op, dev, dt, true, false, O, rows, I, kg_data(w), I, 0, kg_data(x), I, 0, kg_data(y), O, 0, 1,
-                 gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS, kg_data(b), &done));
-  if (!done) return kg_error(KG_ERR_VALUE, op, "cuBLASLt declined the fused epilogue");
-  kg_flop_add((uint64_t)(2 * rows * O * I));
+    return KG_OK;
+  /* column-major: y'[O, rows] = op(w')·x'; w row-major [O, I] is w' col-major [I, O] with ld I,
+   * op T gives [O, I]; x row-major [rows, I] is x' col-major [I, rows] with ld I: op N */
+  KG_TRY(gemm_lt("linear", y->device.index, dt, true, false, O, rows, I, kg_data(w), I, 0, kg_data(x), I, 0, kg_data(y),
+                 O, 0, 1, gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS, kg_data(b), done));
+  if (*done) kg_flop_add((uint64_t)(2 * rows * O * I));
   return KG_OK;
 }
 
-/* The `linear` op's CUDA fast path (engine/ops/matmul.c, when no gradient is asked for):
- * *out = x wᵀ + b, [..., O], through kg_cuda_linear_fused. KG_ERR_VALUE, with nothing allocated
- * and nothing queued, when x is not dense or the dtypes do not fit: the caller runs matmul + add. */
-extern "C" kg_status kg_cuda_linear_bias(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b) {
-  if (!kg_is_contiguous(x) || !kg_is_contiguous(w) || !kg_is_contiguous(b) || x->ndim < 1 || x->ndim > KG_MAX_DIMS)
-    return kg_error(KG_ERR_VALUE, "linear", "operands not dense: the composite path runs");
-  int64_t shape[KG_MAX_DIMS];
-  for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
-  shape[x->ndim - 1] = w->shape[0];
-  kg_tensor *y;
-  KG_TRY(kg_tensor_empty(&y, x->ndim, shape, x->dtype, x->device));
-  kg_status s = kg_cuda_linear_fused(y, x, w, b, false);
-  if (s) kg_tensor_release(y);
-  else *out = y;
-  return s;
+/* The fused form for callers outside the op table (cuda.cuh): KG_ERR_VALUE when it does not fit.
+ * keng's `linear` has no activation argument, so the GELU_BIAS epilogue has no caller yet. */
+kg_status kg_cuda_linear_fused(kg_tensor *y, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b, bool gelu) {
+  bool done;
+  KG_TRY(linear_epilogue(y, x, w, b, gelu, &done));
+  return done ? KG_OK : kg_error(KG_ERR_VALUE, "linear", "layout or dtype not supported by the fused path");
+}
+
+/* The `linear` op: in = {x [..., I], w [O, I], b [O] or NULL}, out = y [..., O] contiguous.
+ * With a bias, the cuBLASLt BIAS epilogue when it fits (forward of training and inference
+ * alike); otherwise the matmul kernel on x @ wᵀ (a strided view of w, no copy) and then the
+ * bias added in place by the elementwise kernel. */
+extern "C" kg_status kg_cuda_linear(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0], *w = c->in[1], *b = c->nin > 2 ? c->in[2] : NULL;
+  kg_tensor *y = c->out[0];
+  if (b) {
+    bool done;
+    KG_TRY(linear_epilogue(y, x, w, b, false, &done));
+    if (done) return KG_OK;
+  }
+  /* the product as matmul sees it: x [..., N, I] @ wᵀ [I, O] -> y [..., N, O]; a 1-D x is one row */
+  int nx = x->ndim;
+  int64_t xs[KG_MAX_DIMS], xst[KG_MAX_DIMS], ys[KG_MAX_DIMS], yst[KG_MAX_DIMS];
+  int nd = nx < 2 ? 2 : nx;
+  for (int d = 0; d < nx; d++) xs[nd - nx + d] = x->shape[d], xst[nd - nx + d] = x->stride[d];
+  for (int d = 0; d < y->ndim; d++) ys[nd - nx + d] = y->shape[d], yst[nd - nx + d] = y->stride[d];
+  if (nx < 2) xs[0] = ys[0] = 1, xst[0] = x->shape[0], yst[0] = y->shape[0];
+  int64_t wts[2] = {w->shape[1], w->shape[0]}, wtst[2] = {w->stride[1], w->stride[0]};
+  kg_tensor *xv = NULL, *yv = NULL, *wv = NULL;
+  kg_status st = kg_tensor_view_raw(&xv, x, nd, xs, xst, x->offset);
+  if (!st) st = kg_tensor_view_raw(&yv, y, nd, ys, yst, y->offset);
+  if (!st) st = kg_tensor_view_raw(&wv, w, 2, wts, wtst, w->offset);
+  if (!st) {
+    const kg_tensor *in[2] = {xv, wv};
+    kg_op_call mc = {KG_OP_MATMUL, 2, 1, in, &yv, NULL};
+    st = kg_cuda_matmul(&mc);
+  }
+  if (!st && b) {
+    kg_cuda_ew_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = KG_EW_BINARY, a.op = KG_OP_ADD;
+    const kg_tensor *in[2] = {y, b}; /* y += b, b broadcast over the rows */
+    st = kg_cuda_ew("linear", a, y, 2, in);
+  }
+  kg_tensor_release(xv);
+  kg_tensor_release(yv);
+  kg_tensor_release(wv);
+  return st;
 }

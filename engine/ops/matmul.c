@@ -83,43 +83,50 @@ kg_status kg_grad_matmul(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
   return KG_OK;
 }
 
-/* CUDA: y = x wᵀ + b in one cuBLASLt call with a BIAS epilogue (engine/cuda/matmul.cu); absent
- * without CUDA. KG_ERR_VALUE when the layout or dtypes do not fit (then the composite runs). */
-kg_status kg_cuda_linear_bias(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b)
-    __attribute__((weak));
-
-/* the fused path needs no autograd record: taken only when nothing asks for a gradient; and it
- * bypasses the op dispatch, so not while the numerics guard or KENG_DEBUG logging watch each op */
-static bool linear_fusable(const kg_tensor *x, const kg_tensor *w, const kg_tensor *b) {
-  if (!kg_cuda_linear_bias || !b || x->device.type != KG_DEV_CUDA) return false;
-  if (kg_check_numerics() || kg_debug_level()) return false;
-  if (kg_grad_enabled() && (kg_requires_grad(x) || kg_requires_grad(w) || kg_requires_grad(b))) return false;
-  return x->dtype == w->dtype && b->dtype == w->dtype && w->device.index == x->device.index &&
-         b->device.index == x->device.index && w->device.type == KG_DEV_CUDA && b->device.type == KG_DEV_CUDA;
-}
-
+/* y [..., O] = x [..., I] · w [O, I]ᵀ + b [O]: one op, the bias added inside the product's kernel
+ * (engine/cpu/matmul.c; on cuda a cuBLASLt bias epilogue) instead of a separate pass over y.
+ * A 1-D x gives a 1-D y, as x @ wᵀ does. */
 kg_status kg_linear(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b) {
   char s1[KG_SHAPE_STR_MAX], s2[KG_SHAPE_STR_MAX];
+  const kg_tensor *in[3] = {x, w, b};
+  KG_TRY(kg_check_same_device("linear", b ? 3 : 2, in));
   if (w->ndim != 2) return kg_error(KG_ERR_SHAPE, "linear", "weight %s must be 2-D [out, in]", KG_SHAPE(w, s1));
   if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
     return kg_error(KG_ERR_SHAPE, "linear", "x %s · w %sᵀ: x's last dim must equal w's in-features %lld", KG_SHAPE(x, s1),
                     KG_SHAPE(w, s2), (long long)w->shape[1]);
   if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
     return kg_error(KG_ERR_SHAPE, "linear", "bias %s must be [%lld]", KG_SHAPE(b, s1), (long long)w->shape[0]);
-  if (linear_fusable(x, w, b)) {
-    kg_status fs = kg_cuda_linear_bias(out, x, w, b);
-    if (fs != KG_ERR_VALUE) return fs; /* done, or a real failure */
-  }
-  kg_tensor *wt, *y;
-  KG_TRY(kg_transpose(&wt, w, 0, 1));
-  kg_status s = kg_matmul(&y, x, wt);
-  kg_tensor_release(wt);
-  KG_TRY(s);
-  if (!b) {
-    *out = y;
-    return KG_OK;
-  }
-  s = kg_binary(out, KG_OP_ADD, y, b);
-  kg_tensor_release(y);
+  KG_TRY(kg_check_float("linear", x, "x"));
+  KG_TRY(kg_check_float("linear", w, "weight"));
+  int64_t shape[KG_MAX_DIMS];
+  for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
+  shape[x->ndim - 1] = w->shape[0];
+  kg_dtype dt = kg_dtype_promote(x->dtype, w->dtype);
+  if (b) dt = kg_dtype_promote(dt, b->dtype);
+  KG_TRY(kg_new_like(out, x, x->ndim, shape, dt));
+  kg_status s = kg_op_run(KG_OP_LINEAR, 1, out, 3, in, NULL, 0);
+  if (s) kg_tensor_release(*out);
   return s;
+}
+
+/* dx = g · w, dw = gᵀ · x with every leading dim folded into the rows, db = g (the engine sums it
+ * over the leading dims); built from matmul, so any dtype and device */
+kg_status kg_grad_linear(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
+  const kg_tensor *x = n->saved_in[0], *w = n->saved_in[1];
+  kg_tensor *g = dout[0];
+  if (kg_node_needs_grad(n, 0)) KG_TRY(kg_matmul(&din[0], g, w));
+  if (kg_node_needs_grad(n, 1)) {
+    int64_t grows[2] = {-1, w->shape[0]}, xrows[2] = {-1, w->shape[1]};
+    kg_tensor *g2 = NULL, *gt = NULL, *x2 = NULL;
+    kg_status s = kg_reshape(&g2, g, 2, grows);
+    if (!s) s = kg_transpose(&gt, g2, 0, 1);
+    if (!s) s = kg_reshape(&x2, x, 2, xrows);
+    if (!s) s = kg_matmul(&din[1], gt, x2);
+    kg_tensor_release(g2);
+    kg_tensor_release(gt);
+    kg_tensor_release(x2);
+    KG_TRY(s);
+  }
+  if (n->nin > 2 && kg_node_needs_grad(n, 2)) din[2] = kg_tensor_retain(g);
+  return KG_OK;
 }

@@ -588,23 +588,31 @@ do
   end
 end
 
--- ---- fused linear (cuBLASLt bias epilogue when no gradient is asked for) ------------------------
+-- ---- the linear op (cuBLASLt bias epilogue, training too; fallback: matmul + bias add) ---------
 do
   for _, dt in ipairs({"f32", "bf16", "f16"}) do
     local x, w, b = input({4, 9, 48}, dt), input({40, 48}, dt), input({40}, dt)
     check("linear + bias fused (no_grad)", dt, function(dev)
       return keng.no_grad(function() return keng.linear(on(x, dev), on(w, dev), on(b, dev)) end)
     end, MMTOL[dt])
-    check("linear + bias, x non-contiguous (no_grad)", dt, function(dev)
+    check("linear + bias, x non-contiguous (fallback)", dt, function(dev)
       return keng.no_grad(function() return keng.linear(nc(on(x, dev)), on(w, dev), on(b, dev)) end)
     end, MMTOL[dt])
-    check("linear + bias + grads (composite)", dt, function(dev)
+    check("linear + bias, w transposed view, 1-D x (fallback)", dt, function(dev)
+      local wt = on(w, dev).T:contiguous().T
+      return {keng.linear(on(x, dev), wt, on(b, dev)), keng.linear(on(x, dev)[1][1], on(w, dev), on(b, dev))}
+    end, MMTOL[dt])
+    check("linear + bias + grads (fused forward)", dt, function(dev)
       local xl, wl, bl = on_dev(x, dev), on_dev(w, dev), on_dev(b, dev)
       local y = keng.linear(xl, wl, bl)
       ;(y * y:detach()):sum():backward()
       return {y:detach(), xl.grad, wl.grad, bl.grad}
     end, dt == "f32" and 1e-3 or MMTOL[dt] * 4)
   end
+  local x, w, b = input({4, 9, 48}, "f32"), input({40, 48}, "bf16"), input({40}, "bf16")
+  check("linear, f32 x + bf16 w and bias (fallback)", "f32", function(dev)
+    return keng.linear(on(x, dev), on(w, dev), on(b, dev))
+  end, 1e-4)
 end
 
 -- ---- the numerics guard on cuda ---------------------------------------------------------------

@@ -1,0 +1,170 @@
+-- linear_spec.lua — keng.linear (y = x·wᵀ + b) as one op: values against an f64 triple loop for
+-- each float dtype, with and without a bias, 1-D/2-D/3-D x, every CPU path of the product
+-- (direct bf16 rows, converted column blocks, whole converted weight, unfoldable batches),
+-- non-contiguous x, w and b, an empty inner dim, gradients of x, w and b against finite
+-- differences (f64), the error messages, and KENG_DEBUG showing a single `linear` op.
+local keng = require "keng"
+local H = require "helper"
+
+-- y[r][o] = sum_i x[r][i] w[o][i] + b[o] in f64 from the tensors' own (rounded) values; x is
+-- flattened to rows, the result has x's leading dims
+local function ref(x, w, b)
+  local I, O = w.shape[2], w.shape[1]
+  local xs = x:double():contiguous():reshape{-1, I}:tolist()
+  local ws = w:double():contiguous():tolist()
+  local bs = b and b:double():contiguous():tolist()
+  local rows = {}
+  for r = 1, #xs do
+    local row = {}
+    for o = 1, O do
+      local s = bs and bs[o] or 0
+      for i = 1, I do s = s + xs[r][i] * ws[o][i] end
+      row[o] = s
+    end
+    rows[r] = row
+  end
+  local shape = {}
+  for d = 1, x.ndim - 1 do shape[d] = x.shape[d] end
+  shape[#shape + 1] = O
+  return keng.tensor(rows, {dtype = "f64"}):reshape(shape)
+end
+
+local TOL = {f32 = 1e-5, f64 = 1e-12, bf16 = 1e-2, f16 = 2e-3}
+local DTYPES = {"f32", "f64", "bf16", "f16"}
+
+describe("linear values", function()
+  it("match an f64 reference in every float dtype, with and without a bias, 1-D/2-D/3-D x", function()
+    keng.manual_seed(11)
+    for _, dt in ipairs(DTYPES) do
+      local w, b = keng.randn({6, 8}):to(dt), keng.randn({6}):to(dt)
+      for _, shape in ipairs({{8}, {5, 8}, {2, 3, 8}}) do
+        local x = keng.randn(shape):to(dt)
+        local msg = dt .. " x[" .. table.concat(shape, ",") .. "]"
+        local y = keng.linear(x, w, b)
+        assert.are.equal(dt, y.dtype, msg)
+        H.close(y, ref(x, w, b), TOL[dt], msg .. " with bias")
+        H.close(keng.linear(x, w), ref(x, w), TOL[dt], msg .. " without bias")
+      end
+    end
+  end)
+
+  it("every product path (few rows, column blocks, whole weight, mixed dtypes) adds the bias", function()
+    keng.manual_seed(12)
+    for _, rows in ipairs({3, 40, 130}) do -- bf16 direct rows (<= 32), blocked (< 128), whole
+      for _, dt in ipairs(DTYPES) do
+        local x, w, b = keng.randn({rows, 16}):to(dt), keng.randn({20, 16}):to(dt), keng.randn({20}):to(dt)
+        H.close(keng.linear(x, w, b), ref(x, w, b), TOL[dt], dt .. " rows " .. rows)
+      end
+      -- an f32 x against a bf16 or f16 weight: f32 out, the weight converted (or read as bf16)
+      for _, wdt in ipairs({"bf16", "f16"}) do
+        local x, w, b = keng.randn({rows, 16}), keng.randn({20, 16}):to(wdt), keng.randn({20}):to(wdt)
+        local y = keng.linear(x, w, b)
+        assert.are.equal("f32", y.dtype)
+        H.close(y, ref(x, w, b), 1e-5, "f32 x, " .. wdt .. " w, rows " .. rows)
+      end
+    end
+  end)
+
+  it("non-contiguous x, w and b give the same values", function()
+    keng.manual_seed(13)
+    for _, dt in ipairs(DTYPES) do
+      local x, w, b = keng.randn({7, 9}):to(dt), keng.randn({5, 9}):to(dt), keng.randn({5}):to(dt)
+      local want = ref(x, w, b)
+      local wt = w.T:contiguous().T -- w's values laid out column-major
+      assert.is_false(wt.is_contiguous)
+      H.close(keng.linear(H.noncontig(x), wt, H.noncontig(b)), want, TOL[dt], dt .. " noncontig")
+      H.close(keng.linear(x, wt, b), want, TOL[dt], dt .. " transposed w")
+      -- a 3-D x whose batch dims do not fold into rows: one product per batch entry
+      local x3 = keng.randn({4, 2, 9}):to(dt):transpose(1, 2)
+      assert.is_false(x3.is_contiguous)
+      H.close(keng.linear(x3, w, b), ref(x3, w, b), TOL[dt], dt .. " unfoldable batch")
+    end
+  end)
+
+  it("an empty inner dim gives the bias; empty rows give an empty result", function()
+    local b = keng.tensor({1, 2, 3}, {dtype = "f32"})
+    H.close(keng.linear(keng.zeros({2, 0}), keng.zeros({3, 0}), b), {{1, 2, 3}, {1, 2, 3}}, 0)
+    H.close(keng.linear(keng.zeros({2, 0}):bf16(), keng.zeros({3, 0}):bf16(), b:bf16()), {{1, 2, 3}, {1, 2, 3}}, 0)
+    H.close(keng.linear(keng.zeros({2, 0}), keng.zeros({3, 0})), {{0, 0, 0}, {0, 0, 0}}, 0)
+    assert.are.same({0, 3}, keng.linear(keng.zeros({0, 4}), keng.zeros({3, 4}), b).shape)
+  end)
+
+  it("with a bias equals matmul + add, without one equals matmul (f32, small K)", function()
+    keng.manual_seed(14)
+    local x, w, b = keng.randn({2, 3, 8}), keng.randn({5, 8}), keng.randn({5})
+    H.close(keng.linear(x, w, b), x:matmul(w.T) + b, 0)
+    H.close(keng.linear(x, w), x:matmul(w.T), 0)
+  end)
+end)
+
+describe("linear gradients", function()
+  it("of x, w and b match finite differences (2-D, 3-D, 1-D x, no bias)", function()
+    local lin = function(p, q, r) return keng.linear(p, q, r) end
+    H.gradcheck(lin, {H.leaf({3, 4}), H.leaf({5, 4}), H.leaf({5})})
+    H.gradcheck(lin, {H.leaf({2, 3, 4}), H.leaf({5, 4}), H.leaf({5})})
+    H.gradcheck(lin, {H.leaf({4}), H.leaf({5, 4}), H.leaf({5})})
+    H.gradcheck(function(p, q) return keng.linear(p, q) end, {H.leaf({3, 4}), H.leaf({5, 4})})
+  end)
+
+  it("through non-contiguous x and a transposed w", function()
+    H.gradcheck(function(p, q, r) return keng.linear(p:transpose(2, 3), q.T, r) end,
+      {H.leaf({2, 4, 3}), H.leaf({4, 5}), H.leaf({5})})
+    H.gradcheck(function(p, q) return keng.linear(p.T, q) end, {H.leaf({4, 2}), H.leaf({5, 4})})
+  end)
+
+  it("only for the inputs that ask, in their own dtype", function()
+    keng.manual_seed(15)
+    local x = keng.randn({3, 4})
+    local w = keng.randn({2, 4}):bf16()
+    w.requires_grad = true
+    local b = keng.randn({2})
+    keng.linear(x, w, b):sum():backward()
+    assert.are.equal("bf16", w.grad.dtype)
+    assert.is_nil(x.grad)
+    assert.is_nil(b.grad)
+    -- d sum(y) / dw[o][i] = sum over rows of x[r][i]
+    local want = x:sum(1):reshape{1, 4}:expand{2, 4}
+    H.close(w.grad, want, 1e-2)
+  end)
+end)
+
+describe("linear errors", function()
+  it("name linear and the shapes", function()
+    local x, w = keng.randn({2, 3, 4}), keng.randn({5, 4})
+    local err = H.raises(function() keng.linear(x, keng.randn({5, 3})) end, "x's last dim must equal w's in-features 3")
+    assert.truthy(err:find("linear", 1, true), err)
+    H.raises(function() keng.linear(x, w, keng.randn({4})) end, "bias [4] must be [5]")
+    H.raises(function() keng.linear(x, w, keng.randn({1, 5})) end, "bias [1,5] must be [5]")
+    H.raises(function() keng.linear(x, keng.randn({4})) end, "weight [4] must be 2-D [out, in]")
+    H.raises(function() keng.linear(keng.arange(4), keng.randn({5, 4})) end, "floating point")
+    -- an integer bias is added as before (promoted)
+    H.close(keng.linear(keng.ones({1, 4}), keng.ones({2, 4}), keng.tensor({1, 2})), {{5, 6}}, 0)
+  end)
+end)
+
+-- the keng binary running these specs (run_all.sh sets KENG_BIN)
+local function keng_bin()
+  local env = os.getenv("KENG_BIN")
+  if env and env ~= "" then return env end
+  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
+  local self = p:read("a"):gsub("%s+$", "")
+  p:close()
+  if self:match("keng$") then return self end
+  return nil
+end
+
+describe("linear under KENG_DEBUG", function()
+  it("logs one linear op, no matmul or add", function()
+    local bin = keng_bin()
+    if not bin then return pending("no keng binary (set KENG_BIN)") end
+    local script = "local keng = require 'keng'; keng.linear(keng.randn({4, 3, 8}), keng.randn({6, 8}), keng.randn({6}))"
+    local p = io.popen("KENG_DEBUG=1 '" .. bin .. "' -e \"" .. script .. "\" 2>&1")
+    local log = p:read("a")
+    p:close()
+    local ops = {}
+    for name in log:gmatch("%[keng%] (%S+)") do ops[name] = (ops[name] or 0) + 1 end
+    assert.are.equal(1, ops.linear, log)
+    assert.is_nil(ops.matmul, log)
+    assert.is_nil(ops.add, log)
+  end)
+end)
