@@ -16,11 +16,16 @@
  * Operands that are contiguous and in the compute type are used in place; others are loaded
  * (any strides, any float dtype) into contiguous f32 buffers, or f64 when an operand is f64.
  * Every buffer comes from the CPU pool (kg_cpu_alloc). GEMMs go to OpenBLAS (sgemm / dgemm).
+ * Batches of small f32 images (<= 256 output pixels, >= 4 images, >= 16 channels in and out)
+ * skip im2col and the GEMM: fwd (so also the stride-1 data gradient) and bwd_weight run a
+ * direct AVX-512 or AVX2+FMA kernel (runtime-checked; KENG_CONV_DIRECT caps it, 0 = off) that
+ * skips padding taps; see "direct kernel for small images" below.
  * The reference is the nested-loop convolution in tests/lua/conv_spec.lua; figures in
  * docs/kernels.md ("Convolution and elementwise"). */
 #include "cpu.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,9 +373,294 @@ static const void *tile_block(const geom *g, bool wide, const void *col, const t
   return ws;
 }
 
+/* ---- direct kernel for small images (f32, AVX-512 or AVX2+FMA) -------------------------------- */
+
+/* At the UNet's latent sizes (16x16 down to 2x2) im2col + GEMM loses twice: the GEMM per tile
+ * is small, so OpenBLAS's packing of each tile costs as much as its FLOPs, and with 3x3
+ * padding 1 a large share of the column matrix is padding zeros (4x4: 31%, 2x2: 56%). The
+ * direct kernel takes as register block one output pixel (oh, ow) of n images at once and
+ * DIRECT_LANES x 2 output channels: the n pixels share their in-image kernel taps, so the
+ * padding taps are skipped exactly and no im2col is built. Its operands, repacked once per
+ * call: the images as xt[chunk][H][W][G*C][n] (the n values of one (pixel, channel)
+ * contiguous, broadcast one by one) and the kernel as wp[G][M/MB][kh][kw][C][MB] (MB output
+ * channels contiguous, zero past M). Figures: docs/kernels.md "Convolution at UNet sizes". */
+
+/* output pixels per image up to which the direct kernel is used, and the fewest images */
+#define DIRECT_MAX_PIX 256
+/* AVX2 (6 images per block, 16 channels): ahead of the GEMM up to 8x8, behind at 16x16 x 128 */
+#define DIRECT_MAX_PIX_AVX2 64
+#define DIRECT_MIN_IMGS 4
+/* output pixels per job: their results are gathered so y is written in row runs */
+#define DIRECT_PIX_GROUP 16
+
+typedef struct {
+  int64_t oh, ow, n;  /* output pixel; images in the chunk */
+  const float *xt;    /* the chunk's repacked images, at group gi's first channel */
+  const float *wp;    /* the m-block's packed kernel [kh][kw][C][MB] */
+  const float *bias;  /* [MB] */
+  float *out;         /* [n][MB] */
+} direct_job;
+
+/* acc[j] (j < N images) = bias + Σ over in-image taps and channels of x * w, MB = 2 vectors
+ * of output channels; N is a compile-time constant so the accumulators stay in registers */
+#define DEFINE_DIRECT_TILE(ISA, TGT, V, L, LOAD, STORE, SET1, FMA, N)                                 \
+  __attribute__((target(TGT))) static void direct_tile_##ISA##_##N(const geom *g, const direct_job *jb) { \
+    V acc[N][2];                                                                                       \
+    V b0 = LOAD(jb->bias), b1 = LOAD(jb->bias + L);                                                    \
+    _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) acc[j][0] = b0, acc[j][1] = b1;               \
+    int64_t C = g->C, Ct = g->G * g->C;                                                                \
+    for (int64_t ki = 0; ki < g->kh; ki++) {                                                           \
+      int64_t ih = jb->oh * g->sh - g->ph + ki * g->dh;                                                \
+      if (ih < 0 || ih >= g->H) continue;                                                              \
+      for (int64_t kj = 0; kj < g->kw; kj++) {                                                         \
+        int64_t iw = jb->ow * g->sw - g->pw + kj * g->dw;                                              \
+        if (iw < 0 || iw >= g->W) continue;                                                            \
+        const float *x = jb->xt + (ih * g->W + iw) * Ct * N, *a = jb->wp + (ki * g->kw + kj) * C * 2 * L; \
+        for (int64_t c = 0; c < C; c++, x += N, a += 2 * L) {                                          \
+          V a0 = LOAD(a), a1 = LOAD(a + L);                                                            \
+          _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) {                                       \
+            V xv = SET1(x[j]);                                                                         \
+            acc[j][0] = FMA(a0, xv, acc[j][0]);                                                        \
+            acc[j][1] = FMA(a1, xv, acc[j][1]);                                                        \
+          }                                                                                            \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+    _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) {                                             \
+      STORE(jb->out + j * 2 * L, acc[j][0]);                                                           \
+      STORE(jb->out + j * 2 * L + L, acc[j][1]);                                                       \
+    }                                                                                                  \
+  }
+
+#define DT512(N) DEFINE_DIRECT_TILE(avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps, N)
+#define DT256(N) DEFINE_DIRECT_TILE(avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, N)
+/* AVX-512: 2 x N accumulators + 2 kernel vectors + 1 broadcast <= 32 registers; AVX2: <= 16 */
+DT512(1) DT512(2) DT512(3) DT512(4) DT512(5) DT512(6) DT512(7) DT512(8) DT512(9) DT512(10) DT512(11)
+DT512(12) DT512(13) DT512(14)
+DT256(1) DT256(2) DT256(3) DT256(4) DT256(5) DT256(6)
+
+typedef void (*direct_fn)(const geom *, const direct_job *);
+static const direct_fn direct_avx512[] = {NULL, direct_tile_avx512_1, direct_tile_avx512_2, direct_tile_avx512_3,
+                                          direct_tile_avx512_4, direct_tile_avx512_5, direct_tile_avx512_6,
+                                          direct_tile_avx512_7, direct_tile_avx512_8, direct_tile_avx512_9,
+                                          direct_tile_avx512_10, direct_tile_avx512_11, direct_tile_avx512_12,
+                                          direct_tile_avx512_13, direct_tile_avx512_14};
+static const direct_fn direct_avx2[] = {NULL, direct_tile_avx2_1, direct_tile_avx2_2, direct_tile_avx2_3,
+                                        direct_tile_avx2_4, direct_tile_avx2_5, direct_tile_avx2_6};
+
+/* 2: AVX-512, 1: AVX2+FMA, 0: neither; KENG_CONV_DIRECT=0 turns the kernel off, =2 / =1 caps
+ * the ISA (read on every call, so the lab can switch variants) */
+static int direct_isa(void) {
+  static int have = -1;
+  if (have < 0) {
+    int h = 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) h = 1;
+    if (h && __builtin_cpu_supports("avx512f")) h = 2;
+    have = h;
+  }
+  const char *e = getenv("KENG_CONV_DIRECT");
+  int cap = e && *e ? atoi(e) : 2;
+  return have < cap ? have : cap;
+}
+
+/* KENG_CONV_DIRECT_FORCE=1 (lab): use the direct kernel at any size and batch */
+static bool direct_wanted(const geom *g, int isa) {
+  const char *f = getenv("KENG_CONV_DIRECT_FORCE");
+  if (f && *f == '1') return true;
+  /* 1x1: the GEMM reads the image in place; few output channels would leave lanes empty; few
+   * input channels make the per-tap loop too short (UNet conv_in, 4 channels: 1.6x slower) */
+  return npix(g) <= (isa == 2 ? DIRECT_MAX_PIX : DIRECT_MAX_PIX_AVX2) && g->B >= DIRECT_MIN_IMGS && !pointwise(g) &&
+         g->M >= 16 && g->C >= 16;
+}
+
+/* col (+ bias) = conv of im with w, by the direct kernel; false when it does not apply (f64,
+ * no AVX2, large images, few images) or its buffers cannot be allocated */
+static bool conv_fwd_direct(const geom *g, bool wide, const float *im, const float *w, const float *bias, float *col) {
+  int isa = wide ? 0 : direct_isa();
+  if (isa == 0 || !direct_wanted(g, isa) || npix(g) == 0 || g->B == 0) return false;
+  int L = isa == 2 ? 16 : 8, MB = 2 * L, NBmax = isa == 2 ? 14 : 6;
+  const direct_fn *fns = isa == 2 ? direct_avx512 : direct_avx2;
+  int64_t C = g->C, Ct = g->G * C, M = g->M, G = g->G, kk = (int64_t)g->kh * g->kw, HW = g->H * g->W, P = npix(g);
+  int64_t nmb = (M + MB - 1) / MB, chunks = (g->B + NBmax - 1) / NBmax;
+  scratch sx = {0}, sw = {0}, sb = {0};
+  float *xt = scratch_get(&sx, g->B * Ct * HW, 4), *wp = scratch_get(&sw, G * nmb * kk * C * MB, 4),
+        *bp = scratch_get(&sb, G * nmb * MB, 4);
+  if (!xt || !wp || !bp) {
+    scratch_free(&sx), scratch_free(&sw), scratch_free(&sb);
+    return false;
+  }
+  /* chunks of near-equal size (13 images: one chunk; 26: two of 13; 15: 8 + 7) */
+  int64_t base = g->B / chunks, extra = g->B % chunks;
+#define CHUNK_B0(q) ((q) * base + ((q) < extra ? (q) : extra))
+  bool par = 2 * g->B * G * M * P * C * kk > CONV_PAR_FLOPS;
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t qc = 0; qc < chunks * Ct; qc++) { /* xt[chunk][p][c][j] = im[b0 + j][c][p] */
+      int64_t q = qc / Ct, c = qc % Ct, b0 = CHUNK_B0(q), n = CHUNK_B0(q + 1) - b0;
+      float *dst = xt + b0 * Ct * HW + c * n;
+      const float *src = im + (b0 * Ct + c) * HW;
+      /* the n values of a pixel written together (one cache line), n sequential reads */
+      for (int64_t p = 0; p < HW; p++)
+        for (int64_t j = 0; j < n; j++) dst[p * Ct * n + j] = src[j * Ct * HW + p];
+    }
+#pragma omp for schedule(static)
+    for (int64_t gm = 0; gm < G * nmb; gm++) { /* wp[gi][mb][tap][c][l] = w[gi*M + mb*MB + l][c][tap] */
+      int64_t gi = gm / nmb, m0 = gm % nmb * MB;
+      float *dst = wp + gm * kk * C * MB, *bd = bp + gm * MB;
+      int64_t mn = M - m0 < MB ? M - m0 : MB;
+      const float *src = w + (gi * M + m0) * C * kk;
+      for (int64_t l = 0; l < MB; l++) bd[l] = l < mn && bias ? bias[gi * M + m0 + l] : 0;
+      /* written in order; read across MB kernel rows, each read sequentially */
+      for (int64_t k = 0; k < kk; k++)
+        for (int64_t c = 0; c < C; c++) {
+          float *d = dst + (k * C + c) * MB;
+          for (int64_t l = 0; l < mn; l++) d[l] = src[(l * C + c) * kk + k];
+          for (int64_t l = mn; l < MB; l++) d[l] = 0;
+        }
+    }
+    /* a job: DIRECT_PIX_GROUP pixels, gathered as [n][MB][pixels] so y gets whole row runs */
+    float out[14 * 32], grp[14 * 32 * DIRECT_PIX_GROUP];
+    int64_t npg = (P + DIRECT_PIX_GROUP - 1) / DIRECT_PIX_GROUP, jobs = chunks * G * nmb * npg;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < jobs; t++) {
+      if (kg_interrupt_pending()) continue;
+      int64_t p0 = t % npg * DIRECT_PIX_GROUP, gm = t / npg % (G * nmb), q = t / npg / (G * nmb), gi = gm / nmb;
+      int64_t m0 = gm % nmb * MB, b0 = CHUNK_B0(q), n = CHUNK_B0(q + 1) - b0, mn = M - m0 < MB ? M - m0 : MB;
+      int64_t np = P - p0 < DIRECT_PIX_GROUP ? P - p0 : DIRECT_PIX_GROUP;
+      for (int64_t i = 0; i < np; i++) {
+        int64_t p = p0 + i;
+        direct_job jb = {p / g->Wo, p % g->Wo, n, xt + b0 * Ct * HW + gi * C * n, wp + gm * kk * C * MB, bp + gm * MB, out};
+        fns[n](g, &jb);
+        for (int64_t jl = 0; jl < n * MB; jl++) grp[jl * DIRECT_PIX_GROUP + i] = out[jl];
+      }
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t l = 0; l < mn; l++)
+          memcpy(col + ((b0 + j) * G * M + gi * M + m0 + l) * P + p0, grp + (j * MB + l) * DIRECT_PIX_GROUP,
+                 sizeof(float) * (size_t)np);
+    }
+  }
+#undef CHUNK_B0
+  scratch_free(&sx), scratch_free(&sw), scratch_free(&sb);
+  kg_flop_add((uint64_t)(2 * g->B * G * M * P * C * kk));
+  return true;
+}
+
+/* The weight gradient by the same register blocking, with the roles of images and channels
+ * swapped: dw[m][c][tap] = Σ over images b and output pixels p of dy[b][m][p] x[b][c][p + tap],
+ * a block of n input channels x MB output channels per (tap, channel block), the sum running
+ * only over the pixels whose tap lies in the image. Operands repacked once per call: dy as
+ * dyp[G][M/MB][B][P][MB] (zero past M), the images channel-last xc[B][H][W][G*C]. */
+typedef struct {
+  int64_t ki, kj, n;  /* kernel tap; input channels in the block */
+  const float *dyp;   /* the m-block's dy [B][P][MB] */
+  const float *xc;    /* the images at the block's first channel */
+  float *out;         /* [n][MB] */
+} dw_job;
+
+#define DEFINE_DW_TILE(ISA, TGT, V, L, LOAD, STORE, SET1, FMA, ZERO, N)                                   \
+  __attribute__((target(TGT))) static void dw_tile_##ISA##_##N(const geom *g, const dw_job *jb) {          \
+    V acc[N][2];                                                                                           \
+    _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) acc[j][0] = ZERO(), acc[j][1] = ZERO();           \
+    int64_t Ct = g->G * g->C, P = npix(g), oh0, oh1, ow0, ow1;                                             \
+    valid_range(jb->ki * g->dh - g->ph, g->sh, g->H, g->Ho, &oh0, &oh1);                                   \
+    valid_range(jb->kj * g->dw - g->pw, g->sw, g->W, g->Wo, &ow0, &ow1);                                   \
+    for (int64_t b = 0; b < g->B; b++)                                                                     \
+      for (int64_t oh = oh0; oh < oh1; oh++) {                                                             \
+        int64_t ih = oh * g->sh - g->ph + jb->ki * g->dh;                                                  \
+        const float *a = jb->dyp + ((b * P) + oh * g->Wo + ow0) * 2 * L;                                   \
+        const float *x = jb->xc + ((b * g->H + ih) * g->W + ow0 * g->sw - g->pw + jb->kj * g->dw) * Ct;    \
+        for (int64_t ow = ow0; ow < ow1; ow++, a += 2 * L, x += g->sw * Ct) {                              \
+          V a0 = LOAD(a), a1 = LOAD(a + L);                                                                \
+          _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) {                                           \
+            V xv = SET1(x[j]);                                                                             \
+            acc[j][0] = FMA(a0, xv, acc[j][0]);                                                            \
+            acc[j][1] = FMA(a1, xv, acc[j][1]);                                                            \
+          }                                                                                                \
+        }                                                                                                  \
+      }                                                                                                    \
+    _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) {                                                 \
+      STORE(jb->out + j * 2 * L, acc[j][0]);                                                               \
+      STORE(jb->out + j * 2 * L + L, acc[j][1]);                                                           \
+    }                                                                                                      \
+  }
+
+#define DW512(N) DEFINE_DW_TILE(avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_setzero_ps, N)
+#define DW256(N) DEFINE_DW_TILE(avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_setzero_ps, N)
+DW512(1) DW512(2) DW512(3) DW512(4) DW512(5) DW512(6) DW512(7) DW512(8) DW512(9) DW512(10) DW512(11)
+DW512(12) DW512(13) DW512(14)
+DW256(1) DW256(2) DW256(3) DW256(4) DW256(5) DW256(6)
+
+typedef void (*dw_fn)(const geom *, const dw_job *);
+static const dw_fn dw_avx512[] = {NULL, dw_tile_avx512_1, dw_tile_avx512_2, dw_tile_avx512_3, dw_tile_avx512_4,
+                                  dw_tile_avx512_5, dw_tile_avx512_6, dw_tile_avx512_7, dw_tile_avx512_8,
+                                  dw_tile_avx512_9, dw_tile_avx512_10, dw_tile_avx512_11, dw_tile_avx512_12,
+                                  dw_tile_avx512_13, dw_tile_avx512_14};
+static const dw_fn dw_avx2[] = {NULL, dw_tile_avx2_1, dw_tile_avx2_2, dw_tile_avx2_3,
+                                dw_tile_avx2_4, dw_tile_avx2_5, dw_tile_avx2_6};
+
+/* dw = the weight gradient by the direct kernel; false when it does not apply or its buffers
+ * cannot be allocated */
+static bool conv_bwd_weight_direct(const geom *g, bool wide, const float *im, const float *col, float *dw) {
+  int isa = wide ? 0 : direct_isa();
+  if (isa == 0 || !direct_wanted(g, isa) || npix(g) == 0 || g->B == 0) return false;
+  int L = isa == 2 ? 16 : 8, MB = 2 * L, NBmax = isa == 2 ? 14 : 6;
+  const dw_fn *fns = isa == 2 ? dw_avx512 : dw_avx2;
+  int64_t C = g->C, Ct = g->G * C, M = g->M, G = g->G, kk = (int64_t)g->kh * g->kw, HW = g->H * g->W, P = npix(g);
+  int64_t nmb = (M + MB - 1) / MB, ncb = (C + NBmax - 1) / NBmax, B = g->B;
+  scratch sx = {0}, sd = {0};
+  float *xc = scratch_get(&sx, B * Ct * HW, 4), *dyp = scratch_get(&sd, G * nmb * B * P * MB, 4);
+  if (!xc || !dyp) {
+    scratch_free(&sx), scratch_free(&sd);
+    return false;
+  }
+  int64_t base = C / ncb, extra = C % ncb; /* channel blocks of near-equal size */
+#define CB_C0(q) ((q) * base + ((q) < extra ? (q) : extra))
+  bool par = 2 * B * G * M * P * C * kk > CONV_PAR_FLOPS;
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < B; b++) /* xc[b][p][c] = im[b][c][p] */
+      for (int64_t c = 0; c < Ct; c++) {
+        const float *src = im + (b * Ct + c) * HW;
+        float *dst = xc + b * HW * Ct + c;
+        for (int64_t p = 0; p < HW; p++) dst[p * Ct] = src[p];
+      }
+#pragma omp for schedule(static)
+    for (int64_t gb = 0; gb < G * nmb * B; gb++) { /* dyp[gi][mb][b][p][l] = dy[b][gi*M + mb*MB + l][p] */
+      int64_t b = gb % B, gm = gb / B, gi = gm / nmb, m0 = gm % nmb * MB, mn = M - m0 < MB ? M - m0 : MB;
+      float *dst = dyp + gb * P * MB;
+      const float *src = col + (b * G * M + gi * M + m0) * P;
+      for (int64_t p = 0; p < P; p++) {
+        for (int64_t l = 0; l < mn; l++) dst[p * MB + l] = src[l * P + p];
+        for (int64_t l = mn; l < MB; l++) dst[p * MB + l] = 0;
+      }
+    }
+    float out[14 * 32];
+    int64_t jobs = G * nmb * kk * ncb;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < jobs; t++) {
+      if (kg_interrupt_pending()) continue;
+      int64_t q = t % ncb, k = t / ncb % kk, gm = t / ncb / kk, gi = gm / nmb, m0 = gm % nmb * MB;
+      int64_t c0 = CB_C0(q), n = CB_C0(q + 1) - c0, mn = M - m0 < MB ? M - m0 : MB;
+      dw_job jb = {k / g->kw, k % g->kw, n, dyp + gm * B * P * MB, xc + gi * C + c0, out};
+      fns[n](g, &jb);
+      for (int64_t j = 0; j < n; j++) {
+        float *d = dw + ((gi * M + m0) * C + c0 + j) * kk + k;
+        for (int64_t l = 0; l < mn; l++) d[l * C * kk] = out[j * MB + l];
+      }
+    }
+  }
+#undef CB_C0
+  scratch_free(&sx), scratch_free(&sd);
+  kg_flop_add((uint64_t)(2 * B * G * M * P * C * kk));
+  return true;
+}
+
 /* col (+ bias[G*M] when given) = w @ im2col(im), tile by tile */
 static kg_status conv_fwd(const geom *g, bool wide, const void *im, const void *w, const void *bias, void *col) {
   int es = wide ? 8 : 4;
+  if (conv_fwd_direct(g, wide, im, w, bias, col)) return KG_OK;
   int64_t K = kdim(g), P = npix(g), M = g->M;
   tiling tl = make_tiling(g);
   int64_t cols = tl.imgs * (tl.per_img > 1 ? CONV_TILE : P);
@@ -465,6 +755,7 @@ static kg_status conv_bwd_data(const geom *g, bool wide, const void *col, const 
 /* dw[g] = Σ_tiles col_tile @ im2col_tileᵀ; each thread sums its tiles into its own partial,
  * the partials are added in thread order (deterministic for a given thread count) */
 static kg_status conv_bwd_weight(const geom *g, bool wide, const void *im, const void *col, void *dw) {
+  if (conv_bwd_weight_direct(g, wide, im, col, dw)) return KG_OK;
   int es = wide ? 8 : 4;
   int64_t K = kdim(g), P = npix(g), M = g->M, nw = g->G * M * K;
   tiling tl = make_tiling(g);

@@ -1,5 +1,5 @@
 """conv_bench.py — the PyTorch peer of conv_bench.lua (same shapes, CPU time).
-    python3 tests/lab/conv_bench.py [runs] [threads]"""
+    python3 tests/lab/conv_bench.py [runs] [threads] [name filter, e.g. unet]"""
 import sys, time, statistics, torch
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
 runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
@@ -15,6 +15,15 @@ cases = [
   ("unet 64 k3 @8 B26", 26, 64, 8, 64, 3, 1, 1),
   ("unet 128 k3 @4 B26", 26, 128, 4, 128, 3, 1, 1),
   ("unet 1x1 64 @8 B26", 26, 64, 8, 64, 1, 1, 0),
+  ("unet 32 k3 @16 B13", 13, 32, 16, 32, 3, 1, 1),
+  ("unet 96->32 k3 @16 B13", 13, 96, 16, 32, 3, 1, 1),
+  ("unet 64 k3 @8 B13", 13, 64, 8, 64, 3, 1, 1),
+  ("unet 192->64 k3 @8 B13", 13, 192, 8, 64, 3, 1, 1),
+  ("unet 128 k3 @4 B13", 13, 128, 4, 128, 3, 1, 1),
+  ("unet 256->128 k3 @4 B13", 13, 256, 4, 128, 3, 1, 1),
+  ("unet 128 k3 @2 B13", 13, 128, 2, 128, 3, 1, 1),
+  ("unet 256->128 k3 @2 B13", 13, 256, 2, 128, 3, 1, 1),
+  ("vae 128 k3 @16 B13", 13, 128, 16, 128, 3, 1, 1),
 ]
 def tm(fn):
     fn(); ts = []
@@ -22,7 +31,9 @@ def tm(fn):
         t0 = time.process_time(); fn(); ts.append(time.process_time() - t0)
     return statistics.median(ts)
 print("torch %d threads" % torch.get_num_threads())
+only = sys.argv[3] if len(sys.argv) > 3 else None
 for name, B, Ci, H, Co, k, s, p in cases:
+    if only and only not in name: continue
     torch.manual_seed(0)
     x, w, b = torch.randn(B, Ci, H, H), torch.randn(Co, Ci, k, k) * 0.1, torch.randn(Co)
     with torch.no_grad():

@@ -228,6 +228,47 @@ describe("conv2d", function()
     H.close(yb:float(), keng.conv2d(x:bf16():double(), w:bf16():double(), b:bf16():double(), {padding = 1}):float(), 0.1)
   end)
 
+  -- batches of small f32 images (16x16 and below, at least 4 images, 16+ input and output
+  -- channels) take the direct kernel (AVX-512 or AVX2, when the CPU has it): images in register
+  -- blocks of up to 14 (AVX2: 6), output channels in blocks of 32 (16), padding taps skipped;
+  -- the stride-1 data gradient runs through it too. Checked against f64 (the GEMM path, itself checked by
+  -- finite differences below); tests/lab/lab_conv.c checks every variant at more shapes.
+  local batched = {
+    {name = "13 images 4x4, padding 1", x = {13, 16, 4, 4}, w = {32, 16, 3, 3}, o = {padding = 1}},
+    {name = "15 images (blocks 8 + 7), 37 channels (tail)", x = {15, 17, 3, 7}, w = {37, 17, 3, 3}, o = {padding = 1}},
+    {name = "2x2 images, padding beyond the image", x = {6, 16, 2, 2}, w = {16, 16, 3, 3}, o = {padding = 1}},
+    {name = "stride 2", x = {7, 16, 9, 9}, w = {17, 16, 3, 3}, o = {stride = 2, padding = 1}},
+    {name = "groups 2", x = {14, 32, 4, 4}, w = {32, 16, 3, 3}, o = {groups = 2, padding = 1}},
+    {name = "30 images, dilation 2, padding 2", x = {30, 16, 5, 5}, w = {20, 16, 3, 3}, o = {dilation = 2, padding = 2}},
+    {name = "1x1 image", x = {4, 16, 1, 1}, w = {16, 16, 3, 3}, o = {padding = 1}},
+  }
+  for _, c in ipairs(batched) do
+    it("f32 batches of small images match f64 with gradients: " .. c.name, function()
+      keng.manual_seed(12)
+      local x, w, b = H.leaf(c.x), H.leaf(c.w), H.leaf({c.w[1]})
+      local ref, shape = ref_conv2d(x, w, b, c.o)
+      local r = keng.randn(shape, {dtype = "f64"})
+      ;(keng.conv2d(x, w, b, c.o) * r):sum():backward()
+      local xf, wf, bf = x:detach():float(), w:detach():float(), b:detach():float()
+      xf.requires_grad, wf.requires_grad, bf.requires_grad = true, true, true
+      local y = keng.conv2d(xf, wf, bf, c.o)
+      same_shape(y, shape)
+      H.close(y, ref, 1e-5, c.name)
+      ;(y * r:float()):sum():backward()
+      H.close(xf.grad, x.grad:float(), 1e-5, c.name .. " dx")
+      H.close(wf.grad, w.grad:float(), 1e-4, c.name .. " dw")
+      H.close(bf.grad, b.grad:float(), 1e-4, c.name .. " db")
+      local xn = c.x[3] * c.x[4] > 1 and H.noncontig(xf:detach()) or xf:detach() -- a 1x1 view stays contiguous
+      H.close(keng.conv2d(xn, H.noncontig(wf:detach()), bf:detach(), c.o), y, 0, c.name .. " noncontig")
+    end)
+  end
+
+  it("gradients match finite differences for a batch of small images", function()
+    keng.manual_seed(13)
+    local x, w, b = H.leaf({4, 16, 2, 3}), H.leaf({16, 16, 3, 3}), H.leaf({16})
+    H.gradcheck(function(x_, w_, b_) return keng.conv2d(x_, w_, b_, {padding = 1}) end, {x, w, b})
+  end)
+
   it("works as a method and without options", function()
     local x, w = keng.randn({1, 1, 4, 4}), keng.randn({1, 1, 2, 2})
     same_shape(x:conv2d(w), {1, 1, 3, 3})
