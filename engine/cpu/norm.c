@@ -11,10 +11,15 @@
  *             dw[c] = sum dy * xhat, db[c] = sum dy               (over rows and spatial positions)
  *
  * Values are stored in the tensors' dtypes and computed in f32 (f64 for f64 input); the row
- * sums accumulate in double (f32: over 8 float lanes per block of NORM_BLOCK elements, the
- * blocks added in double). Rows run in parallel; dw/db use per-thread partial sums.
+ * sums accumulate in double (f32: over float lanes per block, the blocks added in double). Rows
+ * run in parallel; dw/db use per-thread partial sums in double.
+ *
+ * f32 / bf16 / f16 tensors (all of one dtype) take the direct kernels at the end of the file
+ * (rows in place, or one float row buffer for the half types; rows_simd.h sums); f64 and mixed
+ * dtypes the buffered ones. KENG_NORM_DIRECT=0 forces the buffered kernels (lab_rows compares).
  */
 #include "cpu.h"
+#include "rows_simd.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -265,12 +270,216 @@ static void chan_sums_f64(double *x, const double *g, int64_t n, double mean, do
 NORM_KERNELS(float, f32)
 NORM_KERNELS(double, f64)
 
+/* ---- direct path: f32 x and y (dy and dx), read and written in place ---------------------------
+ * The buffered kernels above copy each row into a float buffer and walk it per channel (S = 1
+ * for layer/rms norm, so the inner loop ran one element at a time and did not vectorise). Here
+ * the statistics are two passes over the row where it lies (sum, then squared deviations: the
+ * row stays in L1/L2 and the two-pass variance does not cancel), with rows_simd.h's float lanes
+ * per block and block totals in double; the scale/shift loops are plain and vectorise. */
+
+/* forward of row r: y = (x - mean) * (w[c] * rstd) + b[c] */
+static void forward_row_f32(float *y, const float *x, const norm_plan *q, const float *wv, const float *bv, int64_t r,
+                            float *mean_out, float *rstd_out) {
+  int64_t M = q->M, S = q->S, c0 = (r % q->G) * q->cpg;
+  float mean = q->center ? (float)(kg_row_sum_f32(x, M) / (double)M) : 0;
+  float rstd = (float)(1.0 / sqrt(kg_row_ss_f32(x, M, mean) / (double)M + q->eps));
+  if (S == 1) {
+    const float *w = wv + c0, *b = bv + c0;
+    for (int64_t k = 0; k < M; k++) y[k] = (x[k] - mean) * (w[k] * rstd) + b[k];
+  } else {
+    for (int64_t k = 0; k < q->cpg; k++) {
+      float sc = wv[c0 + k] * rstd, sh = bv[c0 + k];
+      const float *xv = x + k * S;
+      float *yv = y + k * S;
+      for (int64_t s = 0; s < S; s++) yv[s] = (xv[s] - mean) * sc + sh;
+    }
+  }
+  *mean_out = mean, *rstd_out = rstd;
+}
+
+/* backward of row r; adds this row's dw, db terms into pw, pb (layer/rms norm: into the float
+ * partials fw, fb, which the caller flushes into pw, pb every NORM_FLUSH rows) */
+static void backward_row_f32(float *dx, const float *g, const float *x, const norm_plan *q, const float *wv, float mean,
+                             float rstd, int64_t r, double *pw, double *pb, float *fw, float *fb) {
+  int64_t M = q->M, S = q->S, c0 = (r % q->G) * q->cpg;
+  double sa = 0, sb = 0; /* sum gw, sum gw * xhat */
+  float xh[ROWS_BLOCK], gw[ROWS_BLOCK];
+  if (S == 1) {
+    const float *w = wv + c0;
+    float *dw = fw + c0, *db = fb + c0;
+    for (int64_t i = 0; i < M; i += ROWS_BLOCK) {
+      int64_t m = M - i < ROWS_BLOCK ? M - i : ROWS_BLOCK;
+      for (int64_t j = 0; j < m; j++) {
+        xh[j] = (x[i + j] - mean) * rstd;
+        gw[j] = g[i + j] * w[i + j];
+        dw[i + j] += g[i + j] * xh[j];
+        db[i + j] += g[i + j];
+      }
+      sa += kg_rows_block(gw, NULL, 0, false, m);
+      sb += kg_rows_block(gw, xh, 0, false, m);
+    }
+  } else {
+    for (int64_t k = 0; k < q->cpg; k++) {
+      const float *xv = x + k * S, *gv = g + k * S;
+      double aw = 0, ab = 0; /* sum g * xhat = rstd * sum g (x - mean), sum g over the channel block */
+      for (int64_t i = 0; i < S; i += ROWS_BLOCK) {
+        int64_t m = S - i < ROWS_BLOCK ? S - i : ROWS_BLOCK;
+        aw += kg_rows_block(gv + i, xv + i, mean, false, m);
+        ab += kg_rows_block(gv + i, NULL, 0, false, m);
+      }
+      aw *= rstd;
+      float wc = wv[c0 + k];
+      pw[c0 + k] += aw;
+      pb[c0 + k] += ab;
+      sa += ab * wc;
+      sb += aw * wc;
+    }
+  }
+  float A = q->center ? (float)(sa / (double)M) : 0, B = (float)(sb / (double)M);
+  if (S == 1) {
+    const float *w = wv + c0;
+    for (int64_t k = 0; k < M; k++) dx[k] = rstd * (g[k] * w[k] - A - ((x[k] - mean) * rstd) * B);
+  } else {
+    for (int64_t k = 0; k < q->cpg; k++) {
+      float wc = wv[c0 + k];
+      const float *xv = x + k * S, *gv = g + k * S;
+      float *dv = dx + k * S;
+      for (int64_t s = 0; s < S; s++) dv[s] = rstd * (gv[s] * wc - A - ((xv[s] - mean) * rstd) * B);
+    }
+  }
+}
+
+/* x, y f32: rows in place; bf16 / f16: each row converted into a float buffer and back */
+static kg_status forward_direct_f32(const kg_op_call *c, const norm_plan *q) {
+  const kg_tensor *x = c->in[0];
+  kg_tensor *y = c->out[0], *smean = q->center ? c->out[1] : NULL, *srstd = c->out[q->center ? 2 : 1];
+  int64_t C = q->cpg * q->G, M = q->M;
+  float *wv = vec_f32(c->in[1], C, 1, q->unit_offset ? 1 : 0), *bv = vec_f32(c->in[2], C, 0, 0);
+  int oom = !wv || !bv;
+  bool conv = x->dtype != KG_F32;
+  const char *xd = kg_data(x);
+  char *yd = kg_data(y);
+  int64_t es = (int64_t)kg_elem_size(x);
+  bool par = q->rows * M > KG_PAR_THRESHOLD && q->rows > 1;
+  _Pragma("omp parallel if (par && !oom)") {
+    float *buf = conv && !oom ? malloc(sizeof(float) * (size_t)(M ? M : 1)) : NULL;
+    bool ok = !oom && (!conv || buf);
+    if (!ok) { _Pragma("omp atomic write") oom = 1; }
+    _Pragma("omp for schedule(static)") for (int64_t r = 0; r < q->rows; r++) {
+      if (!ok) continue;
+      float mean, rstd;
+      if (conv) {
+        kg_cpu_load_f32(buf, xd + r * M * es, x->dtype, 1, M);
+        forward_row_f32(buf, buf, q, wv, bv, r, &mean, &rstd);
+        kg_cpu_store_f32(yd + r * M * es, y->dtype, 1, buf, M);
+      } else {
+        forward_row_f32((float *)yd + r * M, (const float *)xd + r * M, q, wv, bv, r, &mean, &rstd);
+      }
+      if (smean) put_f32(smean, r, mean);
+      put_f32(srstd, r, rstd);
+    }
+    free(buf);
+  }
+  free(wv);
+  free(bv);
+  return oom ? kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for row buffers") : KG_OK;
+}
+
+/* layer/rms norm add dw, db terms per element: into float partials (a double add per element
+ * was a third of the backward), moved into the double sums every NORM_FLUSH rows, so a float
+ * partial adds at most NORM_FLUSH terms */
+#define NORM_FLUSH 16
+static void flush_partials(float *fw, float *fb, double *pw, double *pb, int64_t C) {
+  for (int64_t i = 0; i < C; i++) {
+    pw[i] += fw[i], pb[i] += fb[i];
+    fw[i] = 0, fb[i] = 0;
+  }
+}
+
+/* dy, x, dx f32: rows in place; bf16 / f16 (all three the same dtype): converted per row */
+static kg_status backward_direct_f32(const kg_op_call *c, const norm_plan *q) {
+  const kg_tensor *smean = q->center ? c->in[3] : NULL, *srstd = c->in[q->center ? 4 : 3];
+  const kg_tensor *g = c->in[0], *x = c->in[1];
+  int64_t C = q->cpg * q->G, M = q->M;
+  float *wv = vec_f32(c->in[2], C, 1, q->unit_offset ? 1 : 0);
+  double *dw = calloc((size_t)C + 1, sizeof(double)), *db = calloc((size_t)C + 1, sizeof(double));
+  int oom = !wv || !dw || !db;
+  bool conv = x->dtype != KG_F32;
+  const char *gd = kg_data(g), *xd = kg_data(x);
+  char *dd = kg_data(c->out[0]);
+  int64_t es = (int64_t)kg_elem_size(x);
+  bool par = q->rows * M > KG_PAR_THRESHOLD && q->rows > 1;
+  _Pragma("omp parallel if (par && !oom)") {
+    double *pw = oom ? NULL : calloc((size_t)C + 1, sizeof(double));
+    double *pb = oom ? NULL : calloc((size_t)C + 1, sizeof(double));
+    float *gb = conv && !oom ? malloc(sizeof(float) * (size_t)(2 * M + 1)) : NULL, *xb = gb ? gb + M : NULL;
+    float *fw = oom ? NULL : calloc((size_t)(2 * C + 1), sizeof(float)), *fb = fw ? fw + C : NULL;
+    int since_flush = 0;
+    bool ok = pw && pb && fw && (!conv || gb);
+    if (!ok) { _Pragma("omp atomic write") oom = 1; }
+    _Pragma("omp for schedule(static)") for (int64_t r = 0; r < q->rows; r++) {
+      if (!ok) continue;
+      float mean = smean ? stat_f32(smean, r) : 0, rstd = stat_f32(srstd, r);
+      if (conv) {
+        kg_cpu_load_f32(gb, gd + r * M * es, g->dtype, 1, M);
+        kg_cpu_load_f32(xb, xd + r * M * es, x->dtype, 1, M);
+        backward_row_f32(gb, gb, xb, q, wv, mean, rstd, r, pw, pb, fw, fb);
+        kg_cpu_store_f32(dd + r * M * es, c->out[0]->dtype, 1, gb, M);
+      } else {
+        backward_row_f32((float *)dd + r * M, (const float *)gd + r * M, (const float *)xd + r * M, q, wv, mean, rstd, r,
+                         pw, pb, fw, fb);
+      }
+      if (++since_flush == NORM_FLUSH) flush_partials(fw, fb, pw, pb, C), since_flush = 0;
+    }
+    if (ok) {
+      flush_partials(fw, fb, pw, pb, C);
+      _Pragma("omp critical") for (int64_t i = 0; i < C; i++) {
+        dw[i] += pw[i];
+        db[i] += pb[i];
+      }
+    }
+    free(pw);
+    free(pb);
+    free(gb);
+    free(fw);
+  }
+  if (!oom) {
+    kg_cpu_store_f64(kg_data(c->out[1]), c->out[1]->dtype, 1, dw, C);
+    if (c->nout > 2) kg_cpu_store_f64(kg_data(c->out[2]), c->out[2]->dtype, 1, db, C);
+  }
+  free(wv);
+  free(dw);
+  free(db);
+  return oom ? kg_error(KG_ERR_OOM, kg_op_info[c->op].name, "out of memory for row buffers") : KG_OK;
+}
+
+/* KENG_NORM_DIRECT=0 forces the buffered path (the kernel lab compares both) */
+static bool direct_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("KENG_NORM_DIRECT");
+    on = !(e && *e == '0');
+  }
+  return on;
+}
+
+/* float, bf16 or f16, all of ts the same dtype */
+static bool direct_dtypes(const kg_tensor *const *ts, int n) {
+  kg_dtype dt = ts[0]->dtype;
+  if (dt != KG_F32 && dt != KG_BF16 && dt != KG_F16) return false;
+  for (int i = 1; i < n; i++)
+    if (ts[i]->dtype != dt) return false;
+  return direct_enabled();
+}
+
 static kg_status forward(const kg_op_call *c, bool group, bool center) {
   norm_plan q = plan_of(c->in[0], c->params, group, center);
+  if (direct_dtypes((const kg_tensor *[]){c->in[0], c->out[0]}, 2)) return forward_direct_f32(c, &q);
   return c->in[0]->dtype == KG_F64 ? forward_f64(c, &q) : forward_f32(c, &q);
 }
 static kg_status backward(const kg_op_call *c, bool group, bool center) {
   norm_plan q = plan_of(c->in[1], c->params, group, center);
+  if (direct_dtypes((const kg_tensor *[]){c->in[0], c->in[1], c->out[0]}, 3)) return backward_direct_f32(c, &q);
   return c->in[1]->dtype == KG_F64 ? backward_f64(c, &q) : backward_f32(c, &q);
 }
 

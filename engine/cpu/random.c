@@ -15,6 +15,107 @@
 #include <math.h>
 #include <stdlib.h>
 
+/* ---- Philox words in bulk ---------------------------------------------------------------------
+ * kg_philox_word computes a whole 4-word Philox block per word and keeps one; here each block
+ * serves its 4 words, and PHILOX_LANES blocks run side by side in plain arrays, which the
+ * compiler vectorises (the 32x32->64 multiplies become vpmuludq). The rounds are those of
+ * kg_philox4x32 (keng/scalar.h), so the words are bit-identical; lab_rows --check compares
+ * them with kg_philox_word. */
+#define PHILOX_LANES 16
+
+/* blocks ctr .. ctr + PHILOX_LANES - 1 for key seed: out[4 j + k] = word k of block ctr + j */
+static void philox_lanes(uint32_t *out, uint64_t ctr, uint64_t seed) {
+  uint32_t c0[PHILOX_LANES], c1[PHILOX_LANES], c2[PHILOX_LANES], c3[PHILOX_LANES];
+  for (int j = 0; j < PHILOX_LANES; j++) {
+    uint64_t c = ctr + (uint64_t)j;
+    c0[j] = (uint32_t)c, c1[j] = (uint32_t)(c >> 32), c2[j] = 0, c3[j] = 0;
+  }
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int r = 0; r < 10; r++) {
+    for (int j = 0; j < PHILOX_LANES; j++) {
+      uint64_t p0 = (uint64_t)0xD2511F53u * c0[j], p1 = (uint64_t)0xCD9E8D57u * c2[j];
+      uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[j] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3[j] ^ k1;
+      c1[j] = (uint32_t)p1, c3[j] = (uint32_t)p0, c0[j] = n0, c2[j] = n2;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int j = 0; j < PHILOX_LANES; j++) {
+    out[4 * j] = c0[j], out[4 * j + 1] = c1[j], out[4 * j + 2] = c2[j], out[4 * j + 3] = c3[j];
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* the 32x32 -> 64 products of 8 lanes: *hi, *lo (vpmuludq takes the even lanes; the odd ones
+ * are shifted down, multiplied and blended back) */
+__attribute__((target("avx2"))) static inline void mul_hilo8(__m256i a, __m256i m, __m256i *hi, __m256i *lo) {
+  __m256i pe = _mm256_mul_epu32(a, m), po = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  *hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
+  *lo = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+}
+/* philox_lanes with 8 blocks per AVX2 register, two registers at a time */
+__attribute__((target("avx2"))) static void philox_lanes_avx2(uint32_t *out, uint64_t ctr, uint64_t seed) {
+  __m256i c0[2], c1[2], c2[2], c3[2];
+  const __m256i m0 = _mm256_set1_epi32((int)0xD2511F53u), m1 = _mm256_set1_epi32((int)0xCD9E8D57u);
+  for (int h = 0; h < 2; h++) {
+    uint32_t lo[8], hi[8];
+    for (int j = 0; j < 8; j++) {
+      uint64_t c = ctr + (uint64_t)(8 * h + j);
+      lo[j] = (uint32_t)c, hi[j] = (uint32_t)(c >> 32);
+    }
+    c0[h] = _mm256_loadu_si256((const __m256i *)lo), c1[h] = _mm256_loadu_si256((const __m256i *)hi);
+    c2[h] = c3[h] = _mm256_setzero_si256();
+  }
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int r = 0; r < 10; r++) {
+    __m256i kv0 = _mm256_set1_epi32((int)k0), kv1 = _mm256_set1_epi32((int)k1);
+    for (int h = 0; h < 2; h++) {
+      __m256i hi0, lo0, hi1, lo1;
+      mul_hilo8(c0[h], m0, &hi0, &lo0);
+      mul_hilo8(c2[h], m1, &hi1, &lo1);
+      __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[h]), kv0);
+      __m256i n2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[h]), kv1);
+      c0[h] = n0, c1[h] = lo1, c2[h] = n2, c3[h] = lo0;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int h = 0; h < 2; h++) { /* 8 x 4 words to block-major order: a 4x8 transpose */
+    uint32_t w[4][8];
+    _mm256_storeu_si256((__m256i *)w[0], c0[h]);
+    _mm256_storeu_si256((__m256i *)w[1], c1[h]);
+    _mm256_storeu_si256((__m256i *)w[2], c2[h]);
+    _mm256_storeu_si256((__m256i *)w[3], c3[h]);
+    for (int j = 0; j < 8; j++)
+      for (int k = 0; k < 4; k++) out[4 * (8 * h + j) + k] = w[k][j];
+  }
+}
+static bool philox_avx2(void) {
+  static int have = -1;
+  if (have < 0) {
+    const char *off = getenv("KENG_NO_SIMD");
+    __builtin_cpu_init();
+    have = __builtin_cpu_supports("avx2") && !(off && *off && *off != '0');
+  }
+  return have == 1;
+}
+#define PHILOX_LANES_FN (philox_avx2() ? philox_lanes_avx2 : philox_lanes)
+#else
+#define PHILOX_LANES_FN philox_lanes
+#endif
+
+/* w[j] = kg_philox_word(seed, offset, i + j) for j < n (n <= KG_CHUNK) */
+static void philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i, int64_t n) {
+  enum { SPAN = 4 * PHILOX_LANES };
+  uint32_t tmp[KG_CHUNK + 2 * SPAN];
+  uint64_t first = offset + i, skip = first & 3; /* the first word's place in its block */
+  int64_t need = (int64_t)skip + n;
+  void (*lanes)(uint32_t *, uint64_t, uint64_t) = PHILOX_LANES_FN;
+  for (int64_t b = 0; b < need; b += SPAN) lanes(tmp + b, (first >> 2) + (uint64_t)(b / 4), seed);
+  for (int64_t j = 0; j < n; j++) w[j] = tmp[skip + (uint64_t)j];
+}
+
 kg_status kg_cpu_dropout(const kg_op_call *c) {
   const kg_dropout_params *p = c->params;
   const kg_tensor *x = c->in[0];
@@ -29,21 +130,19 @@ kg_status kg_cpu_dropout(const kg_op_call *c) {
 #pragma omp parallel for if (n > KG_PAR_THRESHOLD) schedule(static)
   for (int64_t b = 0; b < n; b += KG_CHUNK) {
     int64_t m = n - b < KG_CHUNK ? n - b : KG_CHUNK;
+    uint32_t w[KG_CHUNK];
+    philox_words(w, p->rng.seed, p->rng.offset, (uint64_t)b, m);
+    uint8_t *mk = md + b;
+    for (int64_t j = 0; j < m; j++) mk[j] = kg_u32_to_unit(w[j]) >= thr;
     if (x->dtype == KG_F64) {
       double buf[KG_CHUNK];
       kg_cpu_load_f64(buf, xd + b * xes, x->dtype, 1, m);
-      for (int64_t j = 0; j < m; j++) {
-        md[b + j] = kg_u32_to_unit(kg_philox_word(p->rng.seed, p->rng.offset, (uint64_t)(b + j))) >= thr;
-        buf[j] = md[b + j] ? buf[j] * scale : 0;
-      }
+      for (int64_t j = 0; j < m; j++) buf[j] = mk[j] ? buf[j] * scale : 0;
       kg_cpu_store_f64(yd + b * yes, y->dtype, 1, buf, m);
     } else {
       float buf[KG_CHUNK], s = (float)scale;
       kg_cpu_load_f32(buf, xd + b * xes, x->dtype, 1, m);
-      for (int64_t j = 0; j < m; j++) {
-        md[b + j] = kg_u32_to_unit(kg_philox_word(p->rng.seed, p->rng.offset, (uint64_t)(b + j))) >= thr;
-        buf[j] = md[b + j] ? buf[j] * s : 0;
-      }
+      for (int64_t j = 0; j < m; j++) buf[j] = mk[j] ? buf[j] * s : 0;
       kg_cpu_store_f32(yd + b * yes, y->dtype, 1, buf, m);
     }
   }

@@ -4,8 +4,11 @@
  *
  * The input is viewed as [kept dims..., reduced dims...]; each output element (parallel over
  * them) walks its reduced elements in runs along the innermost reduced dim. Along-one-dim ops
- * treat each kept position as a row of N elements (N = the dim's size, any stride). */
+ * treat each kept position as a row of N elements (N = the dim's size, any stride); max / min /
+ * argmax / argmin on rows contiguous along the dim in f32 or bf16 take select_row_f32 (8-lane
+ * extremes; KENG_SELECT_DIRECT=0 forces the general loop). */
 #include "cpu.h"
+#include "rows_simd.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -123,6 +126,40 @@ kg_status kg_cpu_sum(const kg_op_call *c) {
 
 /* ---- along one dim ------------------------------------------------------------------------ */
 
+/* ---- contiguous f32 / bf16 rows: a chunk at a time (bf16 widened to float, exactly), its
+ * extreme found with 8-lane max/min (rows_simd.h); only a chunk that beats the best so far is
+ * scanned again for the first index of its extreme. A NaN ends the row (the first NaN wins). */
+static int64_t select_row_f32(const char *row, kg_dtype dt, int64_t n, bool want_max, float *best_out) {
+  float buf[KG_CHUNK], best = 0;
+  int64_t bi = -1;
+  for (int64_t j = 0; j < n; j += KG_CHUNK) {
+    int64_t m = n - j < KG_CHUNK ? n - j : KG_CHUNK;
+    const float *v = (const float *)row + j;
+    if (dt != KG_F32) {
+      kg_cpu_load_f32(buf, row + j * 2, dt, 1, m);
+      v = buf;
+    }
+    float e = kg_row_extreme_f32(v, m, !want_max);
+    if (bi < 0 || isnan(e) || (want_max ? e > best : e < best)) {
+      int64_t i = kg_row_find_f32(v, m, e);
+      best = v[i], bi = j + i;
+      if (isnan(e)) break;
+    }
+  }
+  *best_out = best;
+  return bi;
+}
+
+/* KENG_SELECT_DIRECT=0 forces the general path (the kernel lab compares both) */
+static bool select_direct_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("KENG_SELECT_DIRECT");
+    on = !(e && *e == '0');
+  }
+  return on;
+}
+
 /* max/min/argmax/argmin: the first extreme element of each row; NaN counts as the extreme */
 static kg_status select_run(const kg_op_call *c, bool want_max) {
   const kg_tensor *x = c->in[0];
@@ -136,6 +173,15 @@ static kg_status select_run(const kg_op_call *c, bool want_max) {
   const char *base = kg_data(x);
   int64_t *ibase = kg_data(io);
   char *vbase = vo ? kg_data(vo) : NULL;
+  if (xs == 1 && (x->dtype == KG_F32 || x->dtype == KG_BF16) && select_direct_enabled()) {
+#pragma omp parallel for if (p.nout * n > KG_PAR_THRESHOLD && p.nout > 1) schedule(static)
+    for (int64_t o = 0; o < p.nout; o++) {
+      float best = 0;
+      ibase[o] = select_row_f32(base + kg_cpu_reduce_row_offset(&p, o) * es, x->dtype, n, want_max, &best);
+      if (vbase) kg_store_from_double(vbase, vo->dtype, o, best);
+    }
+    return KG_OK;
+  }
 #pragma omp parallel for if (p.nout * n > KG_PAR_THRESHOLD && p.nout > 1) schedule(static)
   for (int64_t o = 0; o < p.nout; o++) {
     const char *row = base + kg_cpu_reduce_row_offset(&p, o) * es;

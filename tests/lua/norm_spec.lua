@@ -237,3 +237,56 @@ describe("group_norm", function()
     H.raises(function() keng.group_norm(keng.randn({6}), 3) end, "group_norm")
   end)
 end)
+
+-- f32 input runs the direct kernels (rows read and written in place, AVX2 sums, float lanes
+-- per 256-element block, two-pass variance): against f64 at odd row lengths, a large mean, bf16
+-- and a non-contiguous input (made contiguous by the op, the same kernel), gradients included
+describe("norm kernels on f32 rows", function()
+  local function both(fn, x, ws, g)
+    local function run(xx, wws, gg)
+      xx.requires_grad = true
+      for _, w in ipairs(wws) do w.requires_grad = true end
+      local y = fn(xx, table.unpack(wws))
+      y:mul(gg):sum():backward()
+      local out = {y, xx.grad}
+      for _, w in ipairs(wws) do out[#out + 1] = w.grad end
+      return out
+    end
+    local w32, w64 = {}, {} -- fresh leaves: no gradient carried over from another call
+    for k, w in ipairs(ws) do w32[k], w64[k] = w:detach(), w:double():detach() end
+    return run(x:detach(), w32, g), run(x:double():detach(), w64, g:double())
+  end
+
+  it("layer_norm, rms_norm match f64 at row lengths 1, 7, 33, 1000", function()
+    keng.manual_seed(41)
+    for _, n in ipairs({1, 7, 33, 1000}) do
+      for _, shift in ipairs({0, 30}) do
+        local x = (keng.randn({5, n}) + shift):detach()
+        local w, b, g = keng.randn({n}):detach(), keng.randn({n}):detach(), keng.randn({5, n})
+        local a, r = both(function(t, ww, bb) return keng.layer_norm(t, ww, bb) end, x, {w, b}, g)
+        for i, name in ipairs({"y", "dx", "dw", "db"}) do
+          H.close(a[i]:double(), r[i], 2e-4, "layer_norm " .. name .. " n " .. n .. " shift " .. shift)
+        end
+        local a2, r2 = both(function(t, ww) return keng.rms_norm(t, ww, 1e-6, {unit_offset = true}) end, x, {w}, g)
+        for i, name in ipairs({"y", "dx", "dw"}) do
+          H.close(a2[i]:double(), r2[i], 2e-4, "rms_norm " .. name .. " n " .. n .. " shift " .. shift)
+        end
+        if n > 1 then H.close(keng.layer_norm(H.noncontig(x), w, b), a[1], 1e-6, "non-contiguous n " .. n) end
+        if shift == 0 then -- (bf16 rounds 30 + x to 1/8: the normalised values would differ)
+          H.close(keng.layer_norm(x:bf16(), w, b):float(), a[1], 5e-2, "bf16 n " .. n)
+        end
+      end
+    end
+    H.gradcheck(function(t, w, b) return keng.layer_norm(t, w, b) end, {H.leaf({3, 33}), H.leaf({33}), H.leaf({33})})
+  end)
+
+  it("group_norm matches f64 with spatial sizes 1, 7, 33, 1000", function()
+    keng.manual_seed(42)
+    for _, s in ipairs({1, 7, 33, 1000}) do
+      local x = (keng.randn({2, 6, s}) * 2 + 5):detach()
+      local w, b, g = keng.randn({6}):detach(), keng.randn({6}):detach(), keng.randn({2, 6, s})
+      local a, r = both(function(t, ww, bb) return keng.group_norm(t, 3, ww, bb) end, x, {w, b}, g)
+      for i, name in ipairs({"y", "dx", "dw", "db"}) do H.close(a[i]:double(), r[i], 2e-4, "group_norm " .. name .. " S " .. s) end
+    end
+  end)
+end)

@@ -230,3 +230,31 @@ describe("multinomial", function()
     H.raises(function() keng.multinomial(keng.tensor({1, 2}, {dtype = "i64"}), 1) end, "multinomial")
   end)
 end)
+
+-- the kernel draws Philox blocks 16 (AVX2: 2 x 8 lanes) at a time and uses all 4 words of each:
+-- the mask must stay word i of the stream whatever the offset's place in a block. The words are
+-- read back through rand in f64: element j is u = ((w0 >> 5) << 26 | w1 >> 6) / 2^53 of words
+-- 2j, 2j+1, so the top 24 bits that dropout compares are floor(u 2^24) and
+-- floor(((u 2^53) mod 2^26) / 4), exactly.
+describe("dropout's bulk Philox words", function()
+  it("are the scalar stream at every offset within a block and odd lengths", function()
+    for _, n in ipairs({1, 7, 33, 1000}) do
+      for skip = 0, 3 do
+        local function advance()
+          keng.manual_seed(55)
+          if skip > 0 then keng.dropout(keng.ones({skip}), 0.5) end -- uses skip words
+        end
+        advance()
+        local y = keng.dropout(keng.ones({n}), 0.3):tolist()
+        advance()
+        local u = keng.rand({(n + 1) // 2}, {dtype = "f64"}):tolist()
+        for k = 0, n - 1 do
+          local v = u[k // 2 + 1]
+          local top = k % 2 == 0 and math.floor(v * 2 ^ 24) or math.floor(((v * 2 ^ 53) % 2 ^ 26) / 4)
+          local keep = top / 2 ^ 24 >= 0.3
+          assert.are.equal(keep, y[k + 1] ~= 0, "n " .. n .. " skip " .. skip .. " word " .. k)
+        end
+      end
+    end
+  end)
+end)

@@ -332,8 +332,8 @@ describe("softmax, log_softmax", function()
     H.gradcheck(function(t) return keng.log_softmax(t, 1) end, {H.leaf({3, 2})})
   end)
 
-  -- float rows run a libm-free exp and sum over float lanes in runs of 128: rows longer than a
-  -- run with a ragged tail, -inf entries and a wide spread, against f64 on the same values
+  -- float rows run a libm-free exp and sum over float lanes in blocks (256 on the direct path,
+  -- 128 on the buffered one): rows longer than a block with a ragged tail, -inf entries and a wide spread, against f64 on the same values
   it("f32 on long rows matches f64", function()
     keng.manual_seed(8)
     local x32 = keng.randn({5, 301}) * 20
@@ -414,5 +414,90 @@ describe("softmax, log_softmax", function()
   it("reject integer input", function()
     H.raises(function() keng.tensor({1, 2}, {dtype = "i64"}):softmax() end, "softmax")
     H.raises(function() keng.tensor({1, 2}, {dtype = "i64"}):log_softmax() end, "log_softmax")
+  end)
+end)
+
+-- contiguous f32 rows along the last dim run a direct kernel (no row buffer, AVX2 max / sums);
+-- other layouts and dtypes the buffered one: both against f64 at the lengths that exercise
+-- the 8-lane loops, their tails and the 256-element blocks
+describe("row kernels on contiguous f32 rows", function()
+  local lens = {1, 7, 33, 1000}
+
+  it("softmax and log_softmax match f64 forward and backward; strided rows agree", function()
+    keng.manual_seed(31)
+    for _, n in ipairs(lens) do
+      local x32 = (keng.randn({3, n}) * 8):detach()
+      local g = keng.randn({3, n})
+      for _, name in ipairs({"softmax", "log_softmax"}) do
+        local a, b = x32:detach(), x32:double():detach()
+        a.requires_grad, b.requires_grad = true, true
+        local ya, yb = a[name](a, -1), b[name](b, -1)
+        H.close(ya:double(), yb, name == "softmax" and 1e-6 or 1e-5, name .. " n " .. n)
+        ya:backward(g)
+        yb:backward(g:double())
+        H.close(a.grad:double(), b.grad, 1e-5, name .. " backward n " .. n)
+        -- a non-contiguous copy takes the buffered kernel: the same values to rounding
+        if n > 1 then
+          local s = H.noncontig(x32)
+          H.close(s[name](s, -1), ya, 1e-6, name .. " strided n " .. n)
+        end
+        local h = x32:bf16()[name](x32:bf16(), -1)
+        H.close(h:float(), ya, 2e-2, name .. " bf16 n " .. n)
+      end
+    end
+    -- along a middle dim of a contiguous f32 tensor: the column kernel (64 columns at a time)
+    for _, n in ipairs(lens) do
+      local x32 = (keng.randn({2, n, 67}) * 8):detach()
+      local g = keng.randn({2, n, 67})
+      for _, name in ipairs({"softmax", "log_softmax"}) do
+        local a, b = x32:detach(), x32:double():detach()
+        a.requires_grad, b.requires_grad = true, true
+        local ya, yb = a[name](a, 2), b[name](b, 2)
+        H.close(ya:double(), yb, name == "softmax" and 1e-6 or 1e-5, name .. " dim 2 n " .. n)
+        ya:backward(g)
+        yb:backward(g:double())
+        H.close(a.grad:double(), b.grad, 1e-5, name .. " dim 2 backward n " .. n)
+      end
+    end
+    H.gradcheck(function(t) return t:softmax(-1) end, {H.leaf({2, 33})})
+    H.gradcheck(function(t) return t:log_softmax(-1) end, {H.leaf({2, 7})})
+  end)
+
+  it("max, min, argmax, argmin find the first extreme; NaN wins; bf16 too", function()
+    keng.manual_seed(32)
+    for _, n in ipairs(lens) do
+      for _, dt in ipairs({"f32", "bf16"}) do
+        local x = (keng.randn({4, n}) * 50):to(dt)
+        if n > 2 then
+          x[2][n] = 500; x[2][n // 2 + 1] = 500       -- a tie: the first wins
+          x[2][2] = -500; x[2][n - 1] = -500
+        end
+        x[3]:fill_(-math.huge)
+        x[4][n] = 0 / 0
+        local rows = x:float():tolist()
+        local v, i = x:max(-1)
+        local vm, im = x:min(-1)
+        local am, an = x:argmax(-1), x:argmin(-1)
+        for r = 1, 4 do
+          local row = rows[r]
+          local bmax, bmin = 1, 1
+          for j = 2, n do
+            if row[bmax] == row[bmax] and (row[j] ~= row[j] or row[j] > row[bmax]) then bmax = j end
+            if row[bmin] == row[bmin] and (row[j] ~= row[j] or row[j] < row[bmin]) then bmin = j end
+          end
+          local msg = dt .. " n " .. n .. " row " .. r
+          assert.are.equal(bmax - 1, i[r]:item(), "max index " .. msg)
+          assert.are.equal(bmax - 1, am[r]:item(), "argmax " .. msg)
+          assert.are.equal(bmin - 1, im[r]:item(), "min index " .. msg)
+          assert.are.equal(bmin - 1, an[r]:item(), "argmin " .. msg)
+          local want = row[bmax]
+          if want == want then assert.are.equal(want, v[r]:item(), "max value " .. msg)
+          else assert.is_true(v[r]:item() ~= v[r]:item(), "max NaN " .. msg) end
+          assert.are.equal(dt, v.dtype)
+        end
+        -- a strided view takes the general path and agrees
+        if n > 1 then H.close(H.noncontig(x):argmax(-1), am, 0, "strided argmax " .. dt .. " n " .. n) end
+      end
+    end
   end)
 end)
