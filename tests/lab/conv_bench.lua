@@ -4,13 +4,9 @@
 --   KENG_NUM_THREADS=1 keng tests/lab/conv_bench.lua [runs] [name filter, e.g. unet]
 local keng = require "keng"
 local runs = tonumber(arg[1]) or 5
-local function median(xs) table.sort(xs); return xs[(#xs + 1) // 2] end
-local function time(fn)
-  fn()
-  local ts = {}
-  for i = 1, runs do collectgarbage(); local t0 = os.clock(); fn(); ts[i] = os.clock() - t0 end
-  return median(ts)
-end
+package.path = (arg[0]:match("^(.*)/") or ".") .. "/?.lua;" .. package.path
+local timing = require "timing"
+local time = timing.timer(runs)
 local cases = {
   -- name, B, Cin, H, Cout, k, stride, pad
   {"vae_in 3->32 k3 @128", 8, 3, 128, 32, 3, 1, 1},

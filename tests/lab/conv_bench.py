@@ -1,8 +1,9 @@
 """conv_bench.py — the PyTorch peer of conv_bench.lua (same shapes, CPU time).
     python3 tests/lab/conv_bench.py [runs] [threads] [name filter, e.g. unet]"""
-import sys, time, statistics, torch
-torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
-runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+import os, sys, torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import setup
+runs, tm = setup(5)
 cases = [
   ("vae_in 3->32 k3 @128", 8, 3, 128, 32, 3, 1, 1),
   ("vae 32->32 k3 @128", 8, 32, 128, 32, 3, 1, 1),
@@ -25,11 +26,6 @@ cases = [
   ("unet 256->128 k3 @2 B13", 13, 256, 2, 128, 3, 1, 1),
   ("vae 128 k3 @16 B13", 13, 128, 16, 128, 3, 1, 1),
 ]
-def tm(fn):
-    fn(); ts = []
-    for _ in range(runs):
-        t0 = time.process_time(); fn(); ts.append(time.process_time() - t0)
-    return statistics.median(ts)
 print("torch %d threads" % torch.get_num_threads())
 only = sys.argv[3] if len(sys.argv) > 3 else None
 for name, B, Ci, H, Co, k, s, p in cases:

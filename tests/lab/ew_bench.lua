@@ -3,13 +3,9 @@
 -- Peer: ew_bench.py.   KENG_NUM_THREADS=1 keng tests/lab/ew_bench.lua [runs]
 local keng = require "keng"
 local runs = tonumber(arg[1]) or 7
-local function median(xs) table.sort(xs); return xs[(#xs + 1) // 2] end
-local function time(fn)
-  fn()
-  local ts = {}
-  for i = 1, runs do collectgarbage(); local t0 = os.clock(); fn(); ts[i] = os.clock() - t0 end
-  return median(ts)
-end
+package.path = (arg[0]:match("^(.*)/") or ".") .. "/?.lua;" .. package.path
+local timing = require "timing"
+local time = timing.timer(runs)
 print(string.format("keng %d threads (CPU ms, median of %d)", keng.num_threads(), runs))
 keng.manual_seed(0)
 local x = keng.randn({8, 32, 128, 128})

@@ -1,14 +1,10 @@
 """ew_bench.py — the PyTorch peer of ew_bench.lua (same ops and shapes, CPU time).
     python3 tests/lab/ew_bench.py [runs] [threads]"""
-import sys, time, statistics, torch
-torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
-runs = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+import os, sys, torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import setup
+runs, tm = setup(7)
 F = torch.nn.functional
-def tm(fn):
-    fn(); ts = []
-    for _ in range(runs):
-        t0 = time.process_time(); fn(); ts.append(time.process_time() - t0)
-    return statistics.median(ts)
 print("torch %d threads (CPU ms, median of %d)" % (torch.get_num_threads(), runs))
 torch.manual_seed(0)
 x = torch.randn(8, 32, 128, 128)
