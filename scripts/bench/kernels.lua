@@ -1,5 +1,7 @@
--- kernels.lua — micro-benchmarks of two hot kernels on the CPU (not a test):
+-- kernels.lua — micro-benchmarks of the hot kernels on the CPU (not a test):
 --   matmul f32 [2048, 2048] @ [2048, 2048]        -> GFLOP/s (2·N³ / median time)
+--   the same in bf16 (matmul and linear, x @ Wᵀ), and a bf16 decode linear [1,4096] x
+--   [16384,4096]ᵀ (a 128 MiB weight streamed from DRAM) -> GB/s of weight read
 --   scaled_dot_product_attention q, k, v [8, 8, 512, 64] (B, H, T/S, D), f32 forward -> ms
 --   then a table of attention shapes (the headline one and the CPU-tier models' own, from
 --   scripts/models/*.lua) in f32 and bf16: forward, and forward + backward (gradients of q, k,
@@ -42,6 +44,17 @@ local N = 2048
 local a, b = keng.randn({N, N}), keng.randn({N, N})
 local tm = time(function() return a:matmul(b) end)
 print(string.format("matmul f32 %dx%dx%d: %.1f ms, %.1f GFLOP/s", N, N, N, tm * 1e3, 2 * N ^ 3 / tm / 1e9))
+-- bf16 in, f32 accumulate, bf16 out; x @ Wᵀ is the nn.Linear layout (the bf16 kernels' own)
+local a16, w16 = a:to("bf16"), b:to("bf16")
+tm = time(function() return a16:matmul(w16) end)
+print(string.format("matmul bf16 %dx%dx%d: %.1f ms, %.1f GFLOP/s", N, N, N, tm * 1e3, 2 * N ^ 3 / tm / 1e9))
+tm = time(function() return keng.linear(a16, w16) end)
+print(string.format("linear bf16 [%d,%d] x [%d,%d]ᵀ: %.1f ms, %.1f GFLOP/s", N, N, N, N, tm * 1e3, 2 * N ^ 3 / tm / 1e9))
+local x1 = keng.randn({1, 4096}):to("bf16")
+local wd = keng.randn({16384, 4096}):to("bf16")   -- 128 MiB: a decode step's weight read from DRAM
+tm = time(function() return keng.linear(x1, wd) end)
+print(string.format("linear bf16 decode [1,4096] x [16384,4096]ᵀ: %.2f ms, %.1f GB/s of weight", tm * 1e3,
+  16384 * 4096 * 2 / tm / 1e9))
 
 local q, k, v = keng.randn({8, 8, 512, 64}), keng.randn({8, 8, 512, 64}), keng.randn({8, 8, 512, 64})
 keng.no_grad(function()
