@@ -17,6 +17,11 @@
  *     outputs. Tile: 16 columns x 6 rows of a = 12 accumulators (AVX2 only).
  * The output columns are split into chunks shared among the threads; an [N, kc] block of a stays
  * in L2 while the chunk's weight rows stream past it. See docs/kernels.md ("Decode") for figures.
+ *
+ * Training rows (past 32 rows of a whose values are bf16, AVX512_BF16): a packed kernel for both
+ * layouts, the weight packed per K block into panels of bf16 pairs along K, an 8 x 32 tile of
+ * vdpbf16ps; a may be passed as bf16 as it lies (opts.a16). See docs/kernels.md ("bf16 GEMM for
+ * training rows").
  */
 #include "gemm_bf16.h"
 
@@ -31,6 +36,8 @@
 
 /* flops below which the product stays on one thread */
 #define GB_PAR_FLOPS (4 << 20)
+/* rows of a beyond which AUTO takes the packed dpbf16 kernel (when a's values are bf16) */
+#define GB_PACK_ROWS 32
 /* widest chunk of output columns (bounds the per-thread f32 buffer for a bf16/f16 output) */
 #define GB_MAX_CHUNK 512
 /* K block of the x @ W layout: its 16-column tiles walk down W, and with a power-of-two row
@@ -42,10 +49,12 @@
 
 typedef struct {
   const float *a;
-  const uint16_t *a16; /* a packed as bf16 [N, K] for the dpbf16 variant, else NULL */
+  const uint16_t *a16; /* a as bf16 (row stride lda16) for the dpbf16 variants, else NULL */
+  int64_t lda16;
   const uint16_t *w;
   int64_t lda, ldw, N, K, kc;
   bool trans, avx2, avx512;
+  bool packed; /* the many-rows dpbf16 kernel (a16 set) */
 } plan;
 
 /* ---- scalar variant (any CPU; also the reference order of the tails) ------------------------ */
@@ -355,6 +364,98 @@ KG_DPBF16 static void block_t_dpbf16(float *c, int64_t ldc, const uint16_t *a, i
   for (; m + Z_MR <= mc; m += Z_MR) rows_d(Z_MR, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);
   for (; m < mc; m++) rows_d(1, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);
 }
+
+/* ---- AVX512_BF16 variant for many rows (both layouts; a's values are bf16) ------------------ */
+/* The dot-product tile above ends every K block with 16 horizontal sums and reloads a for every
+ * 4 rows of W; past ~32 rows of a the usual GEMM form wins: a panel of P_NC output columns is
+ * packed once per K block as bf16 pairs along K (word [p][j] = {B[2p, j], B[2p + 1, j]}, the
+ * layout vdpbf16ps multiplies), and every row tile of a streams past it: per pair of k, P_NV
+ * loads of the panel and one 32-bit broadcast of a per row feed P_NR x P_NV vdpbf16ps, summed in
+ * registers (no horizontal sums). In the b_trans layout a pair is two adjacent elements of a row
+ * of W (one 32-bit load); in the x @ W layout it interleaves two rows of W. */
+#define P_NV 2           /* vectors of 16 columns per tile */
+#define P_NC (16 * P_NV) /* columns per packed panel */
+#define P_NR 8           /* rows of a per tile: 16 accumulators (lab: 8 x 3 and 6 x 4 no faster) */
+#define P_KC 256         /* K block (elements): the panel is P_KC / 2 x P_NC words = 16 KiB, in L1 */
+
+/* panel[p * P_NC + j] = {B[k0 + 2p, j], B[k0 + 2p + 1, j]} for columns j < nc (0 beyond, and 0 for
+ * the missing half of an odd last pair); B[k, m] as in plan */
+static void pack_panel(uint32_t *panel, const uint16_t *w, int64_t ldw, bool trans, int64_t m0, int64_t nc,
+                       int64_t k0, int64_t kb) {
+  int64_t np = (kb + 1) / 2;
+  for (int64_t pi = 0; pi < np; pi++) {
+    int64_t k = k0 + 2 * pi;
+    bool two = k + 1 < k0 + kb;
+    uint32_t *dst = panel + pi * P_NC;
+    for (int64_t j = 0; j < nc; j++) {
+      uint16_t lo, hi;
+      if (trans) lo = w[(m0 + j) * ldw + k], hi = two ? w[(m0 + j) * ldw + k + 1] : 0;
+      else lo = w[k * ldw + m0 + j], hi = two ? w[(k + 1) * ldw + m0 + j] : 0;
+      dst[j] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    for (int64_t j = nc; j < P_NC; j++) dst[j] = 0;
+  }
+}
+
+/* c[nr, nc] (+)= a[nr, kb] @ panel; a is bf16 (row stride lda); nr in 1..P_NR. With o16 (the
+ * last K block of a bf16 output) the sums (+ c when acc) go there rounded, not to c. */
+KG_DPBF16_INLINE void tile_p(const int nr, float *c, int64_t ldc, uint16_t *o16, int64_t ldo, const uint16_t *a,
+                             int64_t lda, const uint32_t *panel, int64_t nc, int64_t kb, bool acc) {
+  __m512 s[P_NR][P_NV];
+  for (int j = 0; j < nr; j++)
+    for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_setzero_ps();
+  int64_t np = kb / 2, pi = 0;
+  for (; pi < np; pi++) {
+    __m512i wv[P_NV];
+    for (int v = 0; v < P_NV; v++) wv[v] = _mm512_loadu_si512(panel + pi * P_NC + 16 * v);
+    for (int j = 0; j < nr; j++) {
+      uint32_t pair;
+      memcpy(&pair, a + j * lda + 2 * pi, 4);
+      __m512i av = _mm512_set1_epi32((int)pair);
+      for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_dpbf16_ps(s[j][v], (__m512bh)av, (__m512bh)wv[v]);
+    }
+  }
+  if (kb % 2) { /* odd last k: a's missing half is 0, as is the panel's */
+    __m512i wv[P_NV];
+    for (int v = 0; v < P_NV; v++) wv[v] = _mm512_loadu_si512(panel + pi * P_NC + 16 * v);
+    for (int j = 0; j < nr; j++) {
+      __m512i av = _mm512_set1_epi32((int)a[j * lda + 2 * pi]);
+      for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_dpbf16_ps(s[j][v], (__m512bh)av, (__m512bh)wv[v]);
+    }
+  }
+  for (int v = 0; v < P_NV; v++) {
+    int64_t left = nc - 16 * v;
+    if (left <= 0) break;
+    __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    for (int j = 0; j < nr; j++) {
+      float *p = c + j * ldc + 16 * v;
+      __m512 r = acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), s[j][v]) : s[j][v];
+      if (o16) _mm256_mask_storeu_epi16(o16 + j * ldo + 16 * v, m, (__m256i)_mm512_cvtneps_pbh(r)); /* RNE */
+      else _mm512_mask_storeu_ps(p, m, r);
+    }
+  }
+}
+
+/* c[N, nc] (+)= a[N, kb] @ panel, P_NR rows at a time */
+KG_DPBF16 static void rows_p(float *c, int64_t ldc, uint16_t *o16, int64_t ldo, const uint16_t *a, int64_t lda,
+                             const uint32_t *panel, int64_t N, int64_t nc, int64_t kb, bool acc) {
+  int64_t n = 0;
+  for (; n + P_NR <= N; n += P_NR)
+    tile_p(P_NR, c + n * ldc, ldc, o16 ? o16 + n * ldo : NULL, ldo, a + n * lda, lda, panel, nc, kb, acc);
+  float *cn = c + n * ldc;
+  uint16_t *on = o16 ? o16 + n * ldo : NULL;
+  const uint16_t *an = a + n * lda;
+  switch (N - n) {
+  case 7: tile_p(7, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
+  case 6: tile_p(6, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
+  case 5: tile_p(5, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
+  case 4: tile_p(4, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
+  case 3: tile_p(3, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
+  case 2: tile_p(2, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
+  case 1: tile_p(1, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
+  default: break;
+  }
+}
 #else
 bool kg_cpu_gemm_bf16_avx2(void) { return false; }
 bool kg_cpu_gemm_bf16_avx512(void) { return false; }
@@ -363,16 +464,29 @@ bool kg_cpu_gemm_bf16_dpbf16(void) { return false; }
 
 /* ---- driver --------------------------------------------------------------------------------- */
 
-/* c[N, mc] = columns [m0, m0 + mc) of the product, one K block at a time */
-static void run_chunk(const plan *p, float *c, int64_t ldc, int64_t m0, int64_t mc) {
+/* c[N, mc] = columns [m0, m0 + mc) of the product, one K block at a time; with o16 (packed
+ * kernel, bf16 output) the last block writes there instead. The packed kernel does rows
+ * [n0, n0 + nr) only (c and o16 point at row n0); the others take n0 = 0, nr = N. */
+static void run_chunk(const plan *p, float *c, int64_t ldc, uint16_t *o16, int64_t ldo, int64_t m0, int64_t mc,
+                      int64_t n0, int64_t nr) {
   for (int64_t k0 = 0; k0 < p->K; k0 += p->kc) {
     int64_t kb = p->K - k0 < p->kc ? p->K - k0 : p->kc;
     bool acc = k0 > 0;
     const float *ak = p->a + k0;
     const uint16_t *wk = p->trans ? p->w + m0 * p->ldw + k0 : p->w + k0 * p->ldw + m0;
 #ifdef KG_X86
+    if (p->packed) {
+      uint32_t panel[P_KC / 2 * P_NC];
+      for (int64_t j = 0; j < mc; j += P_NC) {
+        int64_t nc = mc - j < P_NC ? mc - j : P_NC;
+        pack_panel(panel, p->w, p->ldw, p->trans, m0 + j, nc, k0, kb);
+        uint16_t *oj = o16 && k0 + kb >= p->K ? o16 + j : NULL;
+        rows_p(c + j, ldc, oj, ldo, p->a16 + n0 * p->lda16 + k0, p->lda16, panel, nr, nc, kb, acc);
+      }
+      continue;
+    }
     if (p->a16) {
-      block_t_dpbf16(c, ldc, p->a16 + k0, p->K, wk, p->ldw, p->N, mc, kb, acc);
+      block_t_dpbf16(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
       continue;
     }
     if (p->avx512 && p->trans) {
@@ -399,48 +513,80 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
     for (int64_t n = 0; n < N; n++) memset((char *)out + n * ldo * os, 0, (size_t)(M * os));
     return KG_OK;
   }
-  plan p = {a, NULL, w, lda, ldw, N, K, o->kc, b_trans, false, false};
+  plan p = {a, NULL, K, w, lda, ldw, N, K, o->kc, b_trans, false, false, false};
   bool autov = o->variant == KG_GEMM_BF16_AUTO;
-  p.avx512 = o->variant == KG_GEMM_BF16_AVX512 || o->variant == KG_GEMM_BF16_DPBF16 || (autov && kg_cpu_gemm_bf16_avx512());
+  p.avx512 = o->variant == KG_GEMM_BF16_AVX512 || o->variant == KG_GEMM_BF16_DPBF16 ||
+             o->variant == KG_GEMM_BF16_PACKED || (autov && kg_cpu_gemm_bf16_avx512());
   p.avx2 = p.avx512 || o->variant == KG_GEMM_BF16_AVX2 || (autov && kg_cpu_gemm_bf16_avx2());
-  if (p.kc <= 0) {
+  bool dp_cpu = o->variant == KG_GEMM_BF16_DPBF16 || o->variant == KG_GEMM_BF16_PACKED ||
+                (autov && kg_cpu_gemm_bf16_dpbf16());
+  p.packed = (o->a_bf16 || o->a16) && dp_cpu && (o->variant == KG_GEMM_BF16_PACKED || (autov && N > GB_PACK_ROWS));
+  int64_t unit = 16; /* chunks of output columns are multiples of it */
+#ifdef KG_X86
+  if (p.packed) { /* an even K block that the panel buffer holds; chunks of whole panels */
+    p.kc = p.kc <= 0 || p.kc > P_KC ? P_KC : (p.kc + 1) / 2 * 2;
+    unit = P_NC;
+  }
+#else
+  p.packed = false;
+#endif
+  if (!p.packed && p.kc <= 0) {
     p.kc = GB_A_BLOCK_BYTES / (4 * N) / 8 * 8;
     if (p.kc < 256) p.kc = 256;
     if (!b_trans && p.kc > GB_NN_KC) p.kc = GB_NN_KC;
   }
   int nt = o->threads > 0 ? o->threads : 2.0 * (double)N * (double)M * (double)K >= GB_PAR_FLOPS ? kg_num_threads() : 1;
-  /* about 4 chunks per thread (balance), multiples of 16 columns, at most GB_MAX_CHUNK */
+  /* about 4 chunks per thread (balance), multiples of 16 columns (of a panel when packed), at
+   * most GB_MAX_CHUNK */
   int64_t cw = (M + 4 * nt - 1) / (4 * nt);
-  cw = (cw + 15) / 16 * 16;
-  if (cw > GB_MAX_CHUNK) cw = GB_MAX_CHUNK;
-  int64_t nchunk = (M + cw - 1) / cw;
-  if (nt > nchunk) nt = (int)nchunk;
-  bool dp = b_trans && o->a_bf16 &&
-            (o->variant == KG_GEMM_BF16_DPBF16 || (autov && kg_cpu_gemm_bf16_dpbf16()));
+  cw = (cw + unit - 1) / unit * unit;
+  if (cw > GB_MAX_CHUNK) cw = GB_MAX_CHUNK / unit * unit;
+  int64_t nchunk = (M + cw - 1) / cw, nrb = 1; /* column chunks, row blocks */
+  if (p.packed) { /* wide chunks: the K block of a (N x P_KC bf16) is read once per chunk */
+    nchunk = (M + GB_MAX_CHUNK - 1) / GB_MAX_CHUNK;
+    if (nchunk < 4 * nt) nchunk = (nchunk + nt - 1) / nt * nt; /* as many per thread */
+    cw = ((M + nchunk - 1) / nchunk + unit - 1) / unit * unit;
+    nchunk = (M + cw - 1) / cw;
+    if (nchunk < nt) nrb = nt < N ? nt : N; /* too few columns: the threads split the rows */
+  }
+  int64_t rbs = (N + nrb - 1) / nrb, nitem = nrb * nchunk;
+  if (nt > nitem) nt = (int)nitem;
+  if (o->a16 && !p.packed) return kg_error(KG_ERR_VALUE, "matmul", "bf16 a needs the packed AVX512_BF16 kernel");
+  bool dp = p.packed || (b_trans && o->a_bf16 && dp_cpu);
   size_t a16_bytes = 0;
-  uint16_t *a16 = dp ? kg_cpu_alloc((size_t)(N * K * 2), &a16_bytes) : NULL;
-  if (dp && !a16) return kg_error(KG_ERR_OOM, "matmul", "out of memory packing operands");
+  uint16_t *a16 = dp && !o->a16 ? kg_cpu_alloc((size_t)(N * K * 2), &a16_bytes) : NULL;
+  if (dp && !o->a16 && !a16) return kg_error(KG_ERR_OOM, "matmul", "out of memory packing operands");
   for (int64_t n = 0; a16 && n < N; n++) kg_cpu_store_f32(a16 + n * K, KG_BF16, 1, a + n * lda, K); /* exact */
-  p.a16 = a16;
+  p.a16 = o->a16 ? o->a16 : a16;
+  p.lda16 = o->a16 ? o->lda16 : K;
   bool direct = odt == KG_F32, oom = false;
+  bool direct16 = p.packed && odt == KG_BF16; /* the tiles round into out themselves */
+  bool need_cb = !direct && (!direct16 || K > p.kc); /* f32 sums between K blocks */
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     size_t bytes = 0;
-    float *cb = direct ? NULL : kg_cpu_alloc((size_t)(N * cw * 4), &bytes);
-    if (!direct && !cb) {
+    float *cb = need_cb ? kg_cpu_alloc((size_t)(rbs * cw * 4), &bytes) : NULL;
+    if (need_cb && !cb) {
 #pragma omp atomic write
       oom = true;
     }
 #pragma omp for schedule(static)
-    for (int64_t ch = 0; ch < nchunk; ch++) {
+    for (int64_t it = 0; it < nitem; it++) {
       if (oom) continue;
-      int64_t m0 = ch * cw, mc = M - m0 < cw ? M - m0 : cw;
+      int64_t ch = it % nchunk, n0 = it / nchunk * rbs;
+      int64_t m0 = ch * cw, mc = M - m0 < cw ? M - m0 : cw, nr = N - n0 < rbs ? N - n0 : rbs;
+      if (nr <= 0) continue;
+      char *orow = (char *)out + n0 * ldo * os;
       if (direct) {
-        run_chunk(&p, (float *)out + m0, ldo, m0, mc);
+        run_chunk(&p, (float *)orow + m0, ldo, NULL, 0, m0, mc, n0, nr);
         continue;
       }
-      run_chunk(&p, cb, mc, m0, mc);
-      for (int64_t n = 0; n < N; n++) kg_cpu_store_f32((char *)out + (n * ldo + m0) * os, odt, 1, cb + n * mc, mc);
+      if (direct16) {
+        run_chunk(&p, cb, mc, (uint16_t *)orow + m0, ldo, m0, mc, n0, nr);
+        continue;
+      }
+      run_chunk(&p, cb, mc, NULL, 0, m0, mc, n0, nr);
+      for (int64_t n = 0; n < nr; n++) kg_cpu_store_f32(orow + (n * ldo + m0) * os, odt, 1, cb + n * mc, mc);
     }
     if (cb) kg_cpu_free(cb, bytes);
   }

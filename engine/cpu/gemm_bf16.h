@@ -13,6 +13,9 @@ typedef enum {
   KG_GEMM_BF16_AVX512, /* caller checked kg_cpu_gemm_bf16_avx512(); x @ W (not b_trans) runs AVX2 */
   KG_GEMM_BF16_DPBF16, /* caller checked kg_cpu_gemm_bf16_dpbf16(); b_trans with a_bf16 only,
                           else as KG_GEMM_BF16_AVX512 */
+  KG_GEMM_BF16_PACKED, /* caller checked kg_cpu_gemm_bf16_dpbf16(); a_bf16 only (else as
+                          KG_GEMM_BF16_AVX512): the many-rows kernel, both layouts (AUTO takes it
+                          past 32 rows when a_bf16) */
 } kg_gemm_bf16_variant;
 
 typedef struct {
@@ -21,6 +24,10 @@ typedef struct {
   int64_t kc;  /* K block (elements); 0: chosen so that an [N, kc] f32 block of a stays in L2 */
   bool a_bf16; /* every value of a is a bf16 (a came from a bf16 tensor): allows the DPBF16
                   variant, which packs a as bf16 */
+  const uint16_t *a16; /* a itself as bf16 (row stride lda16; then a may be NULL): only for the
+                          packed kernel (PACKED, or AUTO past 32 rows, on a CPU with AVX512_BF16),
+                          else the call fails */
+  int64_t lda16;
 } kg_gemm_bf16_opts;
 
 /* does this CPU run the AVX2 (AVX2 + FMA) / AVX-512 (F, BW, VL) variant? */

@@ -8,7 +8,8 @@
  * rows against a big bf16 weight) is converted in column blocks of about 256 KiB, each
  * multiplied while it is still in cache; the blocks are shared among the threads, each
  * running a single-threaded sgemm. Up to 32 rows against a bf16 b with a unit stride, on a CPU
- * with AVX2, gemm_bf16.c reads b as bf16 instead (no conversion pass). Batch dims over which b is broadcast fold into a's rows
+ * with AVX2, gemm_bf16.c reads b as bf16 instead (no conversion pass); with AVX512_BF16 also any
+ * number of rows of a bf16 a (its vdpbf16ps kernel). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
  * point at the same matrix. See docs/kernels.md for the figures.
  *
@@ -16,7 +17,7 @@
  * adds the bias inside the product: each output block in the compute type is first filled with
  * the bias rows and the GEMM then accumulates into it (beta = 1): a streaming write of y instead
  * of a separate add that reads and writes it again, and one rounding for bf16/f16 outputs. The
- * direct bf16 path (at most MM_BF16_ROWS rows) adds it to its rows while they are in cache.
+ * direct bf16 path adds it to its f32 rows after the product.
  */
 #include "cpu.h"
 #include "gemm_bf16.h"
@@ -85,11 +86,15 @@ static bool direct(const view *v, kg_dtype wt, mat *m) {
 }
 
 /* does out = A @ b go to gemm_bf16.c? A few rows of f32 a (row-major) against a bf16 b with a
- * unit stride on either dim, on a CPU with AVX2 + FMA (else convert + sgemm is faster) */
-static bool bf16_small(const view *b, kg_dtype wt, const mat *A, int64_t N) {
-  if (wt != KG_F32 || b->dt != KG_BF16 || A->trans || N > MM_BF16_ROWS) return false;
+ * unit stride on either dim, on a CPU with AVX2 + FMA (else convert + sgemm is faster); or any
+ * number of rows of a bf16 a against such a b on a CPU with AVX512_BF16, where gemm_bf16.c's
+ * packed vdpbf16ps kernel beats convert + sgemm at training sizes, both layouts (docs/kernels.md,
+ * "bf16 GEMM for training rows") */
+static bool bf16_direct(const view *b, kg_dtype wt, const mat *A, int64_t N, kg_dtype adt) {
+  if (wt != KG_F32 || b->dt != KG_BF16 || A->trans) return false;
   if (b->rs < 0 || b->cs < 0 || (b->rs != 1 && b->cs != 1)) return false;
-  return kg_cpu_gemm_bf16_avx2();
+  if (N <= MM_BF16_ROWS) return kg_cpu_gemm_bf16_avx2();
+  return adt == KG_BF16 && kg_cpu_gemm_bf16_dpbf16();
 }
 
 /* converts columns [c0, c0 + nc) of v into dst as wt, following v's memory order: row-major
@@ -196,18 +201,32 @@ typedef struct {
   const void *bias; /* NULL, or M values in the compute type (f64 for f64 outputs, else f32) */
 } product;
 
-/* the direct bf16 path (gemm_bf16.c) of one batch entry: it writes its few rows itself, the bias
- * is added to them after (or to an f32 copy, so that a bf16/f16 output is rounded once) */
-static kg_status run_bf16_small(const product *p, char *optr, const mat *A, const view *bv, int64_t N, int64_t M,
-                                int64_t K, buf *cbuf) {
+/* can the packed kernel read a as it lies? Many rows of a bf16 a with unit column stride against
+ * a bf16 b that bf16_direct takes (AVX512_BF16): then a is not converted to f32 at all */
+static bool bf16_raw_a(const view *a, const view *b, kg_dtype wt, int64_t N) {
+  if (a->dt != KG_BF16 || a->cs != 1 || a->rs < a->C || N <= MM_BF16_ROWS) return false;
+  mat none = {NULL, false, 0};
+  return bf16_direct(b, wt, &none, N, KG_BF16);
+}
+
+/* the direct bf16 path (gemm_bf16.c) of one batch entry: it writes its rows itself, the bias
+ * is added to them after (or to an f32 copy, so that a bf16/f16 output is rounded once). All the
+ * rows go in one call: the many-rows kernel keeps a's bf16 K block in L2 (lab: 128-row blocks,
+ * which stream the weight once per block, were 20% slower on the LM head). a is A (f32), or
+ * when A is NULL the bf16 view av as it lies. */
+static kg_status run_bf16_direct(const product *p, char *optr, const mat *A, const view *av, const view *bv, int64_t N,
+                                 int64_t M, int64_t K, buf *cbuf) {
+  const float *a = A ? A->p : NULL;
+  int64_t lda = A ? A->ld : K;
   bool trans = bv->rs == 1;
   int64_t ldw = trans ? bv->cs : bv->rs;
   kg_gemm_bf16_opts go = {.a_bf16 = p->adt == KG_BF16}; /* then a's f32 copy packs back exactly */
-  if (!p->bias) return kg_cpu_gemm_bf16(optr, p->odt, M, A->p, A->ld, (const uint16_t *)bv->p, ldw, trans, N, M, K, &go);
+  if (!A) go.a16 = (const uint16_t *)av->p, go.lda16 = av->rs;
+  if (!p->bias) return kg_cpu_gemm_bf16(optr, p->odt, M, a, lda, (const uint16_t *)bv->p, ldw, trans, N, M, K, &go);
   bool f32 = p->odt == KG_F32;
   float *cp = f32 ? (float *)optr : buf_get(cbuf, (size_t)(N * M * 4));
   if (!cp) return kg_error(KG_ERR_OOM, "linear", "out of memory for the f32 result");
-  KG_TRY(kg_cpu_gemm_bf16(cp, KG_F32, M, A->p, A->ld, (const uint16_t *)bv->p, ldw, trans, N, M, K, &go));
+  KG_TRY(kg_cpu_gemm_bf16(cp, KG_F32, M, a, lda, (const uint16_t *)bv->p, ldw, trans, N, M, K, &go));
   if (f32) {
     const float *bias = p->bias;
     for (int64_t r = 0; r < N; r++)
@@ -272,6 +291,11 @@ static kg_status run_product(const product *p, const char *op) {
     view av = {p->a + aoff * aes, p->adt, N, K, p->astr[nd - 2], p->astr[nd - 1]};
     view bv = {p->b + boff * bes, p->bdt, K, M, p->bstr[nd - 2], p->bstr[nd - 1]};
     char *optr = p->o + bi * N * M * os;
+    if (bf16_raw_a(&av, &bv, wt, N)) { /* training rows: a and b read as bf16 */
+      st = run_bf16_direct(p, optr, NULL, &av, &bv, N, M, K, &cbuf);
+      last_aoff = -1; /* A not converted */
+      continue;
+    }
     if (aoff != last_aoff && !direct(&av, wt, &A)) {
       void *ap = buf_get(&abuf, (size_t)(N * K * ws));
       if (!ap) {
@@ -281,8 +305,8 @@ static kg_status run_product(const product *p, const char *op) {
       A = convert(ap, wt, &av, 0, K);
     }
     last_aoff = aoff;
-    if (bf16_small(&bv, wt, &A, N)) { /* decode: read the bf16 weight directly */
-      st = run_bf16_small(p, optr, &A, &bv, N, M, K, &cbuf);
+    if (bf16_direct(&bv, wt, &A, N, p->adt)) { /* read the bf16 weight directly */
+      st = run_bf16_direct(p, optr, &A, &av, &bv, N, M, K, &cbuf);
       continue;
     }
     bool bdirect = direct(&bv, wt, &B);

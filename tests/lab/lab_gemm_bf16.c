@@ -1,14 +1,17 @@
 /* lab_gemm_bf16.c — kernel lab for engine/cpu/gemm_bf16.c: out[N, M] = a[N, K] @ B[K, M] with
  * B a bf16 weight read as it lies (b_trans: W [M, K], x @ W^T; else W [K, M], x @ W).
  *
- *   lab_gemm_bf16 --check   every variant (scalar, AVX2, AVX-512, AVX512_BF16) x both layouts vs a naive f64 reference
+ *   lab_gemm_bf16 --check   every variant (scalar, AVX2, AVX-512, AVX512_BF16 dot tile and packed) x both layouts vs a naive f64 reference
  *                           at every N in 1..40, K in 1..300 (edges around multiples of 8/16 and
  *                           every K for a few N), column counts around the tile edges, padded
- *                           leading dims, f32/bf16 output, forced K blocks and 2 threads
+ *                           leading dims, f32/bf16 output, forced K blocks and 2 threads; the packed
+ *                           variant also at 33..300 rows
  *   lab_gemm_bf16           times the variants at decode sizes against convert + OpenBLAS sgemm,
  *                           then the DRAM roofline: a 1 GiB bf16 weight streamed by a GEMV vs a
  *                           plain read of the same buffer
  *   lab_gemm_bf16 --small   the decode sizes only (no 1 GiB buffer); --roofline: the roofline only
+ *   lab_gemm_bf16 --train   training row counts (64 .. 1024 rows of bf16 values): the dot-product
+ *                           dpbf16 tile vs the packed dpbf16 kernel vs convert + sgemm (AVX512_BF16)
  *
  * Shape letters: N rows of a (tokens), K reduction, M output columns (weight rows for b_trans).
  */
@@ -54,7 +57,7 @@ static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int6
   uint16_t *w = malloc(2 * (size_t)(wrows * ldw));
   float *o32 = malloc(sizeof(float) * (size_t)(N * ldo));
   uint16_t *o16 = malloc(2 * (size_t)(N * ldo));
-  bool a16 = var->v == KG_GEMM_BF16_DPBF16; /* that variant needs bf16 values in a */
+  bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED; /* they need bf16 values in a */
   for (int64_t i = 0; i < N * lda; i++) a[i] = a16 ? kg_bf16_to_f32(kg_f32_to_bf16(frand())) : frand();
   for (int64_t i = 0; i < wrows * ldw; i++) w[i] = kg_f32_to_bf16(frand());
   for (int64_t i = 0; i < N * ldo; i++) o32[i] = NAN, o16[i] = 0x7fc0;
@@ -91,14 +94,15 @@ static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int6
 }
 
 static int run_check(void) {
-  variant vars[4] = {{"scalar", KG_GEMM_BF16_SCALAR},
+  variant vars[5] = {{"scalar", KG_GEMM_BF16_SCALAR},
                      {"avx2", KG_GEMM_BF16_AVX2},
                      {"avx512", KG_GEMM_BF16_AVX512},
-                     {"dpbf16", KG_GEMM_BF16_DPBF16}};
-  int nvar = kg_cpu_gemm_bf16_dpbf16() ? 4 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
+                     {"dpbf16", KG_GEMM_BF16_DPBF16},
+                     {"packed", KG_GEMM_BF16_PACKED}};
+  int nvar = kg_cpu_gemm_bf16_dpbf16() ? 5 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
   printf("checking");
   for (int v = 0; v < nvar; v++) printf(" %s", vars[v].name);
-  printf(nvar < 4 ? " (the others do not run on this CPU)\n" : "\n");
+  printf(nvar < 5 ? " (the others do not run on this CPU)\n" : "\n");
   static const int64_t Ks[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 300};
   static const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 40, 515};
   int nK = sizeof Ks / sizeof *Ks, nM = sizeof Ms / sizeof *Ms;
@@ -126,6 +130,22 @@ static int run_check(void) {
       for (int64_t N = 1; N <= 40; N += 13)
         for (int ki = 0; ki < nK; ki += 4) check_one(&vars[vi], tr, N, 515, Ks[ki], N % 2 ? KG_BF16 : KG_F32, 2, 0);
     }
+  /* the many-rows kernel (AUTO takes it past 32 rows of bf16 a) at training row counts: row tile
+   * remainders, K edges (odd K: half pairs), panel edges, K blocks, bf16 output, 2 threads */
+  if (kg_cpu_gemm_bf16_dpbf16()) {
+    static const int64_t Ns[] = {33, 40, 47, 63, 64, 65, 100, 127, 128, 129, 255, 256, 300};
+    static const int64_t Ms2[] = {1, 17, 47, 48, 49, 96, 130, 515};
+    static const int64_t Ks2[] = {1, 2, 3, 31, 32, 33, 255, 256, 257, 300, 513};
+    variant pk = {"packed", KG_GEMM_BF16_PACKED};
+    for (int tr = 0; tr < 2; tr++)
+      for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+        for (size_t ki = 0; ki < sizeof Ks2 / sizeof *Ks2; ki++)
+          for (size_t mi = 0; mi < sizeof Ms2 / sizeof *Ms2; mi++) {
+            int64_t N = Ns[ni], K = Ks2[ki], M = Ms2[mi];
+            int v = (int)((ni + ki + mi) % 4);
+            check_one(&pk, tr, N, M, K, v == 1 ? KG_BF16 : KG_F32, v == 2 ? 2 : 1, v == 3 ? 18 : 0);
+          }
+  }
   printf("%d checks, %d failures (%.1f s)\n", checks, failures, now() - t0);
   return failures ? 1 : 0;
 }
@@ -285,18 +305,62 @@ static void run_roofline(void) {
   free(w), free(a), free(c);
 }
 
+/* training rows (N = 64 .. 1024, a's values bf16): the dot-product tile, the packed kernel and
+ * convert + sgemm, 1 and 2 threads */
+static void run_train_sizes(void) {
+  static const int64_t shapes[][2] = {{256, 32000}, {256, 768}, {768, 256}, {256, 256}, {32000, 256}}; /* K, M */
+  static const int64_t Ns[] = {64, 128, 256, 1024};
+  printf("\nms per call (median of %d) and GFLOP/s, weight bf16, a bf16 values, out f32\n", REPS);
+  printf("| K x M | N | threads | dpbf16 nt | packed nt | convert+sgemm nt | packed nn | convert+sgemm nn |\n"
+         "|---|---|---|---|---|---|---|---|\n");
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    int64_t K = shapes[s][0], M = shapes[s][1];
+    uint16_t *w = malloc(2 * (size_t)(K * M));
+    float *wf = malloc(4 * (size_t)(K * M));
+    for (int64_t i = 0; i < K * M; i++) w[i] = kg_f32_to_bf16(frand());
+    for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
+      int64_t N = Ns[ni];
+      float *a = malloc(4 * (size_t)(N * K)), *c = malloc(4 * (size_t)(N * M));
+      for (int64_t i = 0; i < N * K; i++) a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
+      for (int th = 1; th <= 2; th++) {
+        timed vs[5] = {{true, false, KG_GEMM_BF16_DPBF16, th},
+                       {true, false, KG_GEMM_BF16_PACKED, th},
+                       {true, true, KG_GEMM_BF16_AUTO, th},
+                       {false, false, KG_GEMM_BF16_PACKED, th},
+                       {false, true, KG_GEMM_BF16_AUTO, th}};
+        printf("| %lldx%lld | %lld | %d |", (long long)K, (long long)M, (long long)N, th);
+        for (int v = 0; v < 5; v++) {
+          int reps = K * M * N > (1ll << 31) ? 5 : REPS;
+          double ms = time_ms(&vs[v], c, a, w, wf, N, M, K, reps);
+          printf(" %.3f (%.0f) |", ms, 2.0 * N * M * K / ms * 1e-6);
+        }
+        printf("\n");
+        fflush(stdout);
+      }
+      free(a), free(c);
+    }
+    free(w), free(wf);
+  }
+}
+
 int main(int argc, char **argv) {
-  bool check = false, small = false, roof_only = false;
+  bool check = false, small = false, roof_only = false, train = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = true;
     else if (!strcmp(argv[i], "--small")) small = true;
     else if (!strcmp(argv[i], "--roofline")) roof_only = true;
+    else if (!strcmp(argv[i], "--train")) train = true;
     else {
-      fprintf(stderr, "usage: %s [--check | --small | --roofline]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--check | --small | --roofline | --train]\n", argv[0]);
       return 2;
     }
   }
   if (check) return run_check();
+  if (train) {
+    if (kg_cpu_gemm_bf16_dpbf16()) run_train_sizes();
+    else printf("no AVX512_BF16: the training-rows kernel does not run here\n");
+    return 0;
+  }
   printf("AVX2+FMA: %s\n", kg_cpu_gemm_bf16_avx2() ? "yes" : "no");
   if (!roof_only) run_decode_sizes();
   if (!small) run_roofline();

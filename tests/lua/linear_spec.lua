@@ -65,6 +65,29 @@ describe("linear values", function()
     end
   end)
 
+  it("bf16 past 32 rows (the packed vdpbf16ps kernel with AVX512_BF16): bias, odd K, 3-D x", function()
+    keng.manual_seed(13)
+    for _, shape in ipairs({{33, 37}, {100, 257}, {3, 50, 300}}) do
+      local I = shape[#shape]
+      local x, w, b = keng.randn(shape):to("bf16"), (keng.randn({45, I}) * 0.1):to("bf16"), keng.randn({45}):to("bf16")
+      local msg = "bf16 x[" .. table.concat(shape, ",") .. "]"
+      H.close(keng.linear(x, w, b), ref(x, w, b), TOL.bf16, msg .. " with bias")
+      H.close(keng.linear(x, w), ref(x, w), TOL.bf16, msg .. " without bias")
+      local xf = x:float()                                        -- f32 out: bias added in f32
+      H.close(keng.linear(xf, w, b), ref(xf, w, b), 1e-5, msg .. " f32 x")
+    end
+  end)
+
+  it("bf16 gradient of x past 32 rows (g @ w on the packed kernel) matches f64", function()
+    keng.manual_seed(14)
+    local x, w = keng.randn({70, 33}):to("bf16"), (keng.randn({50, 33}) * 0.1):to("bf16")
+    x.requires_grad = true
+    local g = keng.randn({70, 50}):to("bf16")
+    keng.linear(x, w):backward(g)
+    local want = g:double():matmul(w:double())
+    H.close(x.grad, want, TOL.bf16, "x.grad")
+  end)
+
   it("non-contiguous x, w and b give the same values", function()
     keng.manual_seed(13)
     for _, dt in ipairs(DTYPES) do

@@ -1,6 +1,7 @@
 -- matmul_bf16_spec.lua — bf16 matmul with few rows (decode: x [N, K] against a bf16 weight), the
 -- path that reads the weight directly (engine/cpu/gemm_bf16.c, up to 32 rows on CPUs with AVX2)
--- and, past 32 rows, convert + sgemm. Shapes: x [N, K], W [M, K] (nn.Linear) or [K, M].
+-- and, past 32 rows, convert + sgemm, or with AVX512_BF16 and a bf16 x gemm_bf16.c's packed
+-- vdpbf16ps kernel (training rows, both layouts; the "many rows" block). Shapes: x [N, K], W [M, K] (nn.Linear) or [K, M].
 -- Reference: the naive sum (a:unsqueeze(-1) * b:unsqueeze(-3)):sum(-2) in f64 of the same bf16
 -- values. The result is bf16, so the tolerance is its rounding (2^-8 relative) plus f32 sums.
 local keng = require "keng"
@@ -97,5 +98,59 @@ describe("bf16 matmul, few rows", function()
     local x, w = bf16({7, K}), bf16({M, K}, 0.1):transpose(1, 2)
     local all = x:matmul(w)
     for n = 1, 7 do H.close(x:narrow(1, n, 1):matmul(w), all:narrow(1, n, 1), 0, "row " .. n) end
+  end)
+end)
+
+describe("bf16 matmul, many rows (the packed vdpbf16ps kernel on CPUs with AVX512_BF16)", function()
+  before_each(function() keng.manual_seed(9) end)
+
+  it("x @ W^T and x @ W match f64 past 32 rows: row tile, panel and K edges (odd K, K blocks)", function()
+    local Ns, Ks, Ms = {33, 40, 63, 64, 65, 100, 129, 257}, {1, 2, 3, 31, 33, 256, 257, 300, 513}, {1, 17, 31, 32, 33, 100}
+    local i = 0
+    for _, N in ipairs(Ns) do
+      for _, K in ipairs(Ks) do
+        for _, M in ipairs(Ms) do
+          i = i + 1
+          if (i % 3 == 0) or N * K * M < 2e6 then                  -- every small one, a third of the big
+            local x = bf16({N, K})
+            local tag = string.format("N=%d K=%d M=%d", N, K, M)
+            check(x, bf16({M, K}, 0.1):transpose(1, 2), "x @ W^T " .. tag)
+            check(x, bf16({K, M}, 0.1), "x @ W " .. tag)
+          end
+        end
+      end
+    end
+  end)
+
+  it("takes non-contiguous x, padded weights and folded batches", function()
+    local N, K, M = 70, 45, 37
+    local x = H.noncontig(bf16({N, K}))
+    check(x, bf16({M, K + 11}, 0.1):narrow(2, 4, K):transpose(1, 2), "x @ W^T, padded W")
+    check(x, bf16({K, M + 9}, 0.1):narrow(2, 2, M), "x @ W, padded W")
+    local xp = bf16({N, K + 5}):narrow(2, 3, K)                    -- rows padded: read as it lies
+    check(xp, bf16({M, K}, 0.1):transpose(1, 2), "padded x @ W^T")
+    check(xp, bf16({K, M}, 0.1), "padded x @ W")
+    check(bf16({3, 20, K}), bf16({M, K}, 0.1):transpose(1, 2), "[3, 20, K] @ W^T: 60 folded rows")
+    check(bf16({2, 40, K}), bf16({2, K, M}, 0.1), "[2, 40, K] @ [2, K, M]")
+  end)
+
+  it("the LM-head shape splits among the threads and keeps rows apart", function()
+    local N, K, M = 48, 64, 3000
+    local x, w = bf16({N, K}), bf16({M, K}, 0.1)
+    x:select(1, 40):select(1, 7):fill_(0 / 0)
+    local y = x:matmul(w:transpose(1, 2))
+    local yl = y:double():tolist()
+    for m = 1, M, 97 do assert.is_true(yl[40][m] ~= yl[40][m], "NaN row") end
+    x:select(1, 40):fill_(0)
+    H.close(x:matmul(w:transpose(1, 2)), ref(x, w:transpose(1, 2)), TOL, "threaded LM head")
+    local g = bf16({N, M})
+    H.close(g:matmul(w), ref(g, w), TOL, "g @ W (K = 3000, K blocks)")
+  end)
+
+  it("f32 x against a bf16 weight stays f32 past 32 rows (never rounded to bf16)", function()
+    local x, w = keng.randn({80, 300}), bf16({40, 300}, 0.1)
+    local y = x:matmul(w:transpose(1, 2))
+    assert.are.equal("f32", y.dtype)
+    H.close(y, ref(x, w:transpose(1, 2)), 1e-5, "f32 x, N=80")
   end)
 end)
