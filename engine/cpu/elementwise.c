@@ -437,9 +437,37 @@ static bool all_f32_unit(const ew_ctx *c, char *const *ptr, const int64_t *strid
   return true;
 }
 
+/* f32 operands with unit stride, except inputs broadcast along the run (stride 0, e.g. the
+ * outer sum x[..., n, 1] + y[..., 1, n] of SAM's relative-position bias, or a per-row bias):
+ * those are expanded once into a chunk buffer and the run is computed in place. Inputs must not
+ * overlap the output at all (a broadcast element inside it would change while the run is written) */
+static bool f32_unit_or_broadcast(const ew_ctx *c, char *const *ptr, const int64_t *stride, int64_t n) {
+  if (c->wide || c->op == KG_OP_WHERE || c->dt[0] != KG_F32 || stride[0] != 1) return false;
+  for (int k = 1; k < c->nops; k++) {
+    if (c->dt[k] != KG_F32 || (stride[k] != 1 && stride[k] != 0)) return false;
+    int64_t len = stride[k] ? n * 4 : 4;
+    if (ptr[k] < ptr[0] + n * 4 && ptr[0] < ptr[k] + len) return false;
+  }
+  return true;
+}
+
+static void ew_run_f32_broadcast(const ew_ctx *c, char *const *ptr, const int64_t *stride, int64_t n) {
+  float expanded[KG_ITER_MAX][KG_CHUNK];
+  int64_t first = n < KG_CHUNK ? n : KG_CHUNK;
+  for (int k = 1; k < c->nops; k++)
+    if (stride[k] == 0)
+      for (int64_t j = 0; j < first; j++) expanded[k][j] = *(const float *)ptr[k];
+  for (int64_t i = 0; i < n; i += KG_CHUNK) {
+    char *p[KG_ITER_MAX] = {ptr[0] + i * 4};
+    for (int k = 1; k < c->nops; k++) p[k] = stride[k] ? ptr[k] + i * 4 : (char *)expanded[k];
+    ew_run_f32_direct(c, p, n - i < KG_CHUNK ? n - i : KG_CHUNK);
+  }
+}
+
 static void ew_run(void *ctx, char *const *ptr, const int64_t *stride, int64_t n) {
   const ew_ctx *c = ctx;
   if (all_f32_unit(c, ptr, stride, n)) ew_run_f32_direct(c, ptr, n);
+  else if (f32_unit_or_broadcast(c, ptr, stride, n)) ew_run_f32_broadcast(c, ptr, stride, n);
   else if (c->wide) EW_RUN(double, kg_cpu_load_f64, kg_cpu_store_f64)
   else EW_RUN(float, kg_cpu_load_f32, kg_cpu_store_f32)
 }

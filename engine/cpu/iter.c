@@ -186,30 +186,32 @@ void kg_iter_init(kg_iter *it, int nops, const kg_tensor *const *ts) {
   for (int k = 0; k < nops; k++) memcpy(it->stride[k], stride[k], sizeof(int64_t) * (size_t)nd);
 }
 
-/* runs elements [begin, end) of the flattened iteration space */
+/* runs elements [begin, end) of the flattened iteration space; each operand's offset is kept
+ * as an odometer (updated by strides when an index wraps), so a run costs O(1) to address:
+ * broadcast ops such as x[..., 16, 1] + y[..., 1, 16] make runs of only 16 elements */
 static void run_range(const kg_iter *it, kg_iter_fn fn, void *ctx, int64_t begin, int64_t end) {
-  int nd = it->ndim, last = nd - 1;
-  int64_t idx[KG_MAX_DIMS], rem = begin;
+  int nd = it->ndim, last = nd - 1, nops = it->nops;
+  int64_t idx[KG_MAX_DIMS], rem = begin, off[KG_ITER_MAX] = {0};
   for (int d = last; d >= 0; d--) {
     idx[d] = rem % it->shape[d];
     rem /= it->shape[d];
   }
+  for (int k = 0; k < nops; k++)
+    for (int d = 0; d < nd; d++) off[k] += idx[d] * it->stride[k][d];
   int64_t inner[KG_ITER_MAX];
-  for (int k = 0; k < it->nops; k++) inner[k] = it->stride[k][last];
+  for (int k = 0; k < nops; k++) inner[k] = it->stride[k][last];
   int64_t pos = begin;
   while (pos < end) {
     char *ptr[KG_ITER_MAX];
-    for (int k = 0; k < it->nops; k++) {
-      int64_t off = 0;
-      for (int d = 0; d < nd; d++) off += idx[d] * it->stride[k][d];
-      ptr[k] = it->base[k] + off * it->elsize[k];
-    }
+    for (int k = 0; k < nops; k++) ptr[k] = it->base[k] + off[k] * it->elsize[k];
     int64_t n = it->shape[last] - idx[last];
     if (n > end - pos) n = end - pos;
     fn(ctx, ptr, inner, n);
     pos += n;
     idx[last] += n;
+    for (int k = 0; k < nops; k++) off[k] += n * inner[k];
     for (int d = last; d > 0 && idx[d] >= it->shape[d]; d--) {
+      for (int k = 0; k < nops; k++) off[k] += it->stride[k][d - 1] - idx[d] * it->stride[k][d];
       idx[d] = 0;
       idx[d - 1]++;
     }

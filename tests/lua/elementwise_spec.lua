@@ -488,3 +488,24 @@ describe("matmul and linear", function()
     H.raises(function() keng.arange(3):matmul(keng.arange(3)) end, "floating")
   end)
 end)
+
+describe("f32 runs with broadcast inputs (computed in place, the broadcast value expanded)", function()
+  it("outer sums and scalar-broadcast runs longer than a chunk match f64", function()
+    keng.manual_seed(3)
+    local cases = {
+      {{3, 5, 16, 1}, {3, 5, 1, 16}},   -- SAM's decomposed relative-position bias
+      {{2, 300, 1}, {2, 1, 300}},       -- runs longer than one 256-element chunk
+      {{4, 1}, {4, 700}},               -- a per-row value against long rows
+      {{700}, {3, 700}},                -- a row vector against a matrix
+    }
+    for _, c in ipairs(cases) do
+      local a, b = keng.randn(c[1]), keng.randn(c[2]) + 3
+      for _, op in ipairs({"add", "sub", "mul", "div", "maximum", "pow"}) do
+        local x, y = op == "pow" and a:abs() or a, b
+        local want = keng[op](x:to("f64"), y:to("f64"))
+        H.close(keng[op](x, y), want, 1e-5, op .. " " .. table.concat(c[1], ",") .. " with " .. table.concat(c[2], ","))
+        H.close(keng[op](y, x), keng[op](y:to("f64"), x:to("f64")), 1e-5, op .. " swapped")
+      end
+    end
+  end)
+end)
