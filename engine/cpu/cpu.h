@@ -22,6 +22,10 @@ void kg_cpu_store_f64(void *dst, kg_dtype dt, int64_t stride, const double *src,
  * be x; error <= 1 ulp, docs/kernels.md); defined in elementwise.c */
 void kg_cpu_exp_f32(float *y, const float *x, int64_t n);
 
+/* w[j] = kg_philox_word(seed, offset, i + j) for j < n <= KG_CHUNK, whole Philox blocks at a
+ * time (AVX2 when present); defined in random.c */
+void kg_cpu_philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i, int64_t n);
+
 /* Compute in double for f64 and for integers (exact to 2^53), float otherwise. */
 static inline bool kg_cpu_wide(kg_dtype dt) { return dt == KG_F64 || dt == KG_I64 || dt == KG_I32; }
 

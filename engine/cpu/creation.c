@@ -65,11 +65,12 @@ static kg_status random_fill(const kg_op_call *c) {
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t b = 0; b < n; b += KG_CHUNK) {
     double buf[KG_CHUNK];
+    uint32_t words[2 * KG_CHUNK]; /* element i uses words 2i and 2i + 1 */
     int64_t m = n - b < KG_CHUNK ? n - b : KG_CHUNK;
+    kg_cpu_philox_words(words, p->rng.seed, p->rng.offset, 2 * (uint64_t)b, m);
+    kg_cpu_philox_words(words + m, p->rng.seed, p->rng.offset, 2 * (uint64_t)b + (uint64_t)m, m);
     for (int64_t j = 0; j < m; j++) {
-      uint64_t i = (uint64_t)(b + j);
-      uint32_t w0 = kg_philox_word(p->rng.seed, p->rng.offset, 2 * i);
-      uint32_t w1 = kg_philox_word(p->rng.seed, p->rng.offset, 2 * i + 1);
+      uint32_t w0 = words[2 * j], w1 = words[2 * j + 1];
       if (c->op == KG_OP_RANDN) buf[j] = p->a + p->b * kg_normal_u32x2(w0, w1);
       else if (c->op == KG_OP_RANDINT) buf[j] = p->a + floor(kg_uniform_bits(w0, w1, 53) * (p->b - p->a));
       else buf[j] = p->a + kg_uniform_bits(w0, w1, bits) * (p->b - p->a);

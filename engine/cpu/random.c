@@ -105,8 +105,8 @@ static bool philox_avx2(void) {
 #define PHILOX_LANES_FN philox_lanes
 #endif
 
-/* w[j] = kg_philox_word(seed, offset, i + j) for j < n (n <= KG_CHUNK) */
-static void philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i, int64_t n) {
+/* w[j] = kg_philox_word(seed, offset, i + j) for j < n (n <= KG_CHUNK); also creation.c's */
+void kg_cpu_philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i, int64_t n) {
   enum { SPAN = 4 * PHILOX_LANES };
   uint32_t tmp[KG_CHUNK + 2 * SPAN];
   uint64_t first = offset + i, skip = first & 3; /* the first word's place in its block */
@@ -131,7 +131,7 @@ kg_status kg_cpu_dropout(const kg_op_call *c) {
   for (int64_t b = 0; b < n; b += KG_CHUNK) {
     int64_t m = n - b < KG_CHUNK ? n - b : KG_CHUNK;
     uint32_t w[KG_CHUNK];
-    philox_words(w, p->rng.seed, p->rng.offset, (uint64_t)b, m);
+    kg_cpu_philox_words(w, p->rng.seed, p->rng.offset, (uint64_t)b, m);
     uint8_t *mk = md + b;
     for (int64_t j = 0; j < m; j++) mk[j] = kg_u32_to_unit(w[j]) >= thr;
     if (x->dtype == KG_F64) {

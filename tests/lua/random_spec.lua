@@ -258,3 +258,30 @@ describe("dropout's bulk Philox words", function()
     end
   end)
 end)
+
+-- rand/randn/randint draw their words in whole Philox blocks (kg_cpu_philox_words); these
+-- values were printed by the per-word scalar kernel (kg_philox_word for each of words 2i, 2i+1)
+-- before that change, at an offset that is not a block boundary and across 256-element chunks,
+-- and pin the stream the CPU and CUDA kernels share.
+describe("the random stream is pinned", function()
+  it("rand, randn and randint give the scalar kernel's values", function()
+    keng.manual_seed(1)
+    keng.rand({3})
+    local u = keng.rand({600}, {dtype = "f64"}):tolist()
+    local n = keng.randn({600}, {dtype = "f64"}):tolist()
+    local k = keng.randint(0, 1000000, {600}):tolist()
+    local idx = {1, 2, 255, 256, 257, 258, 511, 512, 513, 600}
+    local want_u = {0.24740147260204126, 0.71312967629423973, 0.36145410608085027, 0.50268208615043075,
+      0.70962858781927451, 0.1170991220692067, 0.30348553648422205, 0.41892895430304966, 0.45076333185206297,
+      0.35770965672188582}
+    local want_n = {-1.4428301038355791, 1.1165709357104778, -1.0391579960482689, 0.28145679188905465,
+      1.0291753248774391, -0.49648400190345299, 0.3619073898249473, 1.1349919381796008, -0.27233248803284638,
+      -0.22957406788449106}
+    local want_k = {490572, 401437, 49625, 11864, 650717, 436943, 167366, 180926, 49533, 273376}
+    for j, i in ipairs(idx) do
+      assert.are.equal(want_u[j], u[i], "rand element " .. i)
+      H.close(n[i], want_n[j], 1e-15, "randn element " .. i)
+      assert.are.equal(want_k[j], k[i], "randint element " .. i)
+    end
+  end)
+end)
