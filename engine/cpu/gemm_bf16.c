@@ -249,6 +249,44 @@ KG_AVX512_INLINE __m256 half_sum(__m512 v) {
 #define Z_MR 4 /* rows of W per tile */
 #define Z_NR 4 /* rows of a per tile */
 
+/* the end of a dot-product tile (both 512-bit variants): c[j, i] (+)= the horizontal sum of
+ * s[j][i], the dot product of row j of a and row i of W */
+KG_AVX512_INLINE void store_dot_sums(__m512 s[Z_NR][Z_MR], const int mr, const int nr, float *c, int64_t ldc, bool acc) {
+  for (int j = 0; j < nr; j++) {
+    float r[Z_MR];
+    if (mr == Z_MR)
+      _mm_storeu_ps(r, hsum4(half_sum(s[j][0]), half_sum(s[j][1]), half_sum(s[j][2]), half_sum(s[j][3])));
+    else
+      for (int i = 0; i < mr; i++) r[i] = hsum1(half_sum(s[j][i]));
+    float *cj = c + j * ldc;
+    for (int i = 0; i < mr; i++) cj[i] = acc ? cj[i] + r[i] : r[i];
+  }
+}
+
+/* The drivers of a dot-product tile (the same for both 512-bit variants, which differ in a's
+ * type and the tile): rows_SFX walks a's rows for mr rows of W, block_t_SFX walks W's rows. */
+#define DEFINE_DOT_DRIVERS(SFX, A_T, ATTR_INLINE, ATTR)                                                      \
+  ATTR_INLINE void rows_##SFX(const int mr, float *c, int64_t ldc, const A_T *a, int64_t lda, const uint16_t *w, \
+                              int64_t ldw, int64_t pf, int64_t N, int64_t K, bool acc) {                       \
+    int64_t n = 0;                                                                                             \
+    for (; n + Z_NR <= N; n += Z_NR) tile_##SFX(mr, Z_NR, c + n * ldc, ldc, a + n * lda, lda, w, ldw, pf, K, acc); \
+    float *cn = c + n * ldc;                                                                                   \
+    const A_T *an = a + n * lda;                                                                               \
+    switch (N - n) {                                                                                           \
+    case 3: tile_##SFX(mr, 3, cn, ldc, an, lda, w, ldw, pf, K, acc); break;                                    \
+    case 2: tile_##SFX(mr, 2, cn, ldc, an, lda, w, ldw, pf, K, acc); break;                                    \
+    case 1: tile_##SFX(mr, 1, cn, ldc, an, lda, w, ldw, pf, K, acc); break;                                    \
+    default: break;                                                                                            \
+    }                                                                                                          \
+  }                                                                                                            \
+  ATTR static void block_t_##SFX(float *c, int64_t ldc, const A_T *a, int64_t lda, const uint16_t *w, int64_t ldw, \
+                                 int64_t N, int64_t mc, int64_t K, bool acc) {                                 \
+    int64_t rows_ahead = TR_PF_BYTES / (2 * (ldw > 0 ? ldw : 1)), m = 0;                                       \
+    int64_t pf = (rows_ahead < Z_MR ? Z_MR : rows_ahead) * ldw;                                                \
+    for (; m + Z_MR <= mc; m += Z_MR) rows_##SFX(Z_MR, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);   \
+    for (; m < mc; m++) rows_##SFX(1, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);                    \
+  }
+
 KG_AVX512_INLINE void tile_z(const int mr, const int nr, float *c, int64_t ldc, const float *a, int64_t lda,
                              const uint16_t *w, int64_t ldw, int64_t pf, int64_t K, bool acc) {
   __m512 s[Z_NR][Z_MR];
@@ -264,38 +302,10 @@ KG_AVX512_INLINE void tile_z(const int mr, const int nr, float *c, int64_t ldc, 
       for (int j = 0; j < nr; j++) s[j][i] = _mm512_fmadd_ps(av[j], wv, s[j][i]);
     }
   }
-  for (int j = 0; j < nr; j++) {
-    float r[Z_MR];
-    if (mr == Z_MR)
-      _mm_storeu_ps(r, hsum4(half_sum(s[j][0]), half_sum(s[j][1]), half_sum(s[j][2]), half_sum(s[j][3])));
-    else
-      for (int i = 0; i < mr; i++) r[i] = hsum1(half_sum(s[j][i]));
-    float *cj = c + j * ldc;
-    for (int i = 0; i < mr; i++) cj[i] = acc ? cj[i] + r[i] : r[i];
-  }
+  store_dot_sums(s, mr, nr, c, ldc, acc);
 }
 
-KG_AVX512_INLINE void rows_z(const int mr, float *c, int64_t ldc, const float *a, int64_t lda, const uint16_t *w,
-                             int64_t ldw, int64_t pf, int64_t N, int64_t K, bool acc) {
-  int64_t n = 0;
-  for (; n + Z_NR <= N; n += Z_NR) tile_z(mr, Z_NR, c + n * ldc, ldc, a + n * lda, lda, w, ldw, pf, K, acc);
-  float *cn = c + n * ldc;
-  const float *an = a + n * lda;
-  switch (N - n) {
-  case 3: tile_z(mr, 3, cn, ldc, an, lda, w, ldw, pf, K, acc); break;
-  case 2: tile_z(mr, 2, cn, ldc, an, lda, w, ldw, pf, K, acc); break;
-  case 1: tile_z(mr, 1, cn, ldc, an, lda, w, ldw, pf, K, acc); break;
-  default: break;
-  }
-}
-
-KG_AVX512 static void block_t_avx512(float *c, int64_t ldc, const float *a, int64_t lda, const uint16_t *w,
-                                     int64_t ldw, int64_t N, int64_t mc, int64_t K, bool acc) {
-  int64_t rows_ahead = TR_PF_BYTES / (2 * (ldw > 0 ? ldw : 1)), m = 0;
-  int64_t pf = (rows_ahead < Z_MR ? Z_MR : rows_ahead) * ldw;
-  for (; m + Z_MR <= mc; m += Z_MR) rows_z(Z_MR, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);
-  for (; m < mc; m++) rows_z(1, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);
-}
+DEFINE_DOT_DRIVERS(z, float, KG_AVX512_INLINE, KG_AVX512)
 
 /* ---- AVX512_BF16 variant of the b_trans layout (a's values are bf16) ------------------------ */
 /* vdpbf16ps multiplies 32 bf16 pairs and adds each pair's sum to an f32 lane: no widening of the
@@ -332,38 +342,10 @@ KG_DPBF16_INLINE void tile_d(const int mr, const int nr, float *c, int64_t ldc, 
       for (int j = 0; j < nr; j++) s[j][i] = _mm512_dpbf16_ps(s[j][i], (__m512bh)av[j], (__m512bh)wv);
     }
   }
-  for (int j = 0; j < nr; j++) {
-    float r[Z_MR];
-    if (mr == Z_MR)
-      _mm_storeu_ps(r, hsum4(half_sum(s[j][0]), half_sum(s[j][1]), half_sum(s[j][2]), half_sum(s[j][3])));
-    else
-      for (int i = 0; i < mr; i++) r[i] = hsum1(half_sum(s[j][i]));
-    float *cj = c + j * ldc;
-    for (int i = 0; i < mr; i++) cj[i] = acc ? cj[i] + r[i] : r[i];
-  }
+  store_dot_sums(s, mr, nr, c, ldc, acc);
 }
 
-KG_DPBF16_INLINE void rows_d(const int mr, float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *w,
-                           int64_t ldw, int64_t pf, int64_t N, int64_t K, bool acc) {
-  int64_t n = 0;
-  for (; n + Z_NR <= N; n += Z_NR) tile_d(mr, Z_NR, c + n * ldc, ldc, a + n * lda, lda, w, ldw, pf, K, acc);
-  float *cn = c + n * ldc;
-  const uint16_t *an = a + n * lda;
-  switch (N - n) {
-  case 3: tile_d(mr, 3, cn, ldc, an, lda, w, ldw, pf, K, acc); break;
-  case 2: tile_d(mr, 2, cn, ldc, an, lda, w, ldw, pf, K, acc); break;
-  case 1: tile_d(mr, 1, cn, ldc, an, lda, w, ldw, pf, K, acc); break;
-  default: break;
-  }
-}
-
-KG_DPBF16 static void block_t_dpbf16(float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *w,
-                                   int64_t ldw, int64_t N, int64_t mc, int64_t K, bool acc) {
-  int64_t rows_ahead = TR_PF_BYTES / (2 * (ldw > 0 ? ldw : 1)), m = 0;
-  int64_t pf = (rows_ahead < Z_MR ? Z_MR : rows_ahead) * ldw;
-  for (; m + Z_MR <= mc; m += Z_MR) rows_d(Z_MR, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);
-  for (; m < mc; m++) rows_d(1, c + m, ldc, a, lda, w + m * ldw, ldw, pf, N, K, acc);
-}
+DEFINE_DOT_DRIVERS(d, uint16_t, KG_DPBF16_INLINE, KG_DPBF16)
 
 /* ---- AVX512_BF16 variant for many rows (both layouts; a's values are bf16) ------------------ */
 /* The dot-product tile above ends every K block with 16 horizontal sums and reloads a for every
@@ -486,11 +468,11 @@ static void run_chunk(const plan *p, float *c, int64_t ldc, uint16_t *o16, int64
       continue;
     }
     if (p->a16) {
-      block_t_dpbf16(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
+      block_t_d(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
       continue;
     }
     if (p->avx512 && p->trans) {
-      block_t_avx512(c, ldc, ak, p->lda, wk, p->ldw, p->N, mc, kb, acc);
+      block_t_z(c, ldc, ak, p->lda, wk, p->ldw, p->N, mc, kb, acc);
       continue;
     }
     if (p->avx2) {
