@@ -12,6 +12,7 @@
  * Shape letters: B batch, H query heads, Hkv key/value heads, T query length, S key length,
  * D head dim. The reference recomputes the band itself (it does not use attention.h's).
  */
+#include "lab.h"
 #include <cpu/attention.h>
 #include <keng/keng.h>
 
@@ -295,26 +296,16 @@ static int check_case(const acase *c, int ci) {
 
 /* ---- timing -------------------------------------------------------------------------------- */
 
-/* process CPU time: the machine is shared, and wall time there moves by 2x between runs */
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 /* fastest CPU ms of fn(d) over runs calls after one warm-up (the least disturbed run) */
 static double time_ms(void (*fn)(run_data *), run_data *d, int runs) {
   double ts[64];
   fn(d);
   for (int i = 0; i < runs; i++) {
-    double t0 = now();
+    double t0 = lab_cpu_seconds();
     fn(d);
-    ts[i] = (now() - t0) * 1e3;
+    ts[i] = (lab_cpu_seconds() - t0) * 1e3;
   }
-  qsort(ts, (size_t)runs, sizeof(double), cmp_double);
+  qsort(ts, (size_t)runs, sizeof(double), lab_cmp_double);
   return ts[0];
 }
 

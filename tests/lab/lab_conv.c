@@ -12,6 +12,7 @@
  * =1 (AVX2 cap), =2 (AVX-512 cap), KENG_CONV_DIRECT_FORCE=1 (direct kernel at any size).
  * Shape letters: B batch, C in channels, M out channels, H/W input size, Ho/Wo output size.
  */
+#include "lab.h"
 #include <keng/keng.h>
 
 #include <math.h>
@@ -238,26 +239,17 @@ static int check(void) {
 
 /* ---- timing -------------------------------------------------------------------------------- */
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 /* median CPU ms of fn(d) over runs calls after one warm-up */
 static double time_ms(void (*fn)(run_data *), run_data *d, int runs) {
   double ts[64];
   if (runs > 64) runs = 64;
   fn(d);
   for (int i = 0; i < runs; i++) {
-    double t0 = now();
+    double t0 = lab_cpu_seconds();
     fn(d);
-    ts[i] = (now() - t0) * 1e3;
+    ts[i] = (lab_cpu_seconds() - t0) * 1e3;
   }
-  qsort(ts, (size_t)runs, sizeof(double), cmp_double);
+  qsort(ts, (size_t)runs, sizeof(double), lab_cmp_double);
   return ts[runs / 2];
 }
 

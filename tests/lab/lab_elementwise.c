@@ -13,6 +13,7 @@
  * (ulp 2^-149 there); gelu_tanh as |error| / (1 + |x|) (for x << 0, 0.5 x (1 + tanh) cancels,
  * as in the libm float formula); backward in absolute error (they cross zero, where ulp means
  * nothing; their values are O(1)). */
+#include "lab.h"
 #include <keng/keng.h>
 #include <keng/ops_api.h>
 #include <math.h>
@@ -179,12 +180,6 @@ static int check_all(int64_t stride, bool print) {
   return bad;
 }
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static void timing(void) {
   enum { N = 65536, REPS = 200 };
   kg_tensor *x;
@@ -196,14 +191,14 @@ static void timing(void) {
   for (int i = 0; i < NFN; i++) {
     double tk[5], tl[5];
     for (int r = 0; r < 5; r++) {
-      double t0 = now();
+      double t0 = lab_wall_seconds();
       for (int k = 0; k < REPS; k++) kg_tensor_release(run(&fns[i], x));
-      tk[r] = (now() - t0) / REPS / N * 1e9;
-      t0 = now();
+      tk[r] = (lab_wall_seconds() - t0) / REPS / N * 1e9;
+      t0 = lab_wall_seconds();
       if (fns[i].libm)
         for (int k = 0; k < REPS; k++)
           for (int j = 0; j < N; j++) buf[j] = fns[i].libm(xp[j]);
-      tl[r] = fns[i].libm ? (now() - t0) / REPS / N * 1e9 : 0;
+      tl[r] = fns[i].libm ? (lab_wall_seconds() - t0) / REPS / N * 1e9 : 0;
     }
     for (int a = 0; a < 5; a++)
       for (int b = a + 1; b < 5; b++) {

@@ -15,6 +15,7 @@
  *
  * Shape letters: N rows of a (tokens), K reduction, M output columns (weight rows for b_trans).
  */
+#include "lab.h"
 #include "cpu/gemm_bf16.h"
 
 #include <cblas.h>
@@ -26,12 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -106,7 +101,7 @@ static int run_check(void) {
   static const int64_t Ks[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 300};
   static const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 40, 515};
   int nK = sizeof Ks / sizeof *Ks, nM = sizeof Ms / sizeof *Ms;
-  double t0 = now();
+  double t0 = lab_wall_seconds();
   for (int vi = 0; vi < nvar; vi++)
     for (int tr = 0; tr < 2; tr++) {
       /* every N against the K and M edges */
@@ -146,7 +141,7 @@ static int run_check(void) {
             check_one(&pk, tr, N, M, K, v == 1 ? KG_BF16 : KG_F32, v == 2 ? 2 : 1, v == 3 ? 18 : 0);
           }
   }
-  printf("%d checks, %d failures (%.1f s)\n", checks, failures, now() - t0);
+  printf("%d checks, %d failures (%.1f s)\n", checks, failures, lab_wall_seconds() - t0);
   return failures ? 1 : 0;
 }
 
@@ -154,10 +149,6 @@ static int run_check(void) {
 
 /* median wall ms of reps calls */
 #define REPS 9
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
 
 typedef struct {
   bool trans, baseline;
@@ -179,12 +170,12 @@ static double time_ms(const timed *t, float *c, const float *a, const uint16_t *
   kg_gemm_bf16_opts o = {t->v, t->threads, 0, true}; /* timing only: a_bf16 lets DPBF16 run */
   openblas_set_num_threads(t->threads);
   for (int r = -1; r < reps; r++) {
-    double t0 = now();
+    double t0 = lab_wall_seconds();
     if (t->baseline) convert_sgemm(c, a, w, wf, t->trans, N, M, K);
     else kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, t->trans ? K : M, t->trans, N, M, K, &o);
-    if (r >= 0) ms[r] = (now() - t0) * 1e3;
+    if (r >= 0) ms[r] = (lab_wall_seconds() - t0) * 1e3;
   }
-  qsort(ms, (size_t)reps, sizeof *ms, cmp_d);
+  qsort(ms, (size_t)reps, sizeof *ms, lab_cmp_double);
   return ms[reps / 2];
 }
 
@@ -277,26 +268,26 @@ static void run_roofline(void) {
     kg_gemm_bf16_opts od = {KG_GEMM_BF16_DPBF16, th, 0, true};
     bool z = kg_cpu_gemm_bf16_avx512(), d = kg_cpu_gemm_bf16_dpbf16();
     for (int i = 0; i < 5; i++) {
-      double t0 = now();
+      double t0 = lab_wall_seconds();
       sink += read_all((const uint8_t *)w, bytes, th);
-      r[i] = bytes / (now() - t0) * 1e-9;
-      t0 = now();
+      r[i] = bytes / (lab_wall_seconds() - t0) * 1e-9;
+      t0 = lab_wall_seconds();
       kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, K, true, 1, M, K, &o2);
-      g[0][i] = bytes / (now() - t0) * 1e-9;
-      t0 = now();
+      g[0][i] = bytes / (lab_wall_seconds() - t0) * 1e-9;
+      t0 = lab_wall_seconds();
       if (z) kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, K, true, 1, M, K, &o5);
-      g[1][i] = z ? bytes / (now() - t0) * 1e-9 : 0;
-      t0 = now();
+      g[1][i] = z ? bytes / (lab_wall_seconds() - t0) * 1e-9 : 0;
+      t0 = lab_wall_seconds();
       if (d) kg_cpu_gemm_bf16(c, KG_F32, M, a, K, w, K, true, 1, M, K, &od);
-      g[2][i] = d ? bytes / (now() - t0) * 1e-9 : 0;
-      t0 = now(); /* the same buffer read as W [K', M'] = [16384, 32768] with x [1, 16384] */
+      g[2][i] = d ? bytes / (lab_wall_seconds() - t0) * 1e-9 : 0;
+      t0 = lab_wall_seconds(); /* the same buffer read as W [K', M'] = [16384, 32768] with x [1, 16384] */
       kg_cpu_gemm_bf16(c, KG_F32, K, a, M, w, K, false, 1, K, M, &o2);
-      g[3][i] = bytes / (now() - t0) * 1e-9;
+      g[3][i] = bytes / (lab_wall_seconds() - t0) * 1e-9;
     }
-    qsort(r, 5, sizeof *r, cmp_d);
+    qsort(r, 5, sizeof *r, lab_cmp_double);
     printf("| %d | %.1f |", th, r[2]);
     for (int v = 0; v < 4; v++) {
-      qsort(g[v], 5, sizeof *g[v], cmp_d);
+      qsort(g[v], 5, sizeof *g[v], lab_cmp_double);
       printf(" %.1f (%.0f%%) |", g[v][2], 100 * g[v][2] / r[2]);
     }
     printf("\n");

@@ -20,6 +20,7 @@
  * dw sum over rows); bf16 output 8e-3 (its rounding is 2^-9 relative). Selections and dropout
  * are exact.
  */
+#include "lab.h"
 #include <keng/keng.h>
 #include <keng/ops_api.h>
 #include <keng/scalar.h>
@@ -403,18 +404,13 @@ static int check_in_child(const char *label, const char *const *env) {
 
 /* ---- timing ------------------------------------------------------------------------------- */
 
-static double cpu_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
-}
 #define TIME(label, elems, stmt)                                                        \
   do {                                                                                  \
     double best = 1e30;                                                                 \
     for (int rr = 0; rr < runs; rr++) {                                                 \
-      double t0 = cpu_ms();                                                             \
+      double t0 = (lab_cpu_seconds() * 1e3);                                                             \
       stmt;                                                                             \
-      double t = cpu_ms() - t0;                                                         \
+      double t = (lab_cpu_seconds() * 1e3) - t0;                                                         \
       if (t < best) best = t;                                                           \
     }                                                                                   \
     printf("  %-40s %8.3f ms  %6.3f ns/elem\n", label, best, best * 1e6 / (double)(elems)); \
