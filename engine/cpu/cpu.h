@@ -26,6 +26,10 @@ void kg_cpu_exp_f32(float *y, const float *x, int64_t n);
  * time (AVX2 when present); defined in random.c */
 void kg_cpu_philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i, int64_t n);
 
+/* The CPU has AVX2 + FMA and KENG_NO_SIMD=1 does not switch the vector paths off (the kernel labs
+ * run both); used by the vector kernels of elementwise.c and rows_simd.h. Defined in iter.c. */
+bool kg_cpu_avx2_fma(void);
+
 /* Compute in double for f64 and for integers (exact to 2^53), float otherwise. */
 static inline bool kg_cpu_wide(kg_dtype dt) { return dt == KG_F64 || dt == KG_I64 || dt == KG_I32; }
 

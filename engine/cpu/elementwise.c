@@ -209,22 +209,12 @@ __attribute__((target("avx2,fma"))) static int64_t exp_family8(int op, float *y,
 #undef VP
 #undef VC
 
-static int have_avx2_fma = -1;
-/* KENG_NO_SIMD=1 forces the scalar fallbacks (the kernel lab checks both paths) */
-static bool use_avx2_fma(void) {
-  if (have_avx2_fma < 0) {
-    const char *off = getenv("KENG_NO_SIMD");
-    __builtin_cpu_init();
-    have_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && *off && *off != '0');
-  }
-  return have_avx2_fma == 1;
-}
 #endif
 
 static void tanh_family(int op, float *y, const float *x, const float *g, int64_t n) {
   int64_t i = 0;
 #ifdef KG_X86
-  if (use_avx2_fma()) i = tanh_family8(op, y, x, g, n);
+  if (kg_cpu_avx2_fma()) i = tanh_family8(op, y, x, g, n);
 #endif
   for (; i < n; i++) {
     float v = x[i];
@@ -241,7 +231,7 @@ static void tanh_family(int op, float *y, const float *x, const float *g, int64_
 static void exp_family(int op, float *y, const float *x, const float *g, int64_t n) {
   int64_t i = 0;
 #ifdef KG_X86
-  if (use_avx2_fma()) i = exp_family8(op, y, x, g, n);
+  if (kg_cpu_avx2_fma()) i = exp_family8(op, y, x, g, n);
 #endif
   for (; i < n; i++) {
     float v = x[i];

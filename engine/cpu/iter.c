@@ -3,12 +3,27 @@
 
 #include <keng/scalar.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define KG_X86 1
 #endif
+
+bool kg_cpu_avx2_fma(void) {
+  static int on = -1;
+  if (on < 0) {
+#if defined(__x86_64__) || defined(__i386__)
+    const char *off = getenv("KENG_NO_SIMD");
+    __builtin_cpu_init();
+    on = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && *off && *off != '0');
+#else
+    on = 0;
+#endif
+  }
+  return on == 1;
+}
 
 /* ---- vectorised bf16 <-> f32 runs (unit stride): AVX2 when the CPU has it, else scalar ---- */
 

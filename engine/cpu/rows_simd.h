@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cpu.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #define KG_ROWS_X86 1
 #include <immintrin.h>
@@ -21,19 +23,7 @@
 
 #define ROWS_BLOCK 256
 
-static inline bool kg_rows_avx2(void) {
-#ifdef KG_ROWS_X86
-  static int have = -1;
-  if (have < 0) {
-    const char *off = getenv("KENG_NO_SIMD");
-    __builtin_cpu_init();
-    have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && *off && *off != '0');
-  }
-  return have == 1;
-#else
-  return false;
-#endif
-}
+static inline bool kg_rows_avx2(void) { return kg_cpu_avx2_fma(); }
 
 #ifdef KG_ROWS_X86
 __attribute__((target("avx2,fma"))) static inline float kg_rows_hsum8(__m256 v) {
