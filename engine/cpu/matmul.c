@@ -11,7 +11,8 @@
  * with AVX2, gemm_bf16.c reads b as bf16 instead (no conversion pass); with AVX512_BF16 also any
  * number of rows of a bf16 a (its vdpbf16ps kernel). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
- * point at the same matrix. See docs/kernels.md for the figures.
+ * point at the same matrix. A tall product (>= MM_SPLIT_ROWS rows) is split by rows among our
+ * threads, one single-threaded GEMM each. See docs/kernels.md for the figures.
  *
  * kg_cpu_linear (y = x wᵀ + b) runs the same product with b = wᵀ (a strided view, no copy) and
  * adds the bias inside the product: each output block in the compute type is first filled with
@@ -34,6 +35,8 @@
 #define MM_BLOCK_BYTES (256 * 1024)
 /* flops below which a blocked product stays on one thread */
 #define MM_PAR_FLOPS (4 << 20)
+/* rows from which a product is split among our threads by rows (rows_gemm) */
+#define MM_SPLIT_ROWS 4096
 
 /* an [R, C] operand: base pointer, dtype, element strides */
 typedef struct {
@@ -143,6 +146,32 @@ static void store_bias_f32(char *out, kg_dtype odt, const float *c, const float 
       for (int64_t j = 0; j < n; j++) row[j] = c[r * M + j0 + j] + bias[j0 + j];
       kg_cpu_store_f32(out + (r * M + j0) * os, odt, 1, row, n);
     }
+}
+
+/* C[N, M] (compute type wt, contiguous) = A[N, K] @ B[K, M] (+ bias). A tall product is split
+ * by rows among our threads, one single-threaded GEMM each (bias rows written just before):
+ * 7-10% faster than OpenBLAS's own threading on BERT's [32768, 128] x [128, 128(512)], level
+ * on SAM's 1024-row products (docs/kernels.md). */
+static void rows_gemm(kg_dtype wt, int64_t N, int64_t M, int64_t K, const mat *A, const mat *B, void *C,
+                      const void *bias) {
+  int ws = kg_dtype_info[wt].size;
+  int nt = 2.0 * (double)N * (double)M * (double)K >= MM_PAR_FLOPS ? kg_num_threads() : 1;
+  if (nt == 1 || N < MM_SPLIT_ROWS) {
+    if (bias) fill_bias(wt, C, M, N, M, bias, 0, pass_threads(N * M));
+    gemm(wt, N, M, K, A, B, C, M, bias != NULL);
+    return;
+  }
+  int64_t rb = ((N + nt - 1) / nt + 15) / 16 * 16;                   /* one block per thread */
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t blk = 0; blk < nt; blk++) {
+    int64_t r0 = blk * rb, nr = N - r0 < rb ? N - r0 : rb;
+    if (nr <= 0) continue;
+    mat Ab = *A;
+    Ab.p = (const char *)A->p + (A->trans ? r0 : r0 * A->ld) * ws;
+    char *Cb = (char *)C + r0 * M * ws;
+    if (bias) fill_bias(wt, Cb, M, nr, M, bias, 0, 1);
+    gemm(wt, nr, M, K, &Ab, B, Cb, M, bias != NULL);
+  }
 }
 
 /* out[N, M] (contiguous, dtype odt) = A[N, K] @ B[K, M] (+ bias, wt, when not NULL): B
@@ -329,8 +358,7 @@ static kg_status run_product(const product *p, const char *op) {
       st = kg_error(KG_ERR_OOM, op, "out of memory for the f32 result");
       break;
     }
-    if (p->bias) fill_bias(wt, cp, M, N, M, p->bias, 0, pass_threads(N * M));
-    gemm(wt, N, M, K, &A, &B, cp, M, p->bias != NULL);
+    rows_gemm(wt, N, M, K, &A, &B, cp, p->bias);
     if (cp != optr) kg_cpu_store_f32(optr, odt, 1, cp, N * M);
   }
   buf_free(&abuf);

@@ -65,6 +65,21 @@ describe("linear values", function()
     end
   end)
 
+  it("a tall product (>= 4096 rows) split by rows among the threads: bias, transposed x, f32/f64", function()
+    keng.manual_seed(15)
+    local nt = keng.num_threads()
+    keng.set_num_threads(3)                                      -- an odd split of 4101 rows
+    for _, dt in ipairs({"f32", "f64"}) do
+      local w, b = keng.randn({40, 32}):to(dt), keng.randn({40}):to(dt)
+      local x = keng.randn({4101, 32}):to(dt)
+      local xt = keng.randn({32, 4101}):to(dt):transpose()             -- rows strided: a transposed A
+      H.close(keng.linear(x, w, b), ref(x, w, b), TOL[dt], dt .. " tall x with bias")
+      H.close(keng.linear(xt, w, b), ref(xt, w, b), TOL[dt], dt .. " tall transposed x with bias")
+      H.close(keng.linear(xt, w), ref(xt, w), TOL[dt], dt .. " tall transposed x without bias")
+    end
+    keng.set_num_threads(nt)
+  end)
+
   it("bf16 past 32 rows (the packed vdpbf16ps kernel with AVX512_BF16): bias, odd K, 3-D x", function()
     keng.manual_seed(13)
     for _, shape in ipairs({{33, 37}, {100, 257}, {3, 50, 300}}) do
