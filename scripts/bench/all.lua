@@ -179,7 +179,8 @@ for i, row in ipairs(rows) do
       .. " is not there yet"
     print("not implemented")
   else
-    local ctx = {tier = opts.tier, steps = opts.steps, dtype = dtype, device = device}
+    local ctx = {tier = opts.tier, steps = opts.steps, dtype = dtype, device = device,
+                 repeats = config.diff_repeats[opts.tier]}
     if tty then
       ctx.on_step = function(s, n, ms)
         io.write(string.format("\r%s ... step %d/%d %.1f ms ", label, s, n, ms))

@@ -91,13 +91,14 @@ function common.time_predict(model, x, ctx, items)
   end)
 end
 
--- generate: one untimed call, then (time of 1 + steps calls - time of 1 call) / steps
+-- generate: one untimed call, then (time of 1 + steps calls - time of 1 call) / steps, ctx.repeats
+-- times (config.diff_repeats)
 function common.time_generate(lm, prompts, gen_opts, ctx, items)
   lm:eval()
   return keng.no_grad(function()
     return bench.run_diff(function(k)
       for _ = 1, k do lm:generate(prompts, gen_opts) end
-    end, {short = 1, steps = ctx.steps, items = items, on_step = ctx.on_step})
+    end, {short = 1, steps = ctx.steps, repeats = ctx.repeats, items = items, on_step = ctx.on_step})
   end)
 end
 

@@ -97,6 +97,10 @@ config.rows = {
 -- default timed steps per tier (the warm-up step comes on top and is not timed)
 config.default_steps = {gpu = 100, cpu = 10}
 
+-- repeats of a difference-rule row (generate, SD predict), whose mean is reported: one
+-- difference of two runs on a shared 2-core machine moved by 20-40% from run to run
+config.diff_repeats = {gpu = 1, cpu = 3}
+
 -- dense peak TFLOP/s of known GPUs {f32 (non-tensor-core), bf16 tensor core, dense}
 config.gpu_peaks = {
   {match = "H200", f32 = 67, bf16 = 989},

@@ -148,17 +148,26 @@ def time_steps(fn, steps):
     return secs
 
 
-def time_diff(fn, steps, short=1):
+# repeats of a difference-rule row (scripts/bench/config.lua diff_repeats.cpu)
+DIFF_REPEATS = 3
+
+
+def time_diff(fn, steps, short=1, repeats=DIFF_REPEATS):
+    """(t(short + steps) - t(short)) / steps, `repeats` times (one value each), as keng's
+    bench.run_diff with config.diff_repeats on the CPU tier"""
     fn(short)  # untimed
-    t0 = time.perf_counter()
-    fn(short)
-    t_short = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fn(short + steps)
-    t_long = time.perf_counter() - t0
-    if t_long < t_short:
-        print(f"(noise: t({short}+N) {t_long:.3f}s < t({short}) {t_short:.3f}s) ", end="")
-    return [max(t_long - t_short, 0.0) / steps]
+    per = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(short)
+        t_short = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fn(short + steps)
+        t_long = time.perf_counter() - t0
+        if t_long < t_short:
+            print(f"(noise: t({short}+N) {t_long:.3f}s < t({short}) {t_short:.3f}s) ", end="")
+        per.append(max(t_long - t_short, 0.0) / steps)
+    return per
 
 
 # ---- SAM and Stable Diffusion (sizes of scripts/models/sam.lua sam_tiny and stable_diffusion.lua sd_tiny)
