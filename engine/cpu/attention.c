@@ -291,7 +291,7 @@ static inline void rope_rotate_f32(float x1, float x2, float cs, float sn, float
 }
 
 /* in: x [..., T, D] contiguous, positions [T] or [Bp, T]; out like x. Angle = pos · base^(-2i/D),
- * computed in f64; cos/sin tabulated once per (position row, t). */
+ * computed in f64; cos/sin tabulated once per (distinct position row, t). */
 kg_status kg_cpu_rope(const kg_op_call *c) {
   const kg_tensor *x = c->in[0], *pos = c->in[1];
   kg_tensor *y = c->out[0];
@@ -299,17 +299,33 @@ kg_status kg_cpu_rope(const kg_op_call *c) {
   int64_t D = x->shape[x->ndim - 1], T = x->shape[x->ndim - 2], half = D / 2;
   int64_t nrow = kg_numel(x) / D, Bp = pos->ndim == 2 ? pos->shape[0] : 1;
   int64_t rows_per_b = Bp > 1 ? nrow / Bp : nrow; /* x's first dim is Bp when Bp > 1 */
-  double *tab = malloc(sizeof(double) * (size_t)(2 * Bp * T * half + 1));
+  /* the cos/sin table is most of the op's time at decode sizes: a batch row of positions equal
+   * to the previous one (decode of equal-length prompts) shares its entries (same[b]) */
+  double *tab = malloc(sizeof(double) * (size_t)(2 * Bp * T * half + half) + sizeof(int64_t) * (size_t)Bp + 8);
   if (!tab) return kg_error(KG_ERR_OOM, "rope", "out of memory for the cos/sin table");
+  double *inv_freq = tab + 2 * Bp * T * half;
+  int64_t *same = (int64_t *)(inv_freq + half);
+  for (int64_t i = 0; i < half; i++) inv_freq[i] = pow(p->base, -2.0 * (double)i / (double)D);
+#define ROPE_POS(b, t) \
+  kg_load_as_double(kg_data(pos), pos->dtype, (b) * (pos->ndim == 2 ? pos->stride[0] : 0) + (t) * pos->stride[pos->ndim - 1])
+  for (int64_t b = 0; b < Bp; b++) {
+    same[b] = b;
+    if (b == 0) continue;
+    bool eq = true;
+    for (int64_t t = 0; t < T && eq; t++) eq = ROPE_POS(b, t) == ROPE_POS(b - 1, t);
+    if (eq) same[b] = same[b - 1];
+  }
+#pragma omp parallel for if (Bp * T * half > KG_PAR_THRESHOLD / 8) schedule(static)
   for (int64_t bt = 0; bt < Bp * T; bt++) {
-    int64_t pi = (bt / T) * pos->stride[0] * (pos->ndim == 2) + (bt % T) * pos->stride[pos->ndim - 1];
-    double ps = kg_load_as_double(kg_data(pos), pos->dtype, pi);
+    if (same[bt / T] != bt / T) continue;
+    double ps = ROPE_POS(bt / T, bt % T);
     for (int64_t i = 0; i < half; i++) {
-      double th = ps * pow(p->base, -2.0 * (double)i / (double)D);
+      double th = ps * inv_freq[i];
       tab[2 * (bt * half + i)] = cos(th);
       tab[2 * (bt * half + i) + 1] = sin(th);
     }
   }
+#undef ROPE_POS
   const char *xb = kg_data(x);
   char *yb = kg_data(y);
   int es = (int)kg_elem_size(x);
@@ -320,7 +336,7 @@ kg_status kg_cpu_rope(const kg_op_call *c) {
     float bf[2 * KG_CHUNK];
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < nrow; r++) {
-      const double *cs = tab + 2 * ((r / rows_per_b % Bp) * T + r % T) * half;
+      const double *cs = tab + 2 * (same[r / rows_per_b % Bp] * T + r % T) * half;
       for (int64_t i0 = 0; i0 < half; i0 += KG_CHUNK) {
         int64_t n = half - i0 < KG_CHUNK ? half - i0 : KG_CHUNK;
         const char *x1 = xb + (r * D + i0) * es, *x2 = x1 + half * es;

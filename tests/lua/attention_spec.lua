@@ -306,6 +306,13 @@ describe("rope", function()
     H.close(y, ref_rope(x, pos, 10000), 1e-5, "positions [T]")
     local pb = keng.tensor({{3, 4, 5, 6, 7}, {0, 0, 1, 1, 9}}, {dtype = "i32"})
     H.close(keng.rope(x, pb, {base = 500}), ref_rope(x, pb, 500), 1e-5, "positions [B,T], base 500")
+    -- batch rows of positions equal to the previous row share table entries (decode): runs of
+    -- equal rows, a row equal to an earlier but not the previous one, strided positions
+    local x4 = keng.randn({4, 2, 3, 8})
+    local p4 = keng.tensor({{5, 6, 7}, {5, 6, 7}, {1, 2, 3}, {5, 6, 7}}, {dtype = "i64"})
+    H.close(keng.rope(x4, p4), ref_rope(x4, p4, 10000), 1e-5, "equal position rows")
+    local p4t = keng.tensor({{5, 5, 1, 5}, {6, 6, 2, 6}, {7, 7, 3, 7}}, {dtype = "i64"}):transpose()
+    H.close(keng.rope(x4, p4t), ref_rope(x4, p4, 10000), 1e-5, "equal position rows, strided")
     -- position 0 is the identity; positions matter
     H.close(keng.rope(x, keng.zeros({5}, {dtype = "i64"})), x, 0, "position 0")
     H.close(keng.rope(x:narrow(3, 1, 1), keng.tensor({0}, {dtype = "i64"})), x:narrow(3, 1, 1), 0, "first row")
