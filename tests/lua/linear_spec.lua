@@ -80,6 +80,23 @@ describe("linear values", function()
     keng.set_num_threads(nt)
   end)
 
+  it("a small output with a long K split by K among the threads: bias, transposed x, f32/f64", function()
+    keng.manual_seed(16)
+    local nt = keng.num_threads()
+    for _, threads in ipairs({2, 3}) do
+      keng.set_num_threads(threads)
+      for _, dt in ipairs({"f32", "f64"}) do
+        local w, b = keng.randn({40, 2001}):to(dt), keng.randn({40}):to(dt)
+        local x = keng.randn({50, 2001}):to(dt)
+        local xt = keng.randn({2001, 50}):to(dt):transpose()       -- the weight-gradient layout gᵀ·x
+        local msg = dt .. " " .. threads .. " threads"
+        H.close(keng.linear(x, w, b), ref(x, w, b), TOL[dt] * 4, msg .. " with bias")
+        H.close(keng.linear(xt, w), ref(xt, w), TOL[dt] * 4, msg .. " transposed x without bias")
+      end
+    end
+    keng.set_num_threads(nt)
+  end)
+
   it("bf16 past 32 rows (the packed vdpbf16ps kernel with AVX512_BF16): bias, odd K, 3-D x", function()
     keng.manual_seed(13)
     for _, shape in ipairs({{33, 37}, {100, 257}, {3, 50, 300}}) do
