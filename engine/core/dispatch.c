@@ -75,15 +75,91 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* "op dtype[shape]... -> dtype[shape]..." into line (size >= 1024 for the log; shorter is cut) */
+static void op_line(char *line, size_t size, kg_op op, int nout, kg_tensor *const *out, int nin,
+                    const kg_tensor *const *in, int pad) {
+  char b[KG_SHAPE_STR_MAX];
+  int n = snprintf(line, size, "%-*s", pad, kg_op_info[op].name);
+  for (int i = 0; i < nin && n < (int)size - 1; i++)
+    if (in[i]) n += snprintf(line + n, size - n, " %s%s", kg_dtype_info[in[i]->dtype].name, KG_SHAPE(in[i], b));
+  if (n < (int)size - 1) n += snprintf(line + n, size - n, " ->");
+  for (int i = 0; i < nout && n < (int)size - 1; i++)
+    if (out[i]) n += snprintf(line + n, size - n, " %s%s", kg_dtype_info[out[i]->dtype].name, KG_SHAPE(out[i], b));
+}
+
 static void log_op(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in, double ms) {
-  char line[1024], b[KG_SHAPE_STR_MAX], dev[16];
-  int n = snprintf(line, sizeof line, "%-16s", kg_op_info[op].name);
-  for (int i = 0; i < nin && n < 900; i++)
-    if (in[i]) n += snprintf(line + n, sizeof line - n, " %s%s", kg_dtype_info[in[i]->dtype].name, KG_SHAPE(in[i], b));
-  n += snprintf(line + n, sizeof line - n, " ->");
-  for (int i = 0; i < nout && n < 900; i++)
-    if (out[i]) n += snprintf(line + n, sizeof line - n, " %s%s", kg_dtype_info[out[i]->dtype].name, KG_SHAPE(out[i], b));
+  char line[1024], dev[16];
+  op_line(line, 900, op, nout, out, nin, in, 16);
   kg_log("%s %s %.3f ms", line, kg_device_name(nout && out[0] ? out[0]->device : in[0]->device, dev), ms);
+}
+
+/* ---- op profile (kg_profile_start / kg_profile_stop) -------------------------------------------
+ * Entries in first-seen order, found by an open-addressing hash of the line. Ops run from the
+ * host thread only (kernels thread inside), so no lock. */
+#define PROFILE_SLOTS (2 * KG_PROFILE_MAX)
+static struct {
+  bool on;
+  int n;
+  kg_profile_entry *e;
+  int *slot; /* index + 1 into e, 0 empty */
+} prof;
+
+void kg_profile_start(void) {
+  if (!prof.e) {
+    prof.e = calloc(KG_PROFILE_MAX, sizeof *prof.e);
+    prof.slot = calloc(PROFILE_SLOTS, sizeof *prof.slot);
+    if (!prof.e || !prof.slot) {
+      free(prof.e), free(prof.slot);
+      prof.e = NULL, prof.slot = NULL;
+      return; /* no profile rather than no ops */
+    }
+  }
+  kg_profile_clear();
+  prof.on = true;
+}
+void kg_profile_clear(void) {
+  if (prof.slot) memset(prof.slot, 0, PROFILE_SLOTS * sizeof *prof.slot);
+  prof.n = 0;
+}
+void kg_profile_stop(void) { prof.on = false; }
+bool kg_profiling(void) { return prof.on; }
+const kg_profile_entry *kg_profile_entries(int *n) {
+  *n = prof.e ? prof.n : 0;
+  return prof.e;
+}
+
+static void profile_add(kg_op op, int nout, kg_tensor *const *out, int nin, const kg_tensor *const *in, double ms,
+                        uint64_t flops) {
+  char line[256];
+  op_line(line, sizeof line, op, nout, out, nin, in, 0);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *c = line; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  kg_profile_entry *e = NULL;
+  for (uint64_t i = h % PROFILE_SLOTS;; i = (i + 1) % PROFILE_SLOTS) {
+    int k = prof.slot[i];
+    if (k && strcmp(prof.e[k - 1].line, line) == 0) {
+      e = &prof.e[k - 1];
+      break;
+    }
+    if (k) continue;
+    if (prof.n < KG_PROFILE_MAX - 1) { /* a new line (the last entry is kept for "(other)") */
+      e = &prof.e[prof.n++];
+      *e = (kg_profile_entry){.op = kg_op_info[op].name};
+      memcpy(e->line, line, sizeof line);
+      prof.slot[i] = prof.n;
+    } else {
+      e = &prof.e[KG_PROFILE_MAX - 1];
+      if (prof.n == KG_PROFILE_MAX - 1) {
+        *e = (kg_profile_entry){.op = "(other)"};
+        strcpy(e->line, "(other)");
+        prof.n = KG_PROFILE_MAX;
+      }
+    }
+    break;
+  }
+  e->calls++;
+  e->ms += ms;
+  e->flops += flops;
 }
 
 /* ---- numerics guard (KENG_CHECK_NUMERICS=1 or kg_set_check_numerics) ------------------------ */
@@ -214,14 +290,18 @@ kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, con
   if (empty) return KG_OK; /* nothing to compute */
   kg_op_call call = {op, nin, nout, in, out, params};
   int dbg = kg_debug_level();
-  double t0 = dbg ? now_ms() : 0;
+  bool timed = dbg || prof.on;
+  double t0 = timed ? now_ms() : 0;
+  uint64_t f0 = prof.on ? kg_flop_count() : 0;
   kg_status s = k(&call);
   /* Ctrl-C: long kernels stop early at their next poll; either way the result is dropped */
   if (s == KG_OK && kg_interrupt_pending()) s = kg_error(KG_ERR_INTERRUPTED, kg_op_info[op].name, "interrupted");
   if (s == KG_OK && kg_check_numerics() && numerics_checkable(dev)) s = check_outputs(op, nout, out, nin, in);
-  if (dbg && s == KG_OK) {
+  if (timed && s == KG_OK) {
     if (dev.type == KG_DEV_CUDA) kg_device_synchronize(dev);
-    log_op(op, nout, out, nin, in, now_ms() - t0);
+    double ms = now_ms() - t0;
+    if (dbg) log_op(op, nout, out, nin, in, ms);
+    if (prof.on && prof.e) profile_add(op, nout, out, nin, in, ms, kg_flop_count() - f0);
   }
   return s;
 }

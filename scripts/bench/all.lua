@@ -2,6 +2,7 @@
 --
 --   keng scripts/bench/all.lua [--tier cpu|gpu] [--only bert,gemma_fit] [--steps N]
 --        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
+--        [--profile N]
 --
 -- Rows come from scripts/bench/config.lua and run through scripts/bench/<family>.lua. A row whose
 -- model file (scripts/models/<family>.lua) is not there prints "not implemented"; a row that
@@ -14,6 +15,7 @@ local here = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$")
 if here then package.path = here .. "/?.lua;" .. here .. "/lib/?.lua;" .. package.path end
 
 local bench = require "keng.bench"
+local profile = require "keng.profile"
 local progress = require "keng.progress"
 local config = require "bench.config"
 local json = require "bench.json"
@@ -23,7 +25,10 @@ local json = require "bench.json"
 
 local usage = [[usage: keng scripts/bench/all.lua [--tier cpu|gpu] [--only a,b] [--steps N]
        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
-  --only takes families (bert, gemma, mistral, sam, stable_diffusion/sd) or row ids (bert_fit, ...)]]
+       [--profile N]
+  --only takes families (bert, gemma, mistral, sam, stable_diffusion/sd) or row ids (bert_fit, ...)
+  --profile N prints each row's N costliest ops and op shapes per timed step (keng.profile; the
+              JSON keeps them under "profile")]]
 
 local function die(msg)
   io.stderr:write("all.lua: ", msg, "\n", usage, "\n")
@@ -46,6 +51,9 @@ local function parse(argv)
     end
     if key == "tier" or key == "dtype" or key == "format" or key == "out" or key == "compare" or key == "only" then
       o[key] = val
+    elseif key == "profile" then
+      o.profile = tonumber(val)
+      if not o.profile or o.profile < 1 or o.profile % 1 ~= 0 then die("--profile must be a positive integer") end
     elseif key == "steps" then
       o.steps = tonumber(val)
       if not o.steps or o.steps < 1 or o.steps % 1 ~= 0 then die("--steps must be a positive integer") end
@@ -180,7 +188,7 @@ for i, row in ipairs(rows) do
     print("not implemented")
   else
     local ctx = {tier = opts.tier, steps = opts.steps, dtype = dtype, device = device,
-                 repeats = config.diff_repeats[opts.tier]}
+                 repeats = config.diff_repeats[opts.tier], profile = opts.profile ~= nil}
     if tty then
       ctx.on_step = function(s, n, ms)
         io.write(string.format("\r%s ... step %d/%d %.1f ms ", label, s, n, ms))
@@ -194,6 +202,12 @@ for i, row in ipairs(rows) do
     if tty then io.write("\r", label, " ... ") end
     if ok then
       r.times_ms = json.array(r.times_ms)
+      local prof = r.profile
+      if prof then                                   -- the JSON keeps the costliest lines only
+        local top = {}
+        for i = 1, math.min(#prof.entries, math.max(opts.profile, 40)) do top[i] = prof.entries[i] end
+        r.profile = {total_ms = prof.total_ms, ops = json.array(prof.ops), entries = json.array(top)}
+      end
       for k, v in pairs(r) do if res[k] == nil then res[k] = v end end
       res.status = "ok"
       local pk = peak_tflops(dtype)
@@ -202,6 +216,7 @@ for i, row in ipairs(rows) do
         res.median_ms, res.min_ms, res.stddev_ms,
         res.items_per_s and string.format("  %.1f items/s", res.items_per_s) or "", res.tflops or 0,
         res.pct_peak and string.format(" (%.1f%% of peak)", res.pct_peak) or ""))
+      if prof then print(profile.report(prof, {top = opts.profile})) end
     else
       any_failed = true
       res.status = "failed"

@@ -75,7 +75,8 @@ end
 function common.time_fit(model, x, y, opt, loss_fn, ctx, items)
   model:train()
   local step, warmup, g = bench.graphed(function() return common.fit_step(model, x, y, opt, loss_fn) end, ctx)
-  local r = bench.run(step, {steps = ctx.steps, warmup = warmup, items = items, on_step = ctx.on_step})
+  local r = bench.run(step, {steps = ctx.steps, warmup = warmup, items = items, on_step = ctx.on_step,
+                                profile = ctx.profile})
   r.graph, r.graph_error = g.graph, g.graph_error
   return r
 end
@@ -85,7 +86,8 @@ function common.time_predict(model, x, ctx, items)
   model:eval()
   return keng.no_grad(function()
     local step, warmup, g = bench.graphed(function() return model(x) end, ctx)
-    local r = bench.run(step, {steps = ctx.steps, warmup = warmup, items = items, on_step = ctx.on_step})
+    local r = bench.run(step, {steps = ctx.steps, warmup = warmup, items = items, on_step = ctx.on_step,
+                                profile = ctx.profile})
     r.graph, r.graph_error = g.graph, g.graph_error
     return r
   end)
@@ -98,7 +100,8 @@ function common.time_generate(lm, prompts, gen_opts, ctx, items)
   return keng.no_grad(function()
     return bench.run_diff(function(k)
       for _ = 1, k do lm:generate(prompts, gen_opts) end
-    end, {short = 1, steps = ctx.steps, repeats = ctx.repeats, items = items, on_step = ctx.on_step})
+    end, {short = 1, steps = ctx.steps, repeats = ctx.repeats, items = items, on_step = ctx.on_step,
+                                profile = ctx.profile})
   end)
 end
 

@@ -42,7 +42,8 @@ function M.run(row, ctx)
         if not info.shapes.masks then info.shapes.masks, info.shapes.iou_pred = out.masks.shape, out.iou_pred.shape end
         return out.masks, out.iou_pred
       end, ctx)
-      local res = bench.run(step, {steps = ctx.steps, warmup = warmup, items = B, on_step = ctx.on_step})
+      local res = bench.run(step, {steps = ctx.steps, warmup = warmup, items = B, on_step = ctx.on_step,
+                                    profile = ctx.profile})
       res.graph, res.graph_error = g.graph, g.graph_error
       return res
     end)

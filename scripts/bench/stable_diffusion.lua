@@ -42,7 +42,8 @@ function M.run(row, ctx)
       return bench.run_diff(function(k)
         gen.num_steps = k
         img = pipe:text_to_image(row.prompt, gen)                  -- u8 [B, S, S, 3]
-      end, {short = SHORT, steps = ctx.steps, repeats = ctx.repeats, items = B, on_step = ctx.on_step})
+      end, {short = SHORT, steps = ctx.steps, repeats = ctx.repeats, items = B, on_step = ctx.on_step,
+                  profile = ctx.profile})
     end)
     local f = pipe.vae_scale
     info.shapes = {images = img.shape, latents = {B, pipe.latent_channels, S // f, S // f}}

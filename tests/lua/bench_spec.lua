@@ -256,10 +256,11 @@ end)
 describe("all.lua smoke (child process)", function()
   local KENG = find_keng()
 
-  it("runs --steps 2 --only bert and writes a JSON that follows the schema", function()
+  it("runs --steps 2 --only bert --profile 3 and writes a JSON that follows the schema", function()
     assert.is_truthy(KENG, "no keng binary found (set KENG_BIN)")
     local out_dir = tmp .. "/results"
-    local cmd = string.format("cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --steps 2 --only bert --out %s 2>&1",
+    local cmd = string.format(
+      "cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --steps 2 --only bert --profile 3 --out %s 2>&1",
       sh_quote(root), sh_quote(KENG), sh_quote(out_dir))
     local p = io.popen(cmd)
     local out = p:read("a")
@@ -291,12 +292,19 @@ describe("all.lua smoke (child process)", function()
         assert.are.equal(2, #r.times_ms)
         assert.is_true(r.min_ms <= r.mean_ms)
         assert.is_table(r.shapes.token_ids)
+        -- the per-step profile: a product is BERT's costliest op, its lines carry shapes
+        assert.is_true(#r.profile.ops > 3 and #r.profile.entries > 3, r.id .. " profile")
+        local top = r.profile.ops[1].op
+        assert.is_truthy(top == "linear" or top == "matmul", r.id .. " costliest op " .. top)
+        assert.is_true(r.profile.total_ms > 0 and r.profile.total_ms <= r.max_ms * 1.01, r.id .. " profile total")
+        assert.is_truthy(r.profile.entries[1].line:find("%]"), r.profile.entries[1].line)
       else
         assert.is_nil(r.mean_ms)
       end
       assert.are.equal("ok", r.status, r.id .. ": " .. tostring(r.reason))   -- never "not implemented"
     end
     assert.is_falsy(out:find("not implemented", 1, true), out)
+    assert.is_truthy(out:find("(all ops)", 1, true), out)                 -- --profile printed
     assert.are.equal(0, code, out)
     assert.is_truthy(io.open((file:gsub("%.json$", ".md"))), "no Markdown file")
     local png = image.read_png((file:gsub("%.json$", ".png")))
@@ -310,5 +318,10 @@ describe("all.lua smoke (child process)", function()
     local _, _, code = p:close()
     assert.are.equal(2, code)
     assert.is_truthy(out:find("--tier must be cpu or gpu", 1, true), out)
+    p = io.popen(string.format("cd %s && %s scripts/bench/all.lua --profile 0 2>&1", sh_quote(root), sh_quote(KENG)))
+    out = p:read("a")
+    _, _, code = p:close()
+    assert.are.equal(2, code)
+    assert.is_truthy(out:find("--profile must be a positive integer", 1, true), out)
   end)
 end)

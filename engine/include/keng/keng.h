@@ -301,6 +301,23 @@ void kg_set_num_threads(int n);
 /* KENG_DEBUG level (0 = off): 1 logs each op with shapes, dtype, device and time. */
 int kg_debug_level(void);
 void kg_log(const char *fmt, ...);
+/* Op profile: between kg_profile_start (clears it) and kg_profile_stop, every op that runs adds
+ * its wall time (device synchronised), call count and counted FLOPs to an entry per distinct
+ * "op dtype[shape]... -> dtype[shape]..." line (the KENG_DEBUG format without the time). At
+ * most KG_PROFILE_MAX entries; later new lines are counted in the last one, "(other)". */
+#define KG_PROFILE_MAX 4096
+typedef struct {
+  char line[256];
+  const char *op;
+  uint64_t calls, flops;
+  double ms;
+} kg_profile_entry;
+void kg_profile_start(void);
+void kg_profile_stop(void);
+void kg_profile_clear(void);
+bool kg_profiling(void);
+/* the entries in first-seen order; *n their count (valid until the next kg_profile_start) */
+const kg_profile_entry *kg_profile_entries(int *n);
 /* FLOPs counted by matmul, convolution and attention since start (for the benchmarks). */
 uint64_t kg_flop_count(void);
 void kg_flop_add(uint64_t n);

@@ -11,6 +11,7 @@
 -- rule: (time of a long run - time of a short run) / difference, so fixed costs cancel.
 -- `bench.graphed` turns a step into CUDA Graph replays on the GPU tier (fit and predict rows).
 local keng = require "keng"
+local profile = require "keng.profile"
 
 local bench = {}
 
@@ -50,6 +51,8 @@ end
 -- opts.items: items per step (samples, tokens) for items/s; opts.on_step(i, steps, ms) is called
 -- after each timed step (live progress); opts.gc: run a full collection before each step
 -- outside the clock (default true, so one step's garbage is not charged to the next).
+-- opts.profile: also profile the timed steps op by op (keng.profile; it times every op, so the
+-- step times then include that small cost); r.profile is the profile of one step.
 function bench.run(fn, opts)
   opts = opts or {}
   if type(fn) ~= "function" then error("bench.run: expected a function, got " .. type(fn), 2) end
@@ -57,18 +60,22 @@ function bench.run(fn, opts)
   if steps < 1 then error("bench.run: steps must be >= 1, got " .. tostring(steps), 2) end
   local gc = opts.gc ~= false
   for i = 1, warmup do fn(-i) end
-  local secs, flops = {}, 0
+  local secs, flops, profiles = {}, 0, {}
   for i = 1, steps do
     if gc then collectgarbage() end
     sync()
+    if opts.profile then profile.start() end
     local f0, t0 = keng.flop_count(), keng.time()
     fn(i)
     sync()
     local t1, f1 = keng.time(), keng.flop_count()
+    if opts.profile then profiles[i] = {profile.stop(), 1 / steps} end
     secs[i], flops = t1 - t0, flops + (f1 - f0)
     if opts.on_step then opts.on_step(i, steps, secs[i] * 1e3) end
   end
-  return finish({warmup = warmup}, secs, flops, opts.items)
+  local r = finish({warmup = warmup}, secs, flops, opts.items)
+  if opts.profile then r.profile = profile.combine(profiles) end
+  return r
 end
 
 -- The difference rule: fn(k) runs the workload with k repetitions inside (k generate() calls,
@@ -82,15 +89,21 @@ function bench.run_diff(fn, opts)
   if long <= short then error("bench.run_diff: long must exceed short", 2) end
   local repeats = opts.repeats or 1
   fn(short)
-  local per, flops, raw = {}, 0, {}
+  local per, flops, raw, profiles = {}, 0, {}, {}
   for i = 1, repeats do
     local function clock(k)
       collectgarbage()
       sync()
+      if opts.profile then profile.start() end
       local f0, t0 = keng.flop_count(), keng.time()
       fn(k)
       sync()
-      return keng.time() - t0, keng.flop_count() - f0
+      local t, f = keng.time() - t0, keng.flop_count() - f0
+      if opts.profile then      -- per repetition by the same rule: (long - short) / (long - short)
+        local w = (k == long and 1 or -1) / ((long - short) * repeats)
+        profiles[#profiles + 1] = {profile.stop(), w}
+      end
+      return t, f
     end
     local ts, fs = clock(short)
     local tl, fl = clock(long)
@@ -101,6 +114,7 @@ function bench.run_diff(fn, opts)
   end
   local r = finish({warmup = 1, short = short, long = long}, per, flops, opts.items)
   r.steps, r.raw = long - short, raw
+  if opts.profile then r.profile = profile.combine(profiles) end
   return r
 end
 
