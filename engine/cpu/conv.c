@@ -20,8 +20,14 @@
  * skip im2col and the GEMM: fwd (so also the stride-1 data gradient) and bwd_weight run a
  * direct AVX-512 or AVX2+FMA kernel (runtime-checked; KENG_CONV_DIRECT caps it, 0 = off) that
  * skips padding taps; see "direct kernel for small images" below.
+ * f32 3x3 convs with stride 1, dilation 1 and one group go first to Winograd F(4x4, 3x3)
+ * (conv_winograd.c: 36 instead of 144 multiplies per 16 outputs and channel pair) where its
+ * measured rule picks it (>= 8 input and >= 16 output channels, >= 64 output pixels per image,
+ * most of the 4x4 tiles inside the image); that covers fwd and the stride-1 data gradient
+ * (KENG_CONV_WINOGRAD=0 off, =1 / =2 caps the ISA of its GEMM kernel).
  * The reference is the nested-loop convolution in tests/lua/conv_spec.lua; figures in
- * docs/kernels.md ("Convolution and elementwise"). */
+ * docs/kernels.md ("Convolution and elementwise", "Winograd convolution"). */
+#include "conv_winograd.h"
 #include "cpu.h"
 
 #include <cblas.h>
@@ -660,6 +666,10 @@ static bool conv_bwd_weight_direct(const geom *g, bool wide, const float *im, co
 /* col (+ bias[G*M] when given) = w @ im2col(im), tile by tile */
 static kg_status conv_fwd(const geom *g, bool wide, const void *im, const void *w, const void *bias, void *col) {
   int es = wide ? 8 : 4;
+  if (!wide) {
+    kg_wino_shape ws = {g->B, g->C, g->H, g->W, g->M, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->G};
+    if (kg_cpu_conv_winograd(col, im, w, bias, &ws)) return KG_OK;
+  }
   if (conv_fwd_direct(g, wide, im, w, bias, col)) return KG_OK;
   int64_t K = kdim(g), P = npix(g), M = g->M;
   tiling tl = make_tiling(g);

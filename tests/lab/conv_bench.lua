@@ -2,6 +2,7 @@
 -- 16x16 batch 26): forward under no_grad, and forward + sum + backward (dx, dw, db); median
 -- process CPU time (os.clock), so run it with KENG_NUM_THREADS=1. Peer: conv_bench.py.
 --   KENG_NUM_THREADS=1 keng tests/lab/conv_bench.lua [runs] [name filter, e.g. unet]
+-- KENG_CONV_WINOGRAD=0 / KENG_CONV_DIRECT=0 time the paths those kernels replaced.
 local keng = require "keng"
 local runs = tonumber(arg[1]) or 5
 package.path = (arg[0]:match("^(.*)/") or ".") .. "/?.lua;" .. package.path

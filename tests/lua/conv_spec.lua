@@ -263,6 +263,57 @@ describe("conv2d", function()
     end)
   end
 
+  -- f32 3x3 convs with stride 1 at 8x8 and more output pixels, 8+ input and 16+ output
+  -- channels take Winograd F(4x4, 3x3) when the CPU has AVX2+FMA (engine/cpu/conv_winograd.c):
+  -- 6x6 input tiles, partial tiles at the right and bottom edges, any padding; the stride-1
+  -- data gradient (a conv of dy with the flipped kernel, 16+ input channels) runs through it
+  -- too. Checked against f64 (the GEMM path); tests/lab/lab_conv.c checks it forced at every
+  -- H, W in 1..11 and padding 0..2. KENG_CONV_WINOGRAD=0 switches it off.
+  local winograd = {
+    {name = "13x11, padding 1, dx too", x = {2, 16, 13, 11}, w = {20, 16, 3, 3}, o = {padding = 1}},
+    {name = "padding 2, odd channels", x = {1, 9, 10, 9}, w = {17, 9, 3, 3}, o = {padding = 2}},
+    {name = "padding 0, 3 images", x = {3, 12, 12, 14}, w = {33, 12, 3, 3}, o = {padding = 0}},
+    {name = "asymmetric padding, dx (padding 2, 0)", x = {2, 24, 9, 12}, w = {16, 24, 3, 3}, o = {padding = {0, 2}}},
+  }
+  for _, c in ipairs(winograd) do
+    it("f32 Winograd-size convs match f64 with gradients: " .. c.name, function()
+      keng.manual_seed(14)
+      -- weights at the scale of an initialised layer (1/sqrt(C*9)): Winograd's rounding error
+      -- follows the magnitudes of the whole 6x6 tile, so with N(0, 1) weights (outputs ~17) a
+      -- corner output of a few terms misses 1e-4 of 1 + |y| (seen: 1.35e-4 at |y| = 0.34)
+      local x, w, b = H.leaf(c.x), H.leaf(c.w, 1 / math.sqrt(c.w[2] * 9)), H.leaf({c.w[1]})
+      local ref, shape = ref_conv2d(x, w, b, c.o)
+      local r = keng.randn(shape, {dtype = "f64"})
+      ;(keng.conv2d(x, w, b, c.o) * r):sum():backward()
+      local xf, wf, bf = x:detach():float(), w:detach():float(), b:detach():float()
+      xf.requires_grad, wf.requires_grad, bf.requires_grad = true, true, true
+      local y = keng.conv2d(xf, wf, bf, c.o)
+      same_shape(y, shape)
+      H.close(y, ref, 1e-4, c.name)
+      ;(y * r:float()):sum():backward()
+      H.close(xf.grad, x.grad:float(), 1e-4, c.name .. " dx")
+      H.close(wf.grad, w.grad:float(), 1e-4, c.name .. " dw")
+      H.close(keng.conv2d(H.noncontig(xf:detach()), H.noncontig(wf:detach()), bf:detach(), c.o), y, 0,
+        c.name .. " noncontig")
+    end)
+  end
+
+  it("f32 Winograd at VAE-like sizes (several tile blocks, two threads) matches f64", function()
+    keng.manual_seed(15)
+    local x, w, b = keng.randn({2, 40, 37, 34}, {dtype = "f64"}), keng.randn({48, 40, 3, 3}, {dtype = "f64"}) * 0.1,
+      keng.randn({48}, {dtype = "f64"})
+    local ref = keng.conv2d(x, w, b, {padding = 1})
+    local y = keng.conv2d(x:float(), w:float(), b:float(), {padding = 1})
+    H.close(y, ref:float(), 1e-4)
+    -- relative to the largest output: 4.4e-6 by Winograd, 4.4e-7 by the GEMM path
+    local err = (y:double() - ref):abs():max():item() / ref:abs():max():item()
+    assert(err < 1e-5, string.format("max error %.3g of the largest output", err))
+    -- conv_transpose2d with stride 1 is the flipped-kernel conv: Winograd too
+    local xt, wt = keng.randn({2, 24, 12, 13}, {dtype = "f64"}), keng.randn({24, 16, 3, 3}, {dtype = "f64"})
+    local rt = keng.conv_transpose2d(xt, wt, nil, {padding = 1})
+    H.close(keng.conv_transpose2d(xt:float(), wt:float(), nil, {padding = 1}), rt:float(), 1e-4, "conv_transpose2d")
+  end)
+
   it("gradients match finite differences for a batch of small images", function()
     keng.manual_seed(13)
     local x, w, b = H.leaf({4, 16, 2, 3}), H.leaf({16, 16, 3, 3}), H.leaf({16})
