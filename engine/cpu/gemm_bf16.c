@@ -19,9 +19,9 @@
  * in L2 while the chunk's weight rows stream past it. See docs/kernels.md ("Decode") for figures.
  *
  * Training rows (past 32 rows of a whose values are bf16, AVX512_BF16): a packed kernel for both
- * layouts, the weight packed per K block into panels of bf16 pairs along K, an 8 x 32 tile of
- * vdpbf16ps; a may be passed as bf16 as it lies (opts.a16). See docs/kernels.md ("bf16 GEMM for
- * training rows").
+ * layouts, a (in L2-sized blocks) and the weight (one panel at a time) packed per K block as bf16
+ * pairs along K, an 8 x 32 tile of vdpbf16ps; a may be passed as bf16 as it lies (opts.a16), also
+ * transposed (opts.a16_trans: dW = g^T x). See docs/kernels.md ("bf16 GEMM for training rows").
  */
 #include "gemm_bf16.h"
 
@@ -40,6 +40,10 @@
 #define GB_PACK_ROWS 32
 /* widest chunk of output columns (bounds the per-thread f32 buffer for a bf16/f16 output) */
 #define GB_MAX_CHUNK 512
+/* widest chunk of the packed kernel: a's K block is packed once per chunk */
+#ifndef GB_PACK_CHUNK
+#define GB_PACK_CHUNK 2048
+#endif
 /* K block of the x @ W layout: its 16-column tiles walk down W, and with a power-of-two row
  * stride a longer walk evicts the lines before the next tile uses their other half (lab: 64 rows
  * 38% of the read roofline, 256 rows 14%) */
@@ -54,8 +58,16 @@ typedef struct {
   const uint16_t *w;
   int64_t lda, ldw, N, K, kc;
   bool trans, avx2, avx512;
-  bool packed; /* the many-rows dpbf16 kernel (a16 set) */
+  bool packed;    /* the many-rows dpbf16 kernel (a16, or a holding bf16 values) */
+  bool a16_trans; /* packed: a[n, k] = a16[k * lda16 + n] */
+  int64_t kb_rows;  /* packed: 0, or rows of a per block when the row blocks are the outer loop
+                       (every panel of B packed once for all of K) */
 } plan;
+
+/* per-thread packing buffers of the many-rows kernel */
+typedef struct {
+  uint32_t *a, *b;
+} packbuf;
 
 /* ---- scalar variant (any CPU; also the reference order of the tails) ------------------------ */
 
@@ -349,93 +361,316 @@ DEFINE_DOT_DRIVERS(d, uint16_t, KG_DPBF16_INLINE, KG_DPBF16)
 
 /* ---- AVX512_BF16 variant for many rows (both layouts; a's values are bf16) ------------------ */
 /* The dot-product tile above ends every K block with 16 horizontal sums and reloads a for every
- * 4 rows of W; past ~32 rows of a the usual GEMM form wins: a panel of P_NC output columns is
- * packed once per K block as bf16 pairs along K (word [p][j] = {B[2p, j], B[2p + 1, j]}, the
- * layout vdpbf16ps multiplies), and every row tile of a streams past it: per pair of k, P_NV
- * loads of the panel and one 32-bit broadcast of a per row feed P_NR x P_NV vdpbf16ps, summed in
- * registers (no horizontal sums). In the b_trans layout a pair is two adjacent elements of a row
- * of W (one 32-bit load); in the x @ W layout it interleaves two rows of W. */
-#define P_NV 2           /* vectors of 16 columns per tile */
+ * 4 rows of W; past ~32 rows of a the usual GEMM form wins. Per K block of P_KC:
+ *   - a is taken P_A_BYTES at a time (1024 rows at K block 256: the block stays in L2) and packed
+ *     into micro-panels of P_NR rows, word [p][r] = {a[r, 2p], a[r, 2p + 1]}, so that the tile's
+ *     8 broadcasts per pair read one 32-byte run. a may be bf16 row-major, bf16 transposed (dW =
+ *     g^T x: two rows of g interleave into the pairs of 32 rows of a) or f32 holding bf16 values
+ *     (the high halves). A narrow chunk of columns (few panels to share the packing) reads a
+ *     bf16 row-major a as it lies instead, unless its row stride is a multiple of 4 KiB (then the
+ *     tile's 8 rows share one L1 set);
+ *   - B is packed one panel of P_NC columns at a time as bf16 pairs along K (word [p][j] =
+ *     {B[2p, j], B[2p + 1, j]}, the layout vdpbf16ps multiplies; in the b_trans layout a pair is
+ *     two adjacent elements of a row of W, in the x @ W layout it interleaves two rows of W) just
+ *     before its use: the panel (16 KiB, in L1) meets every micro-panel of the a block. Per pair
+ *     of k, P_NV loads of the panel and P_NR 32-bit broadcasts of a feed P_NR x P_NV vdpbf16ps,
+ *     summed in registers (no horizontal sums).
+ * An odd last k is a pair whose high half is 0 on both sides; rows past the end of a are 0 in the
+ * micro-panel (read as row 0 when a is read as it lies) and not stored. The sizes are macros so
+ * that the lab can build variants (docs/kernels.md has the losing ones). */
+#ifndef P_NV
+#define P_NV 2 /* vectors of 16 columns per tile (lab: 3 no faster) */
+#endif
 #define P_NC (16 * P_NV) /* columns per packed panel */
-#define P_NR 8           /* rows of a per tile: 16 accumulators (lab: 8 x 3 and 6 x 4 no faster) */
-#define P_KC 256         /* K block (elements): the panel is P_KC / 2 x P_NC words = 16 KiB, in L1 */
+#define P_NR 8           /* rows of a per tile: 16 accumulators (the packing of a assumes 8) */
+#ifndef P_KC
+#define P_KC 256 /* K block (elements): a panel is P_KC / 2 x P_NC words = 16 KiB, in L1 (320, 384, 512 alike) */
+#endif
+#ifndef P_A_BYTES
+#define P_A_BYTES (512 * 1024) /* block of a (1024 rows at K block 256), in L2 (256 KiB slower) */
+#endif
+#ifndef P_B_ALL_BYTES
+#define P_B_ALL_BYTES (1 << 20) /* panels of a chunk for all of K: rows outside the K blocks */
+#endif
+#ifndef P_C_BYTES
+#define P_C_BYTES (256 * 1024) /* f32 sums of a row block when the rows are outside, in L2 */
+#endif
+#ifndef P_DIRECT_COLS
+#define P_DIRECT_COLS 512 /* chunks up to this wide read a bf16 a as it lies */
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1 /* where the next tile's rows of c are fetched */
+#endif
 
-/* panel[p * P_NC + j] = {B[k0 + 2p, j], B[k0 + 2p + 1, j]} for columns j < nc (0 beyond, and 0 for
- * the missing half of an odd last pair); B[k, m] as in plan */
-static void pack_panel(uint32_t *panel, const uint16_t *w, int64_t ldw, bool trans, int64_t m0, int64_t nc,
-                       int64_t k0, int64_t kb) {
-  int64_t np = (kb + 1) / 2;
-  for (int64_t pi = 0; pi < np; pi++) {
-    int64_t k = k0 + 2 * pi;
-    bool two = k + 1 < k0 + kb;
-    uint32_t *dst = panel + pi * P_NC;
-    for (int64_t j = 0; j < nc; j++) {
-      uint16_t lo, hi;
-      if (trans) lo = w[(m0 + j) * ldw + k], hi = two ? w[(m0 + j) * ldw + k + 1] : 0;
-      else lo = w[k * ldw + m0 + j], hi = two ? w[(k + 1) * ldw + m0 + j] : 0;
-      dst[j] = (uint32_t)lo | (uint32_t)hi << 16;
-    }
-    for (int64_t j = nc; j < P_NC; j++) dst[j] = 0;
+/* mp[p * ld + j] = word p of r[j], p < 16, j < 8: the 8 x 16 transpose of 32-bit words */
+KG_DPBF16_INLINE void transpose_8x16(uint32_t *mp, int64_t ld, const __m512i r[8]) {
+  __m512i t[8], u[8];
+  for (int j = 0; j < 4; j++) { /* lane L of t[2j] (t[2j + 1]): rows 2j, 2j + 1 of words 4L, 4L + 1 (4L + 2, 4L + 3) */
+    t[2 * j] = _mm512_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
+    t[2 * j + 1] = _mm512_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
+  }
+  for (int h = 0; h < 2; h++) { /* lane L of u[4h + i]: rows 4h .. 4h + 3 of word 4L + i */
+    u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  for (int i = 0; i < 4; i++) { /* rows 0..7 of words i, 4 + i, 8 + i, 12 + i */
+    __m512i x = _mm512_permutex2var_epi64(u[i], lo, u[4 + i]), y = _mm512_permutex2var_epi64(u[i], hi, u[4 + i]);
+    _mm256_storeu_si256((__m256i *)(mp + i * ld), _mm512_castsi512_si256(x));
+    _mm256_storeu_si256((__m256i *)(mp + (4 + i) * ld), _mm512_extracti64x4_epi64(x, 1));
+    _mm256_storeu_si256((__m256i *)(mp + (8 + i) * ld), _mm512_castsi512_si256(y));
+    _mm256_storeu_si256((__m256i *)(mp + (12 + i) * ld), _mm512_extracti64x4_epi64(y, 1));
   }
 }
 
-/* c[nr, nc] (+)= a[nr, kb] @ panel; a is bf16 (row stride lda); nr in 1..P_NR. With o16 (the
- * last K block of a bf16 output) the sums (+ c when acc) go there rounded, not to c. */
-KG_DPBF16_INLINE void tile_p(const int nr, float *c, int64_t ldc, uint16_t *o16, int64_t ldo, const uint16_t *a,
-                             int64_t lda, const uint32_t *panel, int64_t nc, int64_t kb, bool acc) {
-  __m512 s[P_NR][P_NV];
-  for (int j = 0; j < nr; j++)
-    for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_setzero_ps();
-  int64_t np = kb / 2, pi = 0;
-  for (; pi < np; pi++) {
+/* the panel of B for columns [m0, m0 + nc) (nc <= P_NC), K block [k0, k0 + kb):
+ * bp[p * P_NC + j] = {B[k0 + 2p, m0 + j], B[k0 + 2p + 1, m0 + j]}, 0 past column nc and for the
+ * missing half of an odd last pair; B[k, m] as in plan */
+KG_DPBF16 static void pack_b(uint32_t *bp, const uint16_t *w, int64_t ldw, bool trans, int64_t m0, int64_t nc,
+                             int64_t k0, int64_t kb) {
+  int64_t np = (kb + 1) / 2;
+  if (trans) { /* a pair is one 32-bit word of a row of W: 8 rows x 16 pairs at a time, transposed */
+    for (int64_t j = 0; j < P_NC; j += 8)
+      for (int64_t pi = 0; pi < np; pi += 16) {
+        int64_t left = kb - 2 * pi; /* k left in the block, >= 1 */
+        __mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+        __m512i r[8];
+        for (int i = 0; i < 8; i++)
+          r[i] = j + i < nc ? _mm512_maskz_loadu_epi16(m, w + (m0 + j + i) * ldw + k0 + 2 * pi) : _mm512_setzero_si512();
+        if (np - pi >= 16) {
+          transpose_8x16(bp + pi * P_NC + j, P_NC, r);
+          continue;
+        }
+        uint32_t tmp[16 * 8]; /* the last < 16 pairs: the panel ends here */
+        transpose_8x16(tmp, 8, r);
+        for (int64_t q = 0; q < np - pi; q++) memcpy(bp + (pi + q) * P_NC + j, tmp + q * 8, 32);
+      }
+    return;
+  }
+  for (int64_t pi = 0; pi < np; pi++) { /* two rows of W, zero-extended and interleaved */
+    const uint16_t *lo = w + (k0 + 2 * pi) * ldw + m0;
+    bool two = 2 * pi + 1 < kb;
+    for (int v = 0; v < P_NV; v++) {
+      int64_t left = nc - 16 * v;
+      __mmask16 m = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+      __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + 16 * v));
+      __m512i h = two ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + ldw + 16 * v)) : _mm512_setzero_si512();
+      _mm512_storeu_si512(bp + pi * P_NC + 16 * v, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+    }
+  }
+}
+
+/* micro-panels of a for rows [n0, n0 + nr), K block [k0, k0 + kb): micro-panel t at
+ * ap + t * np * P_NR, ap[p * P_NR + r] = {a[n0 + 8t + r, k0 + 2p], a[.., k0 + 2p + 1]}, 0 for rows
+ * past nr and for the missing half of an odd last pair. Row-major a goes 8 rows x 16 pairs at a
+ * time through a transpose of words (lab: scalar packing was 4-12% of 2048^3) */
+KG_DPBF16 static void pack_a(uint32_t *ap, const plan *p, int64_t n0, int64_t nr, int64_t k0, int64_t kb) {
+  int64_t np = (kb + 1) / 2;
+  const __m512i odd = _mm512_setr_epi32(0x30001, 0x70005, 0xb0009, 0xf000d, 0x130011, 0x170015, 0x1b0019, 0x1f001d,
+                                        0x230021, 0x270025, 0x2b0029, 0x2f002d, 0x330031, 0x370035, 0x3b0039,
+                                        0x3f003d); /* words 1, 3, .., 63: the high halves of 32 f32 */
+  if (p->a16_trans) { /* a[n, k] = a16[k * lda16 + n]: 32 rows (a cache line of two rows of a16) at a time */
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    for (int64_t t = 0; t * P_NR < nr; t += 4) {
+      int64_t r0 = n0 + t * P_NR, rows = nr - t * P_NR < 4 * P_NR ? nr - t * P_NR : 4 * P_NR;
+      __mmask32 m = rows >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << rows) - 1);
+      uint32_t *mp = ap + t * np * P_NR;
+      for (int64_t pi = 0; pi < np; pi++) {
+        const uint16_t *src = p->a16 + (k0 + 2 * pi) * p->lda16 + r0;
+        __m512i l = _mm512_maskz_loadu_epi16(m, src);
+        __m512i h = 2 * pi + 1 < kb ? _mm512_maskz_loadu_epi16(m, src + p->lda16) : _mm512_setzero_si512();
+        /* lane L of ul / uh: pairs of rows 8L .. 8L + 3 / 8L + 4 .. 8L + 7 */
+        __m512i ul = _mm512_unpacklo_epi16(l, h), uh = _mm512_unpackhi_epi16(l, h);
+        __m512i x = _mm512_permutex2var_epi64(ul, lo, uh), y = _mm512_permutex2var_epi64(ul, hi, uh);
+        _mm256_storeu_si256((__m256i *)(mp + pi * P_NR), _mm512_castsi512_si256(x));
+        if (rows > P_NR) _mm256_storeu_si256((__m256i *)(mp + (np + pi) * P_NR), _mm512_extracti64x4_epi64(x, 1));
+        if (rows > 2 * P_NR) _mm256_storeu_si256((__m256i *)(mp + (2 * np + pi) * P_NR), _mm512_castsi512_si256(y));
+        if (rows > 3 * P_NR) _mm256_storeu_si256((__m256i *)(mp + (3 * np + pi) * P_NR), _mm512_extracti64x4_epi64(y, 1));
+      }
+    }
+    return;
+  }
+  for (int64_t t = 0; t * P_NR < nr; t++) {
+    uint32_t *mp = ap + t * np * P_NR;
+    int64_t r0 = n0 + t * P_NR, rows = nr - t * P_NR < P_NR ? nr - t * P_NR : P_NR;
+    for (int64_t pi = 0; pi < np; pi += 16) { /* 16 pairs = 32 k of each row */
+      int64_t left = kb - 2 * pi;             /* k left in the block, >= 1 */
+      __m512i r[P_NR];
+      for (int j = 0; j < P_NR; j++) {
+        if (j >= rows) {
+          r[j] = _mm512_setzero_si512();
+        } else if (p->a16) {
+          __mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+          r[j] = _mm512_maskz_loadu_epi16(m, p->a16 + (r0 + j) * p->lda16 + k0 + 2 * pi);
+        } else { /* f32 holding bf16 values: the high halves, exact */
+          const float *f = p->a + (r0 + j) * p->lda + k0 + 2 * pi;
+          __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+          __mmask16 m1 = left >= 32 ? (__mmask16)0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+          __m512i x = _mm512_castps_si512(_mm512_maskz_loadu_ps(m0, f));
+          __m512i y = _mm512_castps_si512(_mm512_maskz_loadu_ps(m1, f + 16));
+          r[j] = _mm512_permutex2var_epi16(x, odd, y);
+        }
+      }
+      if (np - pi >= 16) {
+        transpose_8x16(mp + pi * P_NR, P_NR, r);
+      } else { /* the last < 16 pairs: through a buffer, the micro-panel ends here */
+        uint32_t tmp[16 * P_NR];
+        transpose_8x16(tmp, P_NR, r);
+        memcpy(mp + pi * P_NR, tmp, (size_t)((np - pi) * P_NR * 4));
+      }
+    }
+  }
+}
+
+/* s += micro-panel ap [8, 2 np] @ panel bp [2 np, P_NC] */
+KG_DPBF16_INLINE void dot_pairs(__m512 s[P_NR][P_NV], const uint32_t *ap, const uint32_t *bp, int64_t np) {
+  for (int64_t pi = 0; pi < np; pi++, ap += P_NR, bp += P_NC) {
     __m512i wv[P_NV];
-    for (int v = 0; v < P_NV; v++) wv[v] = _mm512_loadu_si512(panel + pi * P_NC + 16 * v);
-    for (int j = 0; j < nr; j++) {
+    for (int v = 0; v < P_NV; v++) wv[v] = _mm512_load_si512(bp + 16 * v);
+    for (int j = 0; j < P_NR; j++) {
+      __m512i av = _mm512_set1_epi32((int)ap[j]);
+      for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_dpbf16_ps(s[j][v], (__m512bh)av, (__m512bh)wv[v]);
+    }
+  }
+}
+
+/* the m lanes of q (+)= r, or with o (a bf16 output's last K block) o = q (+) r rounded */
+KG_DPBF16_INLINE void store_row(float *q, uint16_t *o, __m512 r, __mmask16 m, bool acc) {
+  if (acc) r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, q), r);
+  if (o) _mm256_mask_storeu_epi16(o, m, (__m256i)_mm512_cvtneps_pbh(r)); /* RNE */
+  else _mm512_mask_storeu_ps(q, m, r);
+}
+
+/* s += rows of a as they lie (bf16, row j at a + j * lda; rows past nr read row 0 and are not
+ * stored) [P_NR, kb] @ panel bp [kb, P_NC]; an odd last k broadcasts one bf16 (high half 0) */
+KG_DPBF16_INLINE void dot_rows(__m512 s[P_NR][P_NV], const uint16_t *a, int64_t lda, int nr, const uint32_t *bp,
+                               int64_t kb) {
+  const uint16_t *row[P_NR];
+  for (int j = 0; j < P_NR; j++) row[j] = a + (j < nr ? j : 0) * lda;
+  for (int64_t pi = 0; pi < kb / 2; pi++, bp += P_NC) {
+    __m512i wv[P_NV];
+    for (int v = 0; v < P_NV; v++) wv[v] = _mm512_load_si512(bp + 16 * v);
+    for (int j = 0; j < P_NR; j++) {
       uint32_t pair;
-      memcpy(&pair, a + j * lda + 2 * pi, 4);
+      memcpy(&pair, row[j] + 2 * pi, 4);
       __m512i av = _mm512_set1_epi32((int)pair);
       for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_dpbf16_ps(s[j][v], (__m512bh)av, (__m512bh)wv[v]);
     }
   }
-  if (kb % 2) { /* odd last k: a's missing half is 0, as is the panel's */
+  if (kb % 2) {
     __m512i wv[P_NV];
-    for (int v = 0; v < P_NV; v++) wv[v] = _mm512_loadu_si512(panel + pi * P_NC + 16 * v);
-    for (int j = 0; j < nr; j++) {
-      __m512i av = _mm512_set1_epi32((int)a[j * lda + 2 * pi]);
+    for (int v = 0; v < P_NV; v++) wv[v] = _mm512_load_si512(bp + 16 * v);
+    for (int j = 0; j < P_NR; j++) {
+      __m512i av = _mm512_set1_epi32((int)row[j][kb - 1]);
       for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_dpbf16_ps(s[j][v], (__m512bh)av, (__m512bh)wv[v]);
-    }
-  }
-  for (int v = 0; v < P_NV; v++) {
-    int64_t left = nc - 16 * v;
-    if (left <= 0) break;
-    __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-    for (int j = 0; j < nr; j++) {
-      float *p = c + j * ldc + 16 * v;
-      __m512 r = acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), s[j][v]) : s[j][v];
-      if (o16) _mm256_mask_storeu_epi16(o16 + j * ldo + 16 * v, m, (__m256i)_mm512_cvtneps_pbh(r)); /* RNE */
-      else _mm512_mask_storeu_ps(p, m, r);
     }
   }
 }
 
-/* c[N, nc] (+)= a[N, kb] @ panel, P_NR rows at a time */
-KG_DPBF16 static void rows_p(float *c, int64_t ldc, uint16_t *o16, int64_t ldo, const uint16_t *a, int64_t lda,
-                             const uint32_t *panel, int64_t N, int64_t nc, int64_t kb, bool acc) {
-  int64_t n = 0;
-  for (; n + P_NR <= N; n += P_NR)
-    tile_p(P_NR, c + n * ldc, ldc, o16 ? o16 + n * ldo : NULL, ldo, a + n * lda, lda, panel, nc, kb, acc);
-  float *cn = c + n * ldc;
-  uint16_t *on = o16 ? o16 + n * ldo : NULL;
-  const uint16_t *an = a + n * lda;
-  switch (N - n) {
-  case 7: tile_p(7, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
-  case 6: tile_p(6, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
-  case 5: tile_p(5, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
-  case 4: tile_p(4, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
-  case 3: tile_p(3, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
-  case 2: tile_p(2, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
-  case 1: tile_p(1, cn, ldc, on, ldo, an, lda, panel, nc, kb, acc); break;
-  default: break;
+/* c[nr, nc] (+)= micro-panel ap [8, kb] (or with ar the rows of a as they lie, row stride lda) @
+ * panel bp [kb, P_NC]; nr in 1..P_NR, nc in 1..P_NC.
+ * With o16 (the last K block of a bf16 output) the sums (+ c when acc) go there rounded, not to
+ * c. */
+KG_DPBF16_INLINE void tile_p(float *c, int64_t ldc, uint16_t *o16, int64_t ldo, const uint32_t *ap, const uint16_t *ar,
+                             int64_t lda, const uint32_t *bp, int64_t kb, int nr, int64_t nc, bool acc) {
+  __m512 s[P_NR][P_NV];
+  for (int j = 0; j < P_NR; j++)
+    for (int v = 0; v < P_NV; v++) s[j][v] = _mm512_setzero_ps();
+  /* c, read back after the loop, comes from L3 or DRAM: the next tile's rows are fetched now
+   * (lab: 2048^3 one thread 90 ms, 111 ms without; fetching this tile's own rows late in the
+   * loop as well gained nothing) */
+  if (acc)
+    for (int j = 0; j < P_NR; j++) /* past the last row too: a prefetch does not fault */
+      for (int v = 0; v < P_NV; v++) _mm_prefetch((const char *)(c + (j + P_NR) * ldc + 16 * v), PF_HINT);
+  if (ar) dot_rows(s, ar, lda, nr, bp, kb);
+  else dot_pairs(s, ap, bp, (kb + 1) / 2);
+  if (nr == P_NR && nc == P_NC) { /* constant indices only: the accumulators stay in registers */
+    for (int j = 0; j < P_NR; j++)
+      for (int v = 0; v < P_NV; v++) store_row(c + j * ldc + 16 * v, o16 ? o16 + j * ldo + 16 * v : NULL, s[j][v],
+                                               (__mmask16)0xffff, acc);
+    return;
+  }
+  float t[P_NR][P_NC]; /* an edge tile goes through a buffer */
+  for (int j = 0; j < P_NR; j++)
+    for (int v = 0; v < P_NV; v++) _mm512_storeu_ps(t[j] + 16 * v, s[j][v]);
+  for (int v = 0; v < P_NV && nc > 16 * v; v++) {
+    int64_t left = nc - 16 * v;
+    __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    for (int j = 0; j < nr; j++)
+      store_row(c + j * ldc + 16 * v, o16 ? o16 + j * ldo + 16 * v : NULL, _mm512_loadu_ps(t[j] + 16 * v), m, acc);
+  }
+}
+
+/* rows of a per packed block of np pairs: P_A_BYTES of micro-panels, a multiple of P_NR */
+static int64_t block_rows(int64_t np) {
+  int64_t r = P_A_BYTES / (np * 4) / P_NR * P_NR;
+  return r < P_NR ? P_NR : r;
+}
+
+/* c[nr, mc] (row n0 of the product at c, o16) = columns [m0, m0 + mc) of rows [n0, n0 + nr) of the
+ * product, one K block at a time; with o16 (bf16 output) the last block writes there instead.
+ * Per K block, each block of a is packed once (it stays in L2) and each panel of B is packed just
+ * before its use (it is in L1 for every micro-panel of the block) */
+KG_DPBF16 static void run_packed(const plan *p, const packbuf *pb, float *c, int64_t ldc, uint16_t *o16, int64_t ldo,
+                                 int64_t m0, int64_t mc, int64_t n0, int64_t nr) {
+  /* a bf16 a read as it lies when few panels would share its packing and its row stride does not
+   * put the tile's 8 rows in one L1 set (a multiple of 4 KiB) */
+  bool rows = p->a16 && !p->a16_trans && mc <= P_DIRECT_COLS && p->lda16 * 2 % 4096 != 0;
+  for (int64_t k0 = 0; k0 < p->K; k0 += p->kc) {
+    int64_t kb = p->K - k0 < p->kc ? p->K - k0 : p->kc, np = (kb + 1) / 2, mb = block_rows(np);
+    bool acc = k0 > 0, last = k0 + kb >= p->K;
+    for (int64_t i0 = 0; i0 < nr; i0 += mb) {
+      int64_t nb = nr - i0 < mb ? nr - i0 : mb;
+      if (!rows) pack_a(pb->a, p, n0 + i0, nb, k0, kb);
+      for (int64_t j = 0; j < mc; j += P_NC) {
+        int64_t nc = mc - j < P_NC ? mc - j : P_NC;
+        pack_b(pb->b, p->w, p->ldw, p->trans, m0 + j, nc, k0, kb);
+        for (int64_t t = 0; t * P_NR < nb; t++) {
+          int64_t r = i0 + t * P_NR;
+          int nrt = nb - t * P_NR < P_NR ? (int)(nb - t * P_NR) : P_NR;
+          uint16_t *o = o16 && last ? o16 + r * ldo + j : NULL;
+          const uint16_t *ar = rows ? p->a16 + (n0 + r) * p->lda16 + k0 : NULL;
+          tile_p(c + r * ldc + j, ldc, o, ldo, pb->a + t * np * P_NR, ar, p->lda16, pb->b, kb, nrt, nc, acc);
+        }
+      }
+    }
+  }
+}
+
+/* the same with the row blocks outside the K blocks (plan.kb_rows rows each): the f32 sums of a
+ * block of rows x mc stay in L2 from one K block to the next instead of streaming through DRAM,
+ * and every panel of B, packed once for all of K at the start, is reused by every row block */
+KG_DPBF16 static void run_packed_rows(const plan *p, const packbuf *pb, float *c, int64_t ldc, uint16_t *o16,
+                                      int64_t ldo, int64_t m0, int64_t mc, int64_t n0, int64_t nr) {
+  bool rows = p->a16 && !p->a16_trans && mc <= P_DIRECT_COLS && p->lda16 * 2 % 4096 != 0;
+  int64_t npan = (mc + P_NC - 1) / P_NC;
+  for (int64_t k0 = 0, off = 0; k0 < p->K; k0 += p->kc) { /* K block k0 at pb->b + off, panels np words apart */
+    int64_t kb = p->K - k0 < p->kc ? p->K - k0 : p->kc, np = (kb + 1) / 2;
+    for (int64_t j = 0; j < mc; j += P_NC)
+      pack_b(pb->b + off + j / P_NC * np * P_NC, p->w, p->ldw, p->trans, m0 + j, mc - j < P_NC ? mc - j : P_NC, k0, kb);
+    off += npan * np * P_NC;
+  }
+  for (int64_t i0 = 0; i0 < nr; i0 += p->kb_rows) {
+    int64_t nb = nr - i0 < p->kb_rows ? nr - i0 : p->kb_rows;
+    for (int64_t k0 = 0, off = 0; k0 < p->K; k0 += p->kc) {
+      int64_t kb = p->K - k0 < p->kc ? p->K - k0 : p->kc, np = (kb + 1) / 2;
+      bool acc = k0 > 0, last = k0 + kb >= p->K;
+      if (!rows) pack_a(pb->a, p, n0 + i0, nb, k0, kb);
+      for (int64_t j = 0; j < mc; j += P_NC) {
+        int64_t nc = mc - j < P_NC ? mc - j : P_NC;
+        const uint32_t *bp = pb->b + off + j / P_NC * np * P_NC;
+        for (int64_t t = 0; t * P_NR < nb; t++) {
+          int64_t r = i0 + t * P_NR;
+          int nrt = nb - t * P_NR < P_NR ? (int)(nb - t * P_NR) : P_NR;
+          uint16_t *o = o16 && last ? o16 + r * ldo + j : NULL;
+          const uint16_t *ar = rows ? p->a16 + (n0 + r) * p->lda16 + k0 : NULL;
+          tile_p(c + r * ldc + j, ldc, o, ldo, pb->a + t * np * P_NR, ar, p->lda16, bp, kb, nrt, nc, acc);
+        }
+      }
+      off += npan * np * P_NC;
+    }
   }
 }
 #else
@@ -449,24 +684,23 @@ bool kg_cpu_gemm_bf16_dpbf16(void) { return false; }
 /* c[N, mc] = columns [m0, m0 + mc) of the product, one K block at a time; with o16 (packed
  * kernel, bf16 output) the last block writes there instead. The packed kernel does rows
  * [n0, n0 + nr) only (c and o16 point at row n0); the others take n0 = 0, nr = N. */
-static void run_chunk(const plan *p, float *c, int64_t ldc, uint16_t *o16, int64_t ldo, int64_t m0, int64_t mc,
-                      int64_t n0, int64_t nr) {
+static void run_chunk(const plan *p, const packbuf *pb, float *c, int64_t ldc, uint16_t *o16, int64_t ldo, int64_t m0,
+                      int64_t mc, int64_t n0, int64_t nr) {
+#ifdef KG_X86
+  if (p->packed) {
+    if (p->kb_rows) run_packed_rows(p, pb, c, ldc, o16, ldo, m0, mc, n0, nr);
+    else run_packed(p, pb, c, ldc, o16, ldo, m0, mc, n0, nr);
+    return;
+  }
+#else
+  (void)pb, (void)o16, (void)ldo, (void)n0, (void)nr;
+#endif
   for (int64_t k0 = 0; k0 < p->K; k0 += p->kc) {
     int64_t kb = p->K - k0 < p->kc ? p->K - k0 : p->kc;
     bool acc = k0 > 0;
     const float *ak = p->a + k0;
     const uint16_t *wk = p->trans ? p->w + m0 * p->ldw + k0 : p->w + k0 * p->ldw + m0;
 #ifdef KG_X86
-    if (p->packed) {
-      uint32_t panel[P_KC / 2 * P_NC];
-      for (int64_t j = 0; j < mc; j += P_NC) {
-        int64_t nc = mc - j < P_NC ? mc - j : P_NC;
-        pack_panel(panel, p->w, p->ldw, p->trans, m0 + j, nc, k0, kb);
-        uint16_t *oj = o16 && k0 + kb >= p->K ? o16 + j : NULL;
-        rows_p(c + j, ldc, oj, ldo, p->a16 + n0 * p->lda16 + k0, p->lda16, panel, nr, nc, kb, acc);
-      }
-      continue;
-    }
     if (p->a16) {
       block_t_d(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
       continue;
@@ -524,8 +758,8 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
   cw = (cw + unit - 1) / unit * unit;
   if (cw > GB_MAX_CHUNK) cw = GB_MAX_CHUNK / unit * unit;
   int64_t nchunk = (M + cw - 1) / cw, nrb = 1; /* column chunks, row blocks */
-  if (p.packed) { /* wide chunks: the K block of a (N x P_KC bf16) is read once per chunk */
-    nchunk = (M + GB_MAX_CHUNK - 1) / GB_MAX_CHUNK;
+  if (p.packed) { /* wide chunks: the K block of a (N x P_KC bf16) is packed once per chunk */
+    nchunk = (M + GB_PACK_CHUNK - 1) / GB_PACK_CHUNK;
     if (nchunk < 4 * nt) nchunk = (nchunk + nt - 1) / nt * nt; /* as many per thread */
     cw = ((M + nchunk - 1) / nchunk + unit - 1) / unit * unit;
     nchunk = (M + cw - 1) / cw;
@@ -534,21 +768,42 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
   int64_t rbs = (N + nrb - 1) / nrb, nitem = nrb * nchunk;
   if (nt > nitem) nt = (int)nitem;
   if (o->a16 && !p.packed) return kg_error(KG_ERR_VALUE, "matmul", "bf16 a needs the packed AVX512_BF16 kernel");
-  bool dp = p.packed || (b_trans && o->a_bf16 && dp_cpu);
+  /* the dot-product dpbf16 tile reads a as bf16 rows: an exact bf16 copy of an f32 a (the
+   * packed kernel packs a itself) */
+  bool dp = !p.packed && b_trans && o->a_bf16 && dp_cpu;
   size_t a16_bytes = 0;
-  uint16_t *a16 = dp && !o->a16 ? kg_cpu_alloc((size_t)(N * K * 2), &a16_bytes) : NULL;
-  if (dp && !o->a16 && !a16) return kg_error(KG_ERR_OOM, "matmul", "out of memory packing operands");
+  uint16_t *a16 = dp ? kg_cpu_alloc((size_t)(N * K * 2), &a16_bytes) : NULL;
+  if (dp && !a16) return kg_error(KG_ERR_OOM, "matmul", "out of memory packing operands");
   for (int64_t n = 0; a16 && n < N; n++) kg_cpu_store_f32(a16 + n * K, KG_BF16, 1, a + n * lda, K); /* exact */
   p.a16 = o->a16 ? o->a16 : a16;
   p.lda16 = o->a16 ? o->lda16 : K;
+  p.a16_trans = o->a16 && o->a16_trans;
   bool direct = odt == KG_F32, oom = false;
   bool direct16 = p.packed && odt == KG_BF16; /* the tiles round into out themselves */
   bool need_cb = !direct && (!direct16 || K > p.kc); /* f32 sums between K blocks */
+  /* packed: a block of a and a panel of B, one K block of each */
+  size_t apk_want = 0, bpk_want = 0;
+#ifdef KG_X86
+  if (p.packed) { /* a block (block_rows of a K block, at most rbs rows), a panel */
+    int64_t pairs = (p.kc + 1) / 2, all = pairs * ((rbs + P_NR - 1) / P_NR * P_NR) * 4;
+    int64_t most = P_A_BYTES + pairs * P_NR * 4;
+    apk_want = (size_t)(all < most ? all : most), bpk_want = (size_t)(pairs * P_NC * 4);
+    /* several K blocks and a narrow chunk whose panels for all of K fit P_B_ALL_BYTES: row blocks
+     * outside (run_packed_rows), P_C_BYTES of f32 sums each */
+    int64_t nkb = (K + p.kc - 1) / p.kc, ball = (K / 2 + nkb) * ((cw + P_NC - 1) / P_NC) * P_NC * 4;
+    if (nkb > 1 && ball <= P_B_ALL_BYTES) {
+      int64_t r = P_C_BYTES / (cw * 4) / P_NR * P_NR, rmax = block_rows(pairs);
+      p.kb_rows = r < P_NR ? P_NR : r > rmax ? rmax : r;
+      bpk_want = (size_t)ball;
+    }
+  }
+#endif
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    size_t bytes = 0;
+    size_t bytes = 0, apk_bytes = 0, bpk_bytes = 0;
     float *cb = need_cb ? kg_cpu_alloc((size_t)(rbs * cw * 4), &bytes) : NULL;
-    if (need_cb && !cb) {
+    packbuf pb = {apk_want ? kg_cpu_alloc(apk_want, &apk_bytes) : NULL, bpk_want ? kg_cpu_alloc(bpk_want, &bpk_bytes) : NULL};
+    if ((need_cb && !cb) || (p.packed && (!pb.a || !pb.b))) {
 #pragma omp atomic write
       oom = true;
     }
@@ -560,17 +815,19 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
       if (nr <= 0) continue;
       char *orow = (char *)out + n0 * ldo * os;
       if (direct) {
-        run_chunk(&p, (float *)orow + m0, ldo, NULL, 0, m0, mc, n0, nr);
+        run_chunk(&p, &pb, (float *)orow + m0, ldo, NULL, 0, m0, mc, n0, nr);
         continue;
       }
       if (direct16) {
-        run_chunk(&p, cb, mc, (uint16_t *)orow + m0, ldo, m0, mc, n0, nr);
+        run_chunk(&p, &pb, cb, mc, (uint16_t *)orow + m0, ldo, m0, mc, n0, nr);
         continue;
       }
-      run_chunk(&p, cb, mc, NULL, 0, m0, mc, n0, nr);
+      run_chunk(&p, &pb, cb, mc, NULL, 0, m0, mc, n0, nr);
       for (int64_t n = 0; n < nr; n++) kg_cpu_store_f32(orow + (n * ldo + m0) * os, odt, 1, cb + n * mc, mc);
     }
     if (cb) kg_cpu_free(cb, bytes);
+    kg_cpu_free(pb.a, apk_bytes);
+    kg_cpu_free(pb.b, bpk_bytes);
   }
   if (a16) kg_cpu_free(a16, a16_bytes);
   return oom ? kg_error(KG_ERR_OOM, "matmul", "out of memory for the f32 result") : KG_OK;

@@ -28,6 +28,7 @@ typedef struct {
                           packed kernel (PACKED, or AUTO past 32 rows, on a CPU with AVX512_BF16),
                           else the call fails */
   int64_t lda16;
+  bool a16_trans; /* a16 holds a transposed: a[n, k] = a16[k * lda16 + n] (dW = g^T x) */
 } kg_gemm_bf16_opts;
 
 /* does this CPU run the AVX2 (AVX2 + FMA) / AVX-512 (F, BW, VL) variant? */

@@ -264,10 +264,15 @@ typedef struct {
   const void *bias; /* NULL, or M values in the compute type (f64 for f64 outputs, else f32) */
 } product;
 
-/* can the packed kernel read a as it lies? Many rows of a bf16 a with unit column stride against
- * a bf16 b that bf16_direct takes (AVX512_BF16): then a is not converted to f32 at all */
+/* is a bf16 a row-major (unit column stride)? */
+static bool bf16_rows(const view *a) { return a->cs == 1 && a->rs >= a->C; }
+
+/* can the packed kernel read a as it lies? Many rows of a bf16 a with unit column stride, or unit
+ * row stride (a transposed: the kernel packs its columns), against a bf16 b that bf16_direct
+ * takes (AVX512_BF16): then a is not converted to f32 at all */
 static bool bf16_raw_a(const view *a, const view *b, kg_dtype wt, int64_t N) {
-  if (a->dt != KG_BF16 || a->cs != 1 || a->rs < a->C || N <= MM_BF16_ROWS) return false;
+  if (a->dt != KG_BF16 || N <= MM_BF16_ROWS) return false;
+  if (!bf16_rows(a) && !(a->rs == 1 && a->cs >= a->R)) return false;
   mat none = {NULL, false, 0};
   return bf16_direct(b, wt, &none, N, KG_BF16);
 }
@@ -284,7 +289,11 @@ static kg_status run_bf16_direct(const product *p, char *optr, const mat *A, con
   bool trans = bv->rs == 1;
   int64_t ldw = trans ? bv->cs : bv->rs;
   kg_gemm_bf16_opts go = {.a_bf16 = p->adt == KG_BF16}; /* then a's f32 copy packs back exactly */
-  if (!A) go.a16 = (const uint16_t *)av->p, go.lda16 = av->rs;
+  if (!A) {
+    go.a16 = (const uint16_t *)av->p;
+    go.a16_trans = !bf16_rows(av);
+    go.lda16 = go.a16_trans ? av->cs : av->rs;
+  }
   if (!p->bias) return kg_cpu_gemm_bf16(optr, p->odt, M, a, lda, (const uint16_t *)bv->p, ldw, trans, N, M, K, &go);
   bool f32 = p->odt == KG_F32;
   float *cp = f32 ? (float *)optr : buf_get(cbuf, (size_t)(N * M * 4));

@@ -5,7 +5,8 @@
  *                           at every N in 1..40, K in 1..300 (edges around multiples of 8/16 and
  *                           every K for a few N), column counts around the tile edges, padded
  *                           leading dims, f32/bf16 output, forced K blocks and 2 threads; the packed
- *                           variant also at 33..300 rows
+ *                           variant also at 33..300 rows and past one packed block of a (1031..2085
+ *                           rows), with a as f32, as bf16 rows and as bf16 transposed (dW = gᵀ x)
  *   lab_gemm_bf16           times the variants at decode sizes against convert + OpenBLAS sgemm,
  *                           then the DRAM roofline: a 1 GiB bf16 weight streamed by a GEMV vs a
  *                           plain read of the same buffer
@@ -43,49 +44,94 @@ typedef struct {
 
 static int failures, checks;
 
-/* one product with padded leading dims, compared with the f64 sum of the same (exact) inputs */
+/* how a reaches the kernel: f32 (bf16 values for the dpbf16 variants), or (packed only) as bf16
+ * row-major (opts.a16) or bf16 transposed (opts.a16_trans, as gᵀ in dW = gᵀ x) */
+enum { A_F32, A_BF16, A_BF16_T };
+
+/* one product with padded leading dims, compared with the f64 sum of the same (exact) inputs; the
+ * packed variant takes a in each of its three forms (one reference), the others f32 */
 static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int64_t K, kg_dtype odt, int threads,
                       int64_t kc) {
-  int64_t lda = K + 3, ldw = (trans ? K : M) + 5, ldo = M + 2;
+  int64_t lda = K + 3, ldw = (trans ? K : M) + 5, ldo = M + 2, ldt = N + 3; /* a transposed: [K, ldt] */
   int64_t wrows = trans ? M : K;
+  int nform = var->v == KG_GEMM_BF16_PACKED ? 3 : 1;
   float *a = malloc(sizeof(float) * (size_t)(N * lda));
   uint16_t *w = malloc(2 * (size_t)(wrows * ldw));
-  float *o32 = malloc(sizeof(float) * (size_t)(N * ldo));
-  uint16_t *o16 = malloc(2 * (size_t)(N * ldo));
+  float *o32 = malloc(sizeof(float) * (size_t)(3 * N * ldo));
+  uint16_t *o16 = malloc(2 * (size_t)(3 * N * ldo));
+  uint16_t *ab = malloc(2 * (size_t)(N * lda)), *at = malloc(2 * (size_t)(K * ldt));
   bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED; /* they need bf16 values in a */
   for (int64_t i = 0; i < N * lda; i++) a[i] = a16 ? kg_bf16_to_f32(kg_f32_to_bf16(frand())) : frand();
   for (int64_t i = 0; i < wrows * ldw; i++) w[i] = kg_f32_to_bf16(frand());
-  for (int64_t i = 0; i < N * ldo; i++) o32[i] = NAN, o16[i] = 0x7fc0;
-  kg_gemm_bf16_opts o = {var->v, threads, kc, a16};
-  void *out = odt == KG_F32 ? (void *)o32 : (void *)o16;
-  kg_cpu_gemm_bf16(out, odt, ldo, a, lda, w, ldw, trans, N, M, K, &o);
+  for (int64_t i = 0; i < 3 * N * ldo; i++) o32[i] = NAN, o16[i] = 0x7fc0;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t k = 0; k < K; k++) ab[n * lda + k] = at[k * ldt + n] = kg_f32_to_bf16(a[n * lda + k]);
+  for (int f = 0; f < nform; f++) {
+    kg_gemm_bf16_opts o = {var->v, threads, kc, a16};
+    if (f == A_BF16) o.a16 = ab, o.lda16 = lda;
+    if (f == A_BF16_T) o.a16 = at, o.lda16 = ldt, o.a16_trans = true;
+    void *out = odt == KG_F32 ? (void *)(o32 + f * N * ldo) : (void *)(o16 + f * N * ldo);
+    kg_cpu_gemm_bf16(out, odt, ldo, f == A_F32 ? a : NULL, lda, w, ldw, trans, N, M, K, &o);
+  }
   for (int64_t n = 0; n < N; n++)
     for (int64_t m = 0; m < ldo; m++) {
-      double got = odt == KG_F32    ? o32[n * ldo + m]
-                   : odt == KG_BF16 ? kg_bf16_to_f32(o16[n * ldo + m])
-                                    : kg_f16_to_f32(o16[n * ldo + m]);
-      if (m >= M) { /* padding must stay untouched */
-        if (!isnan(got)) failures++;
-        continue;
-      }
       double ref = 0, mag = 0;
-      for (int64_t k = 0; k < K; k++) {
+      for (int64_t k = 0; m < M && k < K; k++) {
         double p = (double)a[n * lda + k] * kg_bf16_to_f32(trans ? w[m * ldw + k] : w[k * ldw + m]);
         ref += p, mag += fabs(p);
       }
       /* f32 accumulation: each of the <= K roundings costs <= 2^-24 of the running magnitude */
       double tol = (K + 4) * ldexp(mag, -24) + 1e-30;
       if (odt != KG_F32) tol += ldexp(fabs(ref), -8); /* final rounding to bf16 */
-      checks++;
-      if (!(fabs(got - ref) <= tol)) {
-        if (failures < 10)
-          fprintf(stderr, "FAIL %s %s N=%lld M=%lld K=%lld odt=%s t=%d kc=%lld [%lld,%lld]: %.9g vs %.9g\n", var->name,
-                  trans ? "nt" : "nn", (long long)N, (long long)M, (long long)K, kg_dtype_info[odt].name, threads,
-                  (long long)kc, (long long)n, (long long)m, got, ref);
-        failures++;
+      for (int f = 0; f < nform; f++) {
+        int64_t i = f * N * ldo + n * ldo + m;
+        double got = odt == KG_F32 ? o32[i] : odt == KG_BF16 ? kg_bf16_to_f32(o16[i]) : kg_f16_to_f32(o16[i]);
+        if (m >= M) { /* padding must stay untouched */
+          if (!isnan(got)) failures++;
+          continue;
+        }
+        checks++;
+        if (!(fabs(got - ref) <= tol)) {
+          if (failures < 10)
+            fprintf(stderr, "FAIL %s %s a=%s N=%lld M=%lld K=%lld odt=%s t=%d kc=%lld [%lld,%lld]: %.9g vs %.9g\n",
+                    var->name, trans ? "nt" : "nn", f == A_F32 ? "f32" : f == A_BF16 ? "bf16" : "bf16T", (long long)N,
+                    (long long)M, (long long)K, kg_dtype_info[odt].name, threads, (long long)kc, (long long)n,
+                    (long long)m, got, ref);
+          failures++;
+        }
       }
     }
-  free(a), free(w), free(o32), free(o16);
+  free(a), free(w), free(o32), free(o16), free(ab), free(at);
+}
+
+/* the packed kernel gives the same bits on 1 and 2 threads (columns or rows split among them) and
+ * for every form of a: each sum runs over the same K blocks in the same order */
+static void check_deterministic(void) {
+  static const int64_t shapes[][3] = {{300, 515, 513}, {1100, 40, 300}, {70, 4100, 257}}; /* N, M, K */
+  for (int s = 0; s < 3; s++)
+    for (int tr = 0; tr < 2; tr++) {
+      int64_t N = shapes[s][0], M = shapes[s][1], K = shapes[s][2], wrows = tr ? M : K;
+      float *a = malloc(4 * (size_t)(N * K)), *o[3];
+      uint16_t *w = malloc(2 * (size_t)(wrows * (tr ? K : M))), *at = malloc(2 * (size_t)(N * K));
+      for (int64_t i = 0; i < N * K; i++) a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
+      for (int64_t i = 0; i < wrows * (tr ? K : M); i++) w[i] = kg_f32_to_bf16(frand());
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) at[k * N + n] = kg_f32_to_bf16(a[n * K + k]);
+      for (int v = 0; v < 3; v++) {
+        o[v] = malloc(4 * (size_t)(N * M));
+        kg_gemm_bf16_opts op = {KG_GEMM_BF16_PACKED, v == 1 ? 2 : 1, 0, true};
+        if (v == 2) op.a16 = at, op.lda16 = N, op.a16_trans = true;
+        kg_cpu_gemm_bf16(o[v], KG_F32, M, v == 2 ? NULL : a, K, w, tr ? K : M, tr, N, M, K, &op);
+      }
+      checks++;
+      if (memcmp(o[0], o[1], 4 * (size_t)(N * M)) || memcmp(o[0], o[2], 4 * (size_t)(N * M))) {
+        fprintf(stderr, "FAIL packed %s N=%lld M=%lld K=%lld: 1 thread, 2 threads and transposed a differ\n",
+                tr ? "nt" : "nn", (long long)N, (long long)M, (long long)K);
+        failures++;
+      }
+      for (int v = 0; v < 3; v++) free(o[v]);
+      free(a), free(w), free(at);
+    }
 }
 
 static int run_check(void) {
@@ -140,7 +186,20 @@ static int run_check(void) {
             int v = (int)((ni + ki + mi) % 4);
             check_one(&pk, tr, N, M, K, v == 1 ? KG_BF16 : KG_F32, v == 2 ? 2 : 1, v == 3 ? 18 : 0);
           }
+    /* more rows than one packed block of a (1024 at K block 256), odd K over several K blocks */
+    for (int tr = 0; tr < 2; tr++) {
+      check_one(&pk, tr, 1031, 49, 513, KG_F32, 1, 0);
+      check_one(&pk, tr, 1100, 33, 257, KG_BF16, 1, 0);
+      check_one(&pk, tr, 2085, 17, 300, KG_F32, 2, 0);
+    }
+    /* wide chunks over several K blocks (their panels for all of K past 1 MiB: the K blocks are
+     * the outer loop); the narrower ones above put the row blocks outside */
+    for (int tr = 0; tr < 2; tr++) {
+      check_one(&pk, tr, 41, 1100, 600, KG_F32, 1, 0);
+      check_one(&pk, tr, 70, 1100, 513, KG_BF16, 2, 0);
+    }
   }
+  if (kg_cpu_gemm_bf16_dpbf16()) check_deterministic();
   printf("%d checks, %d failures (%.1f s)\n", checks, failures, lab_wall_seconds() - t0);
   return failures ? 1 : 0;
 }
