@@ -97,9 +97,9 @@ describe("linear values", function()
     keng.set_num_threads(nt)
   end)
 
-  it("bf16 past 32 rows (the packed vdpbf16ps kernel with AVX512_BF16): bias, odd K, 3-D x", function()
+  it("bf16 past 32 rows, or 16 with a small weight (the packed vdpbf16ps kernel with AVX512_BF16)", function()
     keng.manual_seed(13)
-    for _, shape in ipairs({{33, 37}, {100, 257}, {3, 50, 300}}) do
+    for _, shape in ipairs({{33, 37}, {100, 257}, {3, 50, 300}, {24, 37}, {2, 9, 64}}) do
       local I = shape[#shape]
       local x, w, b = keng.randn(shape):to("bf16"), (keng.randn({45, I}) * 0.1):to("bf16"), keng.randn({45}):to("bf16")
       local msg = "bf16 x[" .. table.concat(shape, ",") .. "]"
