@@ -59,6 +59,15 @@ describe("keng.profile", function()
     assert.are.equal(0, #profile.stop().entries, "still profiling after an error")
   end)
 
+  it("keeps at most 4096 lines: later new lines are counted under (other)", function()
+    local p = profile.run(function() for i = 1, 4200 do local _ = keng.ones({i}) end end)
+    assert.are.equal(4096, #p.entries)
+    local other
+    for _, e in ipairs(p.entries) do if e.op == "(other)" then other = e end end
+    assert.are.equal(4200 - 4095, other and other.calls)
+    assert.are.equal(3, #profile.run(function() for i = 1, 3 do local _ = keng.ones({i}) end end).entries)
+  end)
+
   it("combines profiles with weights (per step, the difference rule) and drops lines left at zero", function()
     local x = keng.ones({4})
     local short = profile.run(function() local _ = x + x; local _ = x * x end)
