@@ -24,7 +24,9 @@
  * (conv_winograd.c: 36 instead of 144 multiplies per 16 outputs and channel pair) where its
  * measured rule picks it (>= 8 input and >= 16 output channels, >= 64 output pixels per image,
  * most of the 4x4 tiles inside the image); that covers fwd and the stride-1 data gradient
- * (KENG_CONV_WINOGRAD=0 off, =1 / =2 caps the ISA of its GEMM kernel).
+ * (KENG_CONV_WINOGRAD=0 off, =1 / =2 caps the ISA of its GEMM kernel), and bwd_weight by the
+ * transposed algorithm (36 GEMMs reducing over the tiles) under the same rule for images of
+ * 64+ output pixels (KENG_CONV_WINOGRAD_DW=0 leaves dw alone to the other paths).
  * The reference is the nested-loop convolution in tests/lua/conv_spec.lua; figures in
  * docs/kernels.md ("Convolution and elementwise", "Winograd convolution"). */
 #include "conv_winograd.h"
@@ -763,8 +765,14 @@ static kg_status conv_bwd_data(const geom *g, bool wide, const void *col, const 
 }
 
 /* dw[g] = Σ_tiles col_tile @ im2col_tileᵀ; each thread sums its tiles into its own partial,
- * the partials are added in thread order (deterministic for a given thread count) */
+ * the partials are added in thread order (deterministic for a given thread count). f32 3x3
+ * stride-1 convs go first to Winograd (kg_cpu_conv_winograd_bwd_weight, deterministic the
+ * same way), then small images to the direct kernel */
 static kg_status conv_bwd_weight(const geom *g, bool wide, const void *im, const void *col, void *dw) {
+  if (!wide) { /* Winograd's transposed algorithm where its rule picks it (conv_winograd.c) */
+    kg_wino_shape ws = {g->B, g->C, g->H, g->W, g->M, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->G};
+    if (kg_cpu_conv_winograd_bwd_weight(dw, im, col, &ws)) return KG_OK;
+  }
   if (conv_bwd_weight_direct(g, wide, im, col, dw)) return KG_OK;
   int es = wide ? 8 : 4;
   int64_t K = kdim(g), P = npix(g), M = g->M, nw = g->G * M * K;

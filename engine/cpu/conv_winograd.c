@@ -23,6 +23,9 @@
  * AVX-512 at most), the transforms by target_clones; without AVX2+FMA the caller's other paths
  * run. Every output is written by one block with a fixed order of sums: deterministic for any
  * thread count.
+ * The weight gradient (kg_cpu_conv_winograd_bwd_weight, "weight gradient" below) is the same
+ * algorithm transposed: the input transform as here, dy's 4x4 tiles transformed by A · Aᵀ, 36
+ * GEMMs reducing over the tiles into per-thread partials, then Gᵀ · G to 3x3.
  * The reference is the f64 naive loop of tests/lab/lab_conv.c and tests/lua/conv_spec.lua;
  * figures and the selection rule in docs/kernels.md ("Winograd convolution"). */
 #include "conv_winograd.h"
@@ -436,6 +439,219 @@ bool kg_cpu_conv_winograd(float *y, const float *x, const float *w, const float 
   }
   if (u) kg_cpu_free(u, bu);
   if (bp) kg_cpu_free(bp, bb);
+  if (ok) kg_flop_add((uint64_t)(2 * B * M * C * 9 * Ho * Wo));
+  return ok;
+}
+
+/* ---- weight gradient ------------------------------------------------------------------------ */
+/* The forward transposed: with V = Bᵀ x_tile[c] B (the forward's input transform) and
+ * E = A dy_tile[m] Aᵀ (dy's 4x4 tile, zero outside the output, to 6x6),
+ *   dw[m, c] = Gᵀ [ Σ_tiles E[m] ⊙ V[c] ] G
+ * so 36 GEMMs Z[ξ] [C, M] += V[ξ]ᵀ [C, T] @ E[ξ] [T, M] reduce over the tiles. Each thread
+ * sums its blocks of tile rows (contiguous, in order) into its own Z [36][Cp][Mp]; the partials
+ * are added in thread order, then the 3x3 transform Gᵀ Z G per (m, c): deterministic for a
+ * given thread count. */
+
+/* the six rows of A e for one column e[0..3] (A = (Aᵀ)ᵀ, 6x4) */
+#define A6(o, e0, e1, e2, e3)                       \
+  do {                                              \
+    v16 p_ = (e0) + (e2), q_ = (e1) + (e3);         \
+    v16 r_ = (e0) + 4 * (e2), s_ = 2 * (e1) + 8 * (e3); \
+    (o)[0] = (e0);                                  \
+    (o)[1] = p_ + q_;                               \
+    (o)[2] = p_ - q_;                               \
+    (o)[3] = r_ + s_;                               \
+    (o)[4] = r_ - s_;                               \
+    (o)[5] = (e3);                                  \
+  } while (0)
+
+/* eb[ξ][t0 + tw][Mp] = (A e Aᵀ)[ξ] of the tiles tw < ntw of one tile row, whose four dy rows
+ * (channel-last, zero past Wo and M) are rq[0..3] [4*ntw][Mp] */
+WINO_CLONES static void grad_transform(float *eb, const float *const rq[4], const wino_plan *pl, int64_t Mp,
+                                       int64_t t0) {
+  int64_t T = pl->T;
+  for (int64_t tw = 0; tw < pl->ntw; tw++)
+    for (int64_t m0 = 0; m0 < Mp; m0 += WL) {
+      v16 s[6][4];
+      for (int j = 0; j < 4; j++) {
+        int64_t q = (4 * tw + j) * Mp + m0;
+        v16 col[6];
+        A6(col, ld16(rq[0] + q), ld16(rq[1] + q), ld16(rq[2] + q), ld16(rq[3] + q));
+        for (int i = 0; i < 6; i++) s[i][j] = col[i];
+      }
+      float *dst = eb + (t0 + tw) * Mp + m0;
+      for (int i = 0; i < 6; i++) {
+        v16 r[6];
+        A6(r, s[i][0], s[i][1], s[i][2], s[i][3]);
+        for (int j = 0; j < 6; j++) st16(dst + (i * 6 + j) * T * Mp, r[j]);
+      }
+    }
+}
+
+/* z[j * ldz + 0 .. 2L) += Σ_t v[t * ldv + j] * e[t * lde + 0 .. 2L) for j < N channels c; the
+ * 2L output channels m in vectors, the tiles t the reduction */
+#define DEFINE_WINO_WTILE(ISA, TGT, V, L, LOAD, STORE, SET1, FMA, ZERO, ADD, N)                              \
+  __attribute__((target(TGT))) static void winow_tile_##ISA##_##N(int64_t T, const float *v, int64_t ldv,     \
+                                                                  const float *e, int64_t lde, float *z,    \
+                                                                  int64_t ldz) {                            \
+    V acc[N][2];                                                                                           \
+    _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) acc[j][0] = ZERO(), acc[j][1] = ZERO();           \
+    for (int64_t t = 0; t < T; t++, v += ldv, e += lde) {                                                  \
+      V a0 = LOAD(e), a1 = LOAD(e + L);                                                                    \
+      _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) {                                               \
+        V xv = SET1(v[j]);                                                                                 \
+        acc[j][0] = FMA(a0, xv, acc[j][0]);                                                                \
+        acc[j][1] = FMA(a1, xv, acc[j][1]);                                                                \
+      }                                                                                                    \
+    }                                                                                                      \
+    _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) {                                                 \
+      STORE(z + j * ldz, ADD(LOAD(z + j * ldz), acc[j][0]));                                               \
+      STORE(z + j * ldz + L, ADD(LOAD(z + j * ldz + L), acc[j][1]));                                       \
+    }                                                                                                      \
+  }
+
+#define WW512(N) DEFINE_WINO_WTILE(avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_setzero_ps, _mm512_add_ps, N)
+#define WW256(N) DEFINE_WINO_WTILE(avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_setzero_ps, _mm256_add_ps, N)
+WW512(1) WW512(2) WW512(3) WW512(4) WW512(5) WW512(6) WW512(7) WW512(8) WW512(9) WW512(10) WW512(11)
+WW512(12) WW512(13) WW512(14)
+WW256(1) WW256(2) WW256(3) WW256(4) WW256(5) WW256(6)
+
+typedef void (*winow_fn)(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t);
+static const winow_fn winow_avx512[] = {NULL, winow_tile_avx512_1, winow_tile_avx512_2, winow_tile_avx512_3,
+                                        winow_tile_avx512_4, winow_tile_avx512_5, winow_tile_avx512_6,
+                                        winow_tile_avx512_7, winow_tile_avx512_8, winow_tile_avx512_9,
+                                        winow_tile_avx512_10, winow_tile_avx512_11, winow_tile_avx512_12,
+                                        winow_tile_avx512_13, winow_tile_avx512_14};
+static const winow_fn winow_avx2[] = {NULL, winow_tile_avx2_1, winow_tile_avx2_2, winow_tile_avx2_3,
+                                      winow_tile_avx2_4, winow_tile_avx2_5, winow_tile_avx2_6};
+
+/* bytes of transformed x and dy per block (vb + eb): flat from 512 KB to 4 MB on the VAE
+ * shapes (1 MB best by a few %), 8 MB 5-20% slower */
+#define WINO_BW_BYTES ((int64_t)1 << 20)
+
+/* the three rows of Gᵀ z for one column z[0..5] */
+#define GT3(o, z0, z1, z2, z3, z4, z5)                                        \
+  do {                                                                        \
+    v16 p_ = (z1) + (z2), r_ = (z3) + (z4);                                   \
+    (o)[0] = (z0) * 0.25f - p_ * (1.0f / 6) + r_ * (1.0f / 24);               \
+    (o)[1] = ((z2) - (z1)) * (1.0f / 6) + ((z3) - (z4)) * (1.0f / 12);        \
+    (o)[2] = (r_ - p_) * (1.0f / 6) + (z5);                                   \
+  } while (0)
+
+/* dw[m][c][3][3] = (Gᵀ z[.][c][m] G) for m < M, c < C (z [36][Cp][Mp]), 16 output channels
+ * per vector (read lane by lane from z, the transform was 40% of the 13x128x4x4 dw) */
+WINO_CLONES static void grad_output(float *dw, const float *z, int64_t C, int64_t M, int64_t Cp, int64_t Mp) {
+  for (int64_t c = 0; c < C; c++)
+    for (int64_t m0 = 0; m0 < M; m0 += WL) {
+      v16 t[3][6], r[3][3];
+      for (int j = 0; j < 6; j++) {
+        const float *p = z + (j * Cp + c) * Mp + m0;
+        int64_t q = 6 * Cp * Mp;
+        v16 col[3];
+        GT3(col, ld16(p), ld16(p + q), ld16(p + 2 * q), ld16(p + 3 * q), ld16(p + 4 * q), ld16(p + 5 * q));
+        for (int i = 0; i < 3; i++) t[i][j] = col[i];
+      }
+      for (int i = 0; i < 3; i++) GT3(r[i], t[i][0], t[i][1], t[i][2], t[i][3], t[i][4], t[i][5]);
+      float v[9][WL];
+      for (int k = 0; k < 9; k++) st16(v[k], r[k / 3][k % 3]);
+      for (int64_t l = 0; l < WL && m0 + l < M; l++) {
+        float *d = dw + ((m0 + l) * C + c) * 9;
+        for (int k = 0; k < 9; k++) d[k] = v[k][l];
+      }
+    }
+}
+
+bool kg_cpu_conv_winograd_bwd_weight(float *dw, const float *x, const float *dy, const kg_wino_shape *s) {
+  if (!wino_applies(s)) return false;
+  int isa = wino_isa();
+  int64_t Ho = s->H + 2 * s->ph - 2, Wo = s->W + 2 * s->pw - 2;
+  /* =0: the weight gradient by the other paths */
+  const char *e = getenv("KENG_CONV_WINOGRAD_DW"), *f = getenv("KENG_CONV_WINOGRAD_FORCE");
+  if (isa == 0 || (e && *e == '0') || !wino_wanted(s, Ho, Wo)) return false;
+  /* images of fewer than 64 output pixels (the forward's 4x4 branch) tie or lose to the direct
+   * kernel: 13x128x4x4 -> 128 1.34 vs 1.27 ms (fwd + bwd), 256 -> 128 2.51 vs 2.58 */
+  if (Ho * Wo < 64 && !(f && *f == '1')) return false;
+  int L = isa == 2 ? 16 : 8, MB = 2 * L, NT = isa == 2 ? 14 : 6;
+  const winow_fn *fns = isa == 2 ? winow_avx512 : winow_avx2;
+  int64_t B = s->B, C = s->C, M = s->M, Cp = (C + WL - 1) / WL * WL, Mp = (M + MB - 1) / MB * MB;
+  wino_plan pl = {(Ho + 3) / 4, (Wo + 3) / 4, 0, Cp, Ho, Wo, 0};
+  pl.Wp = 4 * pl.ntw + 2;
+  int64_t Wq = 4 * pl.ntw, nrows = B * pl.nth, TR = WINO_BW_BYTES / (36 * 4 * (Cp + Mp)) / pl.ntw;
+  if (TR < 1) TR = 1;
+  bool par = 2 * B * M * C * 9 * Ho * Wo > WINO_PAR_FLOPS;
+  int64_t nthr = par ? omp_get_max_threads() : 1, nblk = (nrows + TR - 1) / TR;
+  nblk = (nblk + nthr - 1) / nthr * nthr;
+  if (nblk > nrows) nblk = nrows;
+  int64_t rbase = nrows / nblk, rextra = nrows % nblk, T = pl.T = (rbase + (rextra > 0)) * pl.ntw;
+  int64_t nz = 36 * Cp * Mp;
+  /* dy seen as an "image" [B, M, Ho, Wo] for pad_row (no padding; rows past Ho are zero) */
+  kg_wino_shape sy = *s;
+  sy.C = M, sy.H = Ho, sy.W = Wo, sy.ph = sy.pw = 0;
+  size_t bzs;
+  float *zs = kg_cpu_alloc(sizeof(float) * (size_t)(nz * nthr), &bzs);
+  bool ok = zs != NULL;
+  int nused = 1;
+#pragma omp parallel num_threads((int)nthr) if (par && ok)
+  {
+    int tid = omp_get_thread_num();
+#pragma omp single
+    nused = omp_get_num_threads();
+    size_t bvb = 0, beb = 0, brw = 0, bry = 0;
+    float *vb = NULL, *eb = NULL, *rows = NULL, *rowy = NULL, *z = ok ? zs + tid * nz : NULL;
+    if (ok) {
+      vb = kg_cpu_alloc(sizeof(float) * (size_t)(36 * T * Cp), &bvb);
+      eb = kg_cpu_alloc(sizeof(float) * (size_t)(36 * T * Mp), &beb);
+      rows = kg_cpu_alloc(sizeof(float) * (size_t)(6 * pl.Wp * Cp), &brw);
+      rowy = kg_cpu_alloc(sizeof(float) * (size_t)(4 * Wq * Mp), &bry);
+      memset(z, 0, sizeof(float) * (size_t)nz);
+    }
+    if (!vb || !eb || !rows || !rowy) {
+#pragma omp atomic write
+      ok = false;
+    }
+#pragma omp barrier
+    /* contiguous blocks per thread, in order (schedule(static) with nblk a multiple of the
+     * thread count, or fewer blocks than threads) */
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < nblk; bk++) {
+      if (!ok || kg_interrupt_pending()) continue;
+      int64_t r0 = bk * rbase + (bk < rextra ? bk : rextra), nr = rbase + (bk < rextra), nt = nr * pl.ntw;
+      for (int64_t r = 0; r < nr; r++) {
+        int64_t b = (r0 + r) / pl.nth, th = (r0 + r) % pl.nth;
+        const float *rp[6], *rq[4];
+        for (int i = 0; i < 6; i++) {
+          float *slot = rows + (4 * th + i) % 6 * pl.Wp * Cp;
+          if (r == 0 || th == 0 || i >= 2) pad_row(slot, x, s, b, 4 * th + i - s->ph, pl.Wp, Cp);
+          rp[i] = slot;
+        }
+        input_transform(vb, rp, &pl, r * pl.ntw);
+        for (int i = 0; i < 4; i++) {
+          pad_row(rowy + i * Wq * Mp, dy, &sy, b, 4 * th + i, Wq, Mp);
+          rq[i] = rowy + i * Wq * Mp;
+        }
+        grad_transform(eb, rq, &pl, Mp, r * pl.ntw);
+      }
+      /* channel groups of near-equal size */
+      int64_t ng = (C + NT - 1) / NT, base = C / ng, extra = C % ng;
+      for (int xi = 0; xi < 36; xi++)
+        for (int64_t m0 = 0; m0 < Mp; m0 += MB)
+          for (int64_t q = 0, c0 = 0; q < ng; q++) {
+            int64_t n = base + (q < extra);
+            fns[n](nt, vb + xi * T * Cp + c0, Cp, eb + xi * T * Mp + m0, Mp, z + (xi * Cp + c0) * Mp + m0, Mp);
+            c0 += n;
+          }
+    }
+    if (vb) kg_cpu_free(vb, bvb);
+    if (eb) kg_cpu_free(eb, beb);
+    if (rows) kg_cpu_free(rows, brw);
+    if (rowy) kg_cpu_free(rowy, bry);
+  }
+  if (ok && !kg_interrupt_pending()) {
+    for (int t = 1; t < nused; t++) /* partials in thread order */
+      for (int64_t i = 0; i < nz; i++) zs[i] += zs[t * nz + i];
+    grad_output(dw, zs, C, M, Cp, Mp);
+  }
+  if (zs) kg_cpu_free(zs, bzs);
   if (ok) kg_flop_add((uint64_t)(2 * B * M * C * 9 * Ho * Wo));
   return ok;
 }

@@ -18,4 +18,9 @@ typedef struct {
  * buffers cannot be allocated */
 bool kg_cpu_conv_winograd(float *y, const float *x, const float *w, const float *bias, const kg_wino_shape *s);
 
+/* dw = the weight gradient of that conv (dw [M, C, 3, 3] from x [B, C, H, W] and dy [B, M, Ho,
+ * Wo], all contiguous f32), by the transposed algorithm (36 GEMMs reducing over the tiles);
+ * false (dw untouched) under the same conditions as kg_cpu_conv_winograd */
+bool kg_cpu_conv_winograd_bwd_weight(float *dw, const float *x, const float *dy, const kg_wino_shape *s);
+
 #endif

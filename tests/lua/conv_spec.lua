@@ -267,7 +267,9 @@ describe("conv2d", function()
   -- channels take Winograd F(4x4, 3x3) when the CPU has AVX2+FMA (engine/cpu/conv_winograd.c):
   -- 6x6 input tiles, partial tiles at the right and bottom edges, any padding; the stride-1
   -- data gradient (a conv of dy with the flipped kernel, 16+ input channels) runs through it
-  -- too. Checked against f64 (the GEMM path); tests/lab/lab_conv.c checks it forced at every
+  -- too, and so does the weight gradient (the transposed algorithm, images of 64+ output
+  -- pixels; KENG_CONV_WINOGRAD_DW=0 leaves it to the other paths): the " dw" checks below.
+  -- Checked against f64 (the GEMM path); tests/lab/lab_conv.c checks it forced at every
   -- H, W in 1..11 and padding 0..2. KENG_CONV_WINOGRAD=0 switches it off.
   local winograd = {
     {name = "13x11, padding 1, dx too", x = {2, 16, 13, 11}, w = {20, 16, 3, 3}, o = {padding = 1}},
@@ -312,6 +314,22 @@ describe("conv2d", function()
     local xt, wt = keng.randn({2, 24, 12, 13}, {dtype = "f64"}), keng.randn({24, 16, 3, 3}, {dtype = "f64"})
     local rt = keng.conv_transpose2d(xt, wt, nil, {padding = 1})
     H.close(keng.conv_transpose2d(xt:float(), wt:float(), nil, {padding = 1}), rt:float(), 1e-4, "conv_transpose2d")
+  end)
+
+  it("f32 Winograd weight gradient over several tile blocks per thread matches f64", function()
+    -- dw by the transposed Winograd (36 GEMMs reducing over the 4x4 tiles of all images): each
+    -- thread sums several blocks of tile rows into its partial, the partials are then added
+    keng.manual_seed(16)
+    local x, w = H.leaf({4, 16, 64, 60}), H.leaf({24, 16, 3, 3}, 1 / math.sqrt(16 * 9))
+    local r = keng.randn({4, 24, 62, 58}, {dtype = "f64"})
+    ;(keng.conv2d(x, w, nil, {padding = 0}) * r):sum():backward()
+    local xf, wf = x:detach():float(), w:detach():float()
+    wf.requires_grad = true
+    ;(keng.conv2d(xf, wf, nil, {padding = 0}) * r:float()):sum():backward()
+    -- relative to the largest entry of dw (a sum of 57k terms): 4.9e-6 by Winograd, 3.4e-7
+    -- by the direct kernel (KENG_CONV_WINOGRAD_DW=0); a block's sum dropped: 0.7
+    local err = (wf.grad:double() - w.grad):abs():max():item() / w.grad:abs():max():item()
+    assert(err < 2e-5, string.format("dw max error %.3g of the largest entry", err))
   end)
 
   it("gradients match finite differences for a batch of small images", function()
