@@ -64,13 +64,16 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
-  /* libgomp reads OMP_WAIT_POLICY once, when it loads. Its default lets idle threads spin after
-   * every parallel region, which steals the core the next serial step needs whenever the machine
-   * is busy (measured in docs/kernels.md: BERT fit 1603 -> 1096 ms/step on 2 threads). So keng
-   * defaults to passive and re-executes itself once; an explicit setting wins. */
-  if (!getenv("OMP_WAIT_POLICY")) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv); /* on failure, carry on with the default policy */
+  /* libgomp reads its wait settings once, when it loads. Its default lets idle threads spin
+   * 300000 rounds after every parallel region, which steals the core the next serial step needs
+   * when the machine is busy; passive puts them to sleep at once, and waking them then costs
+   * tens of microseconds per op (gemma_tiny generate 32 on an idle machine: 310 ms/step passive,
+   * 236 with a short spin). keng sets a short spin, GOMP_SPINCOUNT=3000, and re-executes itself
+   * once; an explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (passive is best on a machine whose
+   * cores are taken by other work). Figures in docs/kernels.md, "Threads". */
+  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+    setenv("GOMP_SPINCOUNT", "3000", 1);
+    execv("/proc/self/exe", argv); /* on failure, carry on with libgomp's default */
   }
   lua_State *L = luaL_newstate();
   if (!L) return 1;
