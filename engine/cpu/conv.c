@@ -458,18 +458,7 @@ static const direct_fn direct_avx2[] = {NULL, direct_tile_avx2_1, direct_tile_av
 
 /* 2: AVX-512, 1: AVX2+FMA, 0: neither; KENG_CONV_DIRECT=0 turns the kernel off, =2 / =1 caps
  * the ISA (read on every call, so the lab can switch variants) */
-static int direct_isa(void) {
-  static int have = -1;
-  if (have < 0) {
-    int h = 0;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) h = 1;
-    if (h && __builtin_cpu_supports("avx512f")) h = 2;
-    have = h;
-  }
-  const char *e = getenv("KENG_CONV_DIRECT");
-  int cap = e && *e ? atoi(e) : 2;
-  return have < cap ? have : cap;
-}
+static int direct_isa(void) { return kg_cpu_vector_isa("KENG_CONV_DIRECT"); }
 
 /* KENG_CONV_DIRECT_FORCE=1 (lab): use the direct kernel at any size and batch */
 static bool direct_wanted(const geom *g, int isa) {

@@ -75,6 +75,22 @@ static inline void transpose16(v16 r[16]) {
   }
 }
 
+/* r[l] = the n (<= 16) floats at p + l * stride, zero past n, for the first `rows` l; zero
+ * vectors after them */
+static inline void load_rows16(v16 r[WL], const float *p, int64_t stride, int64_t rows, int64_t n) {
+  for (int64_t l = 0; l < WL; l++) {
+    if (l >= rows) {
+      r[l] = (v16){0};
+    } else if (n == WL) {
+      r[l] = ld16(p + l * stride);
+    } else {
+      float v[WL] = {0};
+      for (int64_t q = 0; q < n; q++) v[q] = p[l * stride + q];
+      r[l] = ld16(v);
+    }
+  }
+}
+
 /* bytes of transformed input and GEMM output per block (vb + ob), and the flops below which
  * one thread runs */
 #define WINO_VB_BYTES ((int64_t)640 << 10)
@@ -127,16 +143,7 @@ WINO_CLONES static void kernel_transform(float *u, float *gt, const float *w, in
   for (int64_t j0 = 0; j0 < K9; j0 += WL) {
     int64_t nj = K9 - j0 < WL ? K9 - j0 : WL;
     v16 r[WL];
-    for (int64_t l = 0; l < WL; l++) {
-      const float *p = w + (m0 + l) * K9 + j0;
-      if (m0 + l >= M) r[l] = (v16){0};
-      else if (nj == WL) r[l] = ld16(p);
-      else {
-        float v[WL] = {0};
-        for (int64_t q = 0; q < nj; q++) v[q] = p[q];
-        r[l] = ld16(v);
-      }
-    }
+    load_rows16(r, w + m0 * K9 + j0, K9, M - m0, nj);
     transpose16(r);
     for (int64_t q = 0; q < nj; q++) st16(gt + (j0 + q) * WL, r[q]);
   }
@@ -175,16 +182,7 @@ WINO_CLONES static void pad_row(float *dst, const float *x, const kg_wino_shape 
     for (int64_t w0 = 0; w0 < W; w0 += WL) {
       int64_t nw = W - w0 < WL ? W - w0 : WL;
       v16 r[WL];
-      for (int64_t l = 0; l < WL; l++) {
-        const float *p = src + (c0 + l) * H * W + w0;
-        if (c0 + l >= C) r[l] = (v16){0};
-        else if (nw == WL) r[l] = ld16(p);
-        else {
-          float v[WL] = {0};
-          for (int64_t q = 0; q < nw; q++) v[q] = p[q];
-          r[l] = ld16(v);
-        }
-      }
+      load_rows16(r, src + c0 * H * W + w0, H * W, C - c0, nw);
       transpose16(r);
       for (int64_t q = 0; q < nw; q++) st16(row + (w0 + q) * Cp + c0, r[q]);
     }
@@ -311,18 +309,7 @@ static const wino_fn wino_avx2[] = {NULL, wino_tile_avx2_1, wino_tile_avx2_2, wi
 
 /* 2: AVX-512, 1: AVX2+FMA, 0: off; KENG_CONV_WINOGRAD=0 turns it off, =1 / =2 caps the ISA
  * (read on every call, so the lab can switch variants) */
-static int wino_isa(void) {
-  static int have = -1;
-  if (have < 0) {
-    int h = 0;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) h = 1;
-    if (h && __builtin_cpu_supports("avx512f")) h = 2;
-    have = h;
-  }
-  const char *e = getenv("KENG_CONV_WINOGRAD");
-  int cap = e && *e ? atoi(e) : 2;
-  return have < cap ? have : cap;
-}
+static int wino_isa(void) { return kg_cpu_vector_isa("KENG_CONV_WINOGRAD"); }
 
 /* the shapes the transform is correct for */
 static bool wino_applies(const kg_wino_shape *s) {

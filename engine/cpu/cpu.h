@@ -29,6 +29,10 @@ void kg_cpu_philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i
 /* The CPU has AVX2 + FMA and KENG_NO_SIMD=1 does not switch the vector paths off (the kernel labs
  * run both); used by the vector kernels of elementwise.c and rows_simd.h. Defined in iter.c. */
 bool kg_cpu_avx2_fma(void);
+/* the widest float vectors the CPU has for a kernel with AVX2/AVX-512 variants: 2 AVX-512F,
+ * 1 AVX2+FMA, 0 neither; capped by the integer in the environment variable cap_env when set
+ * (0 = the kernel off; read on every call, so a lab can switch variants) */
+int kg_cpu_vector_isa(const char *cap_env);
 
 /* Compute in double for f64 and for integers (exact to 2^53), float otherwise. */
 static inline bool kg_cpu_wide(kg_dtype dt) { return dt == KG_F64 || dt == KG_I64 || dt == KG_I32; }

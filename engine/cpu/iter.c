@@ -25,6 +25,22 @@ bool kg_cpu_avx2_fma(void) {
   return on == 1;
 }
 
+int kg_cpu_vector_isa(const char *cap_env) {
+  static int have = -1;
+  if (have < 0) {
+    int h = 0;
+#ifdef KG_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) h = 1;
+    if (h && __builtin_cpu_supports("avx512f")) h = 2;
+#endif
+    have = h;
+  }
+  const char *e = getenv(cap_env);
+  int cap = e && *e ? atoi(e) : 2;
+  return have < cap ? have : cap;
+}
+
 /* ---- vectorised bf16 <-> f32 runs (unit stride): AVX2 when the CPU has it, else scalar ---- */
 
 #ifdef KG_X86

@@ -1,7 +1,9 @@
 -- matmul_bf16_spec.lua — bf16 matmul with few rows (decode: x [N, K] against a bf16 weight), the
 -- path that reads the weight directly (engine/cpu/gemm_bf16.c, up to 32 rows on CPUs with AVX2)
 -- and, past 32 rows, convert + sgemm, or with AVX512_BF16 and a bf16 x gemm_bf16.c's packed
--- vdpbf16ps kernel (training rows, both layouts; the "many rows" block). Shapes: x [N, K], W [M, K] (nn.Linear) or [K, M].
+-- vdpbf16ps kernel (training rows, both layouts; the "many rows" block), also with a transposed
+-- left operand (gᵀ in the weight gradient dW = gᵀ x, read as it lies: the last block).
+-- Shapes: x [N, K], W [M, K] (nn.Linear) or [K, M]; g [K, N].
 -- Reference: the naive sum (a:unsqueeze(-1) * b:unsqueeze(-3)):sum(-2) in f64 of the same bf16
 -- values. The result is bf16, so the tolerance is its rounding (2^-8 relative) plus f32 sums.
 local keng = require "keng"
@@ -152,5 +154,42 @@ describe("bf16 matmul, many rows (the packed vdpbf16ps kernel on CPUs with AVX51
     local y = x:matmul(w:transpose(1, 2))
     assert.are.equal("f32", y.dtype)
     H.close(y, ref(x, w:transpose(1, 2)), 1e-5, "f32 x, N=80")
+  end)
+end)
+
+describe("bf16 matmul with a transposed left operand", function()
+  before_each(function() keng.manual_seed(21) end)
+
+  it("gᵀ @ W and gᵀ @ Wᵀ match f64 at row tile, panel and K edges (odd K, K blocks)", function()
+    for _, N in ipairs({1, 9, 33, 63, 65, 130}) do
+      for _, K in ipairs({1, 2, 3, 33, 257, 300}) do
+        for _, M in ipairs({1, 17, 33, 70}) do
+          local gt = bf16({K, N}):transpose(1, 2)                      -- [N, K], unit row stride
+          if N > 1 and K > 1 then assert.is_false(gt.is_contiguous) end
+          local tag = string.format("N=%d K=%d M=%d", N, K, M)
+          check(gt, bf16({K, M}, 0.1), "gT @ W " .. tag)
+          check(gt, bf16({M, K}, 0.1):transpose(1, 2), "gT @ W^T " .. tag)
+        end
+      end
+    end
+  end)
+
+  it("reads a padded transposed operand as it lies", function()
+    local N, K, M = 70, 45, 37
+    local gt = bf16({K, N + 6}):narrow(2, 4, N):transpose(1, 2)        -- column stride N + 6
+    check(gt, bf16({K, M}, 0.1), "padded gT @ W")
+  end)
+
+  it("the bf16 weight gradient of linear past 32 rows (dW = gᵀ x) matches f64", function()
+    local x, w = bf16({70, 33}), bf16({50, 33}, 0.1)
+    w.requires_grad = true
+    local g = bf16({70, 50})
+    keng.linear(x, w):backward(g)
+    H.close(w.grad, g:double():transpose(1, 2):matmul(x:double()), TOL, "w.grad")
+    local x3, g3 = bf16({2, 35, 33}), bf16({2, 35, 50})                -- leading dims folded into K
+    w.grad = nil
+    keng.linear(x3, w):backward(g3)
+    H.close(w.grad, g3:reshape({70, 50}):double():transpose(1, 2):matmul(x3:reshape({70, 33}):double()), TOL,
+      "w.grad, 3-D x")
   end)
 end)
