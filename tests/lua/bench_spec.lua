@@ -292,10 +292,12 @@ describe("all.lua smoke (child process)", function()
         assert.are.equal(2, #r.times_ms)
         assert.is_true(r.min_ms <= r.mean_ms)
         assert.is_table(r.shapes.token_ids)
-        -- the per-step profile: a product is BERT's costliest op, its lines carry shapes
+        -- the per-step profile: BERT's linear layers are in it, its lines carry shapes (which op
+        -- costs most depends on the build: an ASan build makes reductions the costliest)
         assert.is_true(#r.profile.ops > 3 and #r.profile.entries > 3, r.id .. " profile")
-        local top = r.profile.ops[1].op
-        assert.is_truthy(top == "linear" or top == "matmul", r.id .. " costliest op " .. top)
+        local linear
+        for _, o in ipairs(r.profile.ops) do if o.op == "linear" then linear = o end end
+        assert.is_true(linear and linear.calls >= 1 and linear.ms > 0 and linear.flops > 0, r.id .. " linear")
         assert.is_true(r.profile.total_ms > 0 and r.profile.total_ms <= r.max_ms * 1.01, r.id .. " profile total")
         assert.is_truthy(r.profile.entries[1].line:find("%]"), r.profile.entries[1].line)
       else
