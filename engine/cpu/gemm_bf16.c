@@ -18,10 +18,11 @@
  * The output columns are split into chunks shared among the threads; an [N, kc] block of a stays
  * in L2 while the chunk's weight rows stream past it. See docs/kernels.md ("Decode") for figures.
  *
- * Training rows (past 32 rows of a whose values are bf16, AVX512_BF16): a packed kernel for both
- * layouts, a (in L2-sized blocks) and the weight (one panel at a time) packed per K block as bf16
- * pairs along K, an 8 x 32 tile of vdpbf16ps; a may be passed as bf16 as it lies (opts.a16), also
- * transposed (opts.a16_trans: dW = g^T x). See docs/kernels.md ("bf16 GEMM for training rows").
+ * Training rows (past 32 rows of a whose values are bf16, or past 16 against a weight of at most
+ * 2 MiB; AVX512_BF16): a packed kernel for both layouts, a (in L2-sized blocks) and the weight
+ * (one panel at a time) packed per K block as bf16 pairs along K, an 8 x 32 tile of vdpbf16ps; a
+ * may be passed as bf16 as it lies (opts.a16), also transposed (opts.a16_trans: dW = g^T x). See
+ * docs/kernels.md ("bf16 GEMM for training rows").
  */
 #include "gemm_bf16.h"
 
