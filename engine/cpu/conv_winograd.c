@@ -61,15 +61,22 @@ typedef float v16 __attribute__((vector_size(64)));
 
 /* r <- rᵀ (16 x 16): four rounds of zipping row i with row i + 8 (rows 2i, 2i+1 <- the low and
  * high halves of the zip); two-source permutes (vpermt2ps with AVX-512) */
+#define ZIP_LO_IDX 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
+#define ZIP_HI_IDX 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
+#if defined(__clang__) /* the fuzz and sanitizer builds: clang spells the two-source shuffle so */
+#define ZIP_LO(a, b) __builtin_shufflevector(a, b, ZIP_LO_IDX)
+#define ZIP_HI(a, b) __builtin_shufflevector(a, b, ZIP_HI_IDX)
+#else
 typedef int32_t i16 __attribute__((vector_size(64)));
+#define ZIP_LO(a, b) __builtin_shuffle(a, b, (i16){ZIP_LO_IDX})
+#define ZIP_HI(a, b) __builtin_shuffle(a, b, (i16){ZIP_HI_IDX})
+#endif
 static inline void transpose16(v16 r[16]) {
-  const i16 lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
-  const i16 hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   for (int round = 0; round < 4; round++) {
     v16 t[16];
     for (int i = 0; i < 8; i++) {
-      t[2 * i] = __builtin_shuffle(r[i], r[i + 8], lo);
-      t[2 * i + 1] = __builtin_shuffle(r[i], r[i + 8], hi);
+      t[2 * i] = ZIP_LO(r[i], r[i + 8]);
+      t[2 * i + 1] = ZIP_HI(r[i], r[i + 8]);
     }
     for (int i = 0; i < 16; i++) r[i] = t[i];
   }
