@@ -6,24 +6,26 @@
 #include <string.h>
 
 int64_t kg_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
-  int64_t n = 1;
+  uint64_t n = 1; /* unsigned: a shape that check_shape would refuse must not be undefined here */
   for (int i = ndim - 1; i >= 0; i--) {
-    if (stride) stride[i] = n;
-    n *= shape[i];
+    if (stride) stride[i] = (int64_t)n;
+    n *= (uint64_t)shape[i];
   }
-  return n;
+  return (int64_t)n;
 }
 
 static kg_status check_shape(const char *op, int ndim, const int64_t *shape) {
   char b[KG_SHAPE_STR_MAX];
   if (ndim < 0 || ndim > KG_MAX_DIMS)
     return kg_error(KG_ERR_VALUE, op, "%d dims; at most %d are supported", ndim, KG_MAX_DIMS);
+  /* the product of the non-zero sizes bounds every contiguous stride (a zero size makes the
+   * tensor empty, not its strides small: [0, 2^32, 2^32] is refused too) */
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) return kg_error(KG_ERR_VALUE, op, "negative size in shape %s", kg_shape_str(b, ndim, shape));
     if (shape[i] && n > INT64_MAX / 16 / shape[i])
       return kg_error(KG_ERR_VALUE, op, "shape %s is too large", kg_shape_str(b, ndim, shape));
-    n *= shape[i];
+    if (shape[i]) n *= shape[i];
   }
   return KG_OK;
 }

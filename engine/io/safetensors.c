@@ -185,8 +185,8 @@ static kg_status check_entry(const char *label, const char *name, size_t name_le
     return IOERR(label, "tensor '%.200s' has %d dims; keng supports at most %d", name, shape->n, KG_MAX_DIMS);
   e->ndim = shape->n;
   /* element count in u64 with overflow checks: a hostile shape must not wrap to the byte count */
-  uint64_t numel = 1;
-  bool overflow = false;
+  uint64_t numel = 1, span = 1; /* span: the product of the non-zero sizes (bounds the strides) */
+  bool overflow = false, too_wide = false;
   for (int i = 0; i < shape->n; i++) {
     const kg_json *s = &shape->items[i];
     if (s->type != KG_JSON_NUMBER || !s->is_uint || s->uint > (uint64_t)INT64_MAX)
@@ -197,6 +197,10 @@ static kg_status check_entry(const char *label, const char *name, size_t name_le
       overflow = true;
     else
       numel *= s->uint;
+    if (s->uint && span > (uint64_t)INT64_MAX / 16 / s->uint)
+      too_wide = true;
+    else if (s->uint)
+      span *= s->uint;
   }
   if (off->type != KG_JSON_ARRAY || off->n != 2 || off->items[0].type != KG_JSON_NUMBER ||
       off->items[1].type != KG_JSON_NUMBER || !off->items[0].is_uint || !off->items[1].is_uint)
@@ -216,6 +220,11 @@ static kg_status check_entry(const char *label, const char *name, size_t name_le
                  kg_shape_str(sb, e->ndim, e->shape), dt->str,
                  overflow || numel > UINT64_MAX / es ? "more than 2^64" : "a different number of",
                  (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)(e->end - e->begin));
+  }
+  if (too_wide) { /* e.g. [0, 2^32, 2^32]: empty, but no tensor can hold its strides */
+    char sb[KG_SHAPE_STR_MAX];
+    return IOERR(label, "tensor '%.200s': shape %s is too large (its non-zero sizes multiply past 2^59)", name,
+                 kg_shape_str(sb, e->ndim, e->shape));
   }
   return KG_OK;
 }

@@ -21,6 +21,8 @@ local cases = {
   ["st_overlap.safetensors"] = {load, "tensors 'a' [0, 8) and 'b' [4, 12) overlap"},
   ["st_offsets_past_end.safetensors"] = {load, "run past the data section"},
   ["st_shape_overflow.safetensors"] = {load, "needs more than 2^64 bytes"},
+  -- fuzz finding: an empty tensor whose other sizes overflow the strides (undefined behaviour)
+  ["st_zero_dim_overflow.safetensors"] = {load, "shape [0,24967296,4294967296,216] is too large"},
   ["st_size_mismatch.safetensors"] = {load, "tensor 'a': shape [3] of F32"},
   ["st_truncated.safetensors"] = {load, "runs past the end of the file (40 bytes)"},
   ["st_bad_utf8_name.safetensors"] = {load, "invalid UTF-8 in a string"},
