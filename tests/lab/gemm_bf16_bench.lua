@@ -8,23 +8,8 @@ local th, runs, which = tonumber(arg and arg[1]) or 1, tonumber(arg and arg[2]) 
 keng.set_num_threads(th)
 keng.manual_seed(0)
 
-local function median(xs)
-  table.sort(xs)
-  return xs[(#xs + 1) // 2]
-end
-
--- median seconds of fn over `runs` calls after one warm-up
-local function time(fn)
-  fn()
-  local ts = {}
-  for i = 1, runs do
-    collectgarbage()
-    local t0 = keng.time()
-    fn()
-    ts[i] = keng.time() - t0
-  end
-  return median(ts)
-end
+package.path = (arg and arg[0] and arg[0]:match("^(.*)/") or ".") .. "/?.lua;" .. package.path
+local time = require("timing").timer(runs, keng.time)      -- wall clock: the runs use threads
 
 -- name, shape of a, shape of b, kind: "mm" a @ b, "lin" linear(a, b) = a @ bᵀ, "tn" aᵀ @ b
 -- (a transposed view: dW = gᵀ x with g = a [N, O], x = b [N, I])

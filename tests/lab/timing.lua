@@ -8,16 +8,18 @@ function M.median(xs)
   return xs[(#xs + 1) // 2]
 end
 
--- returns a function time(fn) -> median seconds over `runs` calls
-function M.timer(runs)
+-- returns a function time(fn) -> median seconds over `runs` calls; clock defaults to os.clock
+-- (process CPU time), keng.time gives wall-clock seconds (multi-threaded runs)
+function M.timer(runs, clock)
+  clock = clock or os.clock
   return function(fn)
     fn()
     local ts = {}
     for i = 1, runs do
       collectgarbage()
-      local t0 = os.clock()
+      local t0 = clock()
       fn()
-      ts[i] = os.clock() - t0
+      ts[i] = clock() - t0
     end
     return M.median(ts)
   end
