@@ -134,6 +134,7 @@ static void store_packed(lua_State *L, int uv, int first, int n) {
 /* calls fn with the arguments at [2, top]; returns the number of results left on the stack */
 static int call_fn(lua_State *L, int nargs, bool protect, int *status) {
   int base = lua_gettop(L) - nargs; /* slot below the first argument */
+  luaL_checkstack(L, nargs + 1, "keng.cuda.graph arguments");
   lua_getiuservalue(L, 1, 1);
   for (int i = 0; i < nargs; i++) lua_pushvalue(L, base + 1 + i);
   int top = lua_gettop(L) - nargs - 1;

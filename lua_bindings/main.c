@@ -124,6 +124,12 @@ int main(int argc, char **argv) {
     }
   }
   if (i < argc) { /* script and its args */
+    /* the arguments are pushed as the chunk's varargs: room for as many as the shell passes */
+    if (!lua_checkstack(L, argc - i + 4)) {
+      fprintf(stderr, "keng: too many arguments (%d) for the Lua stack\n", argc - i - 1);
+      lua_close(L);
+      return 1;
+    }
     lua_createtable(L, argc - i, 1);
     for (int k = 0; k < argc; k++) {
       lua_pushstring(L, argv[k]);

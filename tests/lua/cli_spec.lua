@@ -225,4 +225,92 @@ describe("REPL on a terminal", function()
   end)
 end)
 
+describe("keng process limits", function()
+  it("runs a script with hundreds of arguments (the stack is grown for them)", function()
+    local path = write("many.lua", "print(select('#', ...), #arg, arg[300])\n")
+    local args = {}
+    for i = 1, 300 do args[i] = "a" .. i end
+    local out, err, code = keng_run(sh_quote(path) .. " " .. table.concat(args, " "))
+    assert.are.equal(0, code, err)
+    assert.are.equal("300\t300\ta300\n", out)
+  end)
+
+  it("the REPL prints as many results as the stack holds, else says so", function()
+    local out, err, code = keng_run("", "table.unpack({}, 1, 999980)\n'after'\n")
+    assert.are.equal(0, code, err)
+    assert.are.equal("after\n", out)
+    assert.truthy(has(err, "error printing result"), err)
+  end)
+end)
+
+-- a terminal session through `script`: keys are sent as the prompts appear (polling its output)
+local function tty_session(home)
+  local outf = tmp .. "/tty.out"
+  os.remove(outf)
+  local p = io.popen("HOME=" .. sh_quote(home) .. " timeout 60 script -qfc " .. sh_quote(sh_quote(KENG)) ..
+    " /dev/null > " .. sh_quote(outf) .. " 2>&1", "w")
+  local s = {}
+  function s.send(keys) p:write(keys); p:flush() end
+  function s.output() return read(outf) or "" end
+  -- waits until the output holds `n` copies of `needle` (plain text); returns whether it did
+  function s.wait(needle, n)
+    for _ = 1, 300 do
+      local o, count, at = s.output(), 0, 1
+      while true do
+        local i, j = o:find(needle, at, true)
+        if not i then break end
+        count, at = count + 1, j + 1
+      end
+      if count >= (n or 1) then return true end
+      os.execute("sleep 0.05")
+    end
+    return false
+  end
+  function s.close() p:close() end
+  return s
+end
+
+describe("REPL on a terminal: Ctrl-C, completion, history", function()
+  local has_script = os.execute("command -v script >/dev/null 2>&1")
+  it("Ctrl-C drops the line or the pending chunk; a raising __index does not break completion", function()
+    if not has_script then
+      print("(skipped: no `script` command for a pseudo-terminal)")
+      return
+    end
+    local home = tmp .. "/home2"
+    os.execute("mkdir -p " .. sh_quote(home))
+    local s = tty_session(home)
+    assert.truthy(s.wait("> "), s.output())
+    s.send("\003")                           -- Ctrl-C at an idle prompt
+    assert.truthy(s.wait("> ", 2), s.output())
+    s.send("1+1\n")                          -- must not be 'interrupted!'
+    assert.truthy(s.wait("> ", 3), s.output())
+    s.send("for i = 1, 2 do\n")
+    assert.truthy(s.wait(">> "), s.output())
+    s.send("print('never run')")
+    s.send("\003")                           -- Ctrl-C on a continuation line drops the chunk
+    assert.truthy(s.wait("> ", 5), s.output())
+    s.send("40+2\n")
+    assert.truthy(s.wait("42"), s.output())
+    s.send("setmetatable(_G, {__index = function(_, k) error('undefined global ' .. k, 2) end});\n")
+    assert.truthy(s.wait("> ", 7), s.output())
+    s.send("nosuch.fi\t\t")                  -- completion looks up a global that raises
+    s.send("\n")
+    assert.truthy(s.wait("undefined global nosuch"), s.output())
+    s.send("6*8\n")
+    assert.truthy(s.wait("48"), s.output())
+    s.send("os.exit(0)\n")                    -- leaves without the REPL's own exit path
+    s.close()
+    local out = s.output()
+    assert.falsy(has(out, "PANIC"), out)
+    assert.falsy(has(out, "interrupted"), out)
+    assert.falsy(has(out, "never run"), out)
+    assert.truthy(out:find("[\r\n]2\r?\n"), out)
+    local hist = read(home .. "/.keng_history") or ""
+    for _, l in ipairs({"1+1", "40+2", "6*8", "os.exit(0)"}) do
+      assert.truthy(has(hist, l), "history lacks " .. l .. ": " .. hist)
+    end
+  end)
+end)
+
 teardown(function() os.execute("rm -rf " .. sh_quote(tmp)) end)
