@@ -8,6 +8,8 @@
  * maps the file privately (copy-on-write) and hands out tensors over the mapping; the mapping
  * is reference-counted by the storages and unmapped when the last tensor goes. Saving writes a
  * temp file next to the target, fsyncs it, renames it over the target and fsyncs the directory.
+ * The writer holds a flock on its temp file; a save first removes the temp files of the same
+ * target that nobody holds (left by a killed save), so they do not pile up.
  * Sharded checkpoints (model.safetensors.index.json) are merged here too. */
 #include "../core/internal.h"
 #include <keng/io.h>
@@ -21,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -773,6 +777,27 @@ static kg_status write_temp(st_writer *w, const kg_json_buf *hdr, const save_ite
   return KG_OK;
 }
 
+/* removes `.BASE.tmp-XXXXXX` files in dir that no live save holds locked: a save killed between
+ * mkstemp and rename leaves one, as large as the checkpoint. Only our own regular files that
+ * match the pattern exactly are touched; failures are ignored (this is housekeeping). */
+static void remove_stale_temps(const char *dir, const char *base) {
+  DIR *dh = opendir(dir);
+  if (!dh) return;
+  size_t bl = strlen(base);
+  struct dirent *e;
+  while ((e = readdir(dh))) {
+    const char *n = e->d_name;
+    if (n[0] != '.' || strncmp(n + 1, base, bl) || strncmp(n + 1 + bl, ".tmp-", 5) || strlen(n + bl + 6) != 6) continue;
+    int fd = openat(dirfd(dh), n, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    struct stat st;
+    if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !flock(fd, LOCK_EX | LOCK_NB))
+      unlinkat(dirfd(dh), n, 0);
+    close(fd); /* drops the lock */
+  }
+  closedir(dh);
+}
+
 kg_status kg_safetensors_save(const char *path, const kg_tensor_dict *d) {
   save_item *items = calloc((size_t)d->n + 1, sizeof *items);
   if (!items) return kg_error(KG_ERR_OOM, "save", "%s: out of memory", path);
@@ -785,9 +810,11 @@ kg_status kg_safetensors_save(const char *path, const kg_tensor_dict *d) {
     s = kg_error(KG_ERR_OOM, "save", "%s: out of memory", path);
   int fd = -1;
   if (!s) {
+    remove_stale_temps(dir, base);
     sprintf(tmp, "%s/.%s.tmp-XXXXXX", dir, base); /* same directory: rename stays atomic */
     fd = mkstemp(tmp);
     if (fd < 0) s = SAVEERR(path, "cannot create a temp file in %s: %s", dir, strerror(errno));
+    else flock(fd, LOCK_EX); /* marks it live for another save's remove_stale_temps */
   }
   if (!s) {
     mode_t mask = umask(0);

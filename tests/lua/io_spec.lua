@@ -531,6 +531,27 @@ describe("keng.save errors and atomicity", function()
     assert.equal("model.safetensors\n", ls(dir))
   end)
 
+  it("removes the temp files a killed save of the same target left, not a live save's", function()
+    local dir = path("stale")
+    os.execute("mkdir -p " .. sh_quote(dir))
+    local stale = dir .. "/.m.safetensors.tmp-Ab12Cd"       -- as mkstemp names them
+    local live = dir .. "/.m.safetensors.tmp-Ef34Gh"
+    local other = dir .. "/.n.safetensors.tmp-Ij56Kl"        -- another target's
+    local odd = dir .. "/.m.safetensors.tmp-notmine1"        -- not the pattern
+    for _, f in ipairs({stale, live, other, odd}) do write_bytes(f, string.rep("x", 1000)) end
+    -- a save still running holds a lock on its temp file (util-linux flock stands in for it)
+    local ready = dir .. "/ready"
+    os.execute("flock -x " .. sh_quote(live) .. " sh -c 'touch " .. sh_quote(ready) .. "; sleep 3' &")
+    for _ = 1, 100 do
+      if read_bytes(ready) then break end
+      os.execute("sleep 0.05")
+    end
+    keng.save(dir .. "/m.safetensors", {w = keng.ones({2})})
+    assert.is_nil(read_bytes(stale), "the stale temp file is still there")
+    for _, f in ipairs({live, other, odd}) do assert.truthy(read_bytes(f), f .. " was removed") end
+    assert.are.same({2}, keng.load(dir .. "/m.safetensors").w.shape)
+  end)
+
   it("replaces an existing file and keeps its permissions", function()
     local p = path("perm.safetensors")
     keng.save(p, {a = keng.ones({1})})
