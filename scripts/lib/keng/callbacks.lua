@@ -12,6 +12,8 @@ local keng = require "keng"
 
 local callbacks = {}
 
+local options = require "keng.options"
+
 local Callback = {}
 Callback.__index = Callback
 Callback.__name = "Callback"
@@ -94,7 +96,7 @@ callbacks.fill_path = fill_path
 local ModelCheckpoint = Callback:extend("ModelCheckpoint")
 function ModelCheckpoint:init(path, opts)
   if type(path) ~= "string" then error("ModelCheckpoint(path, opts): path must be a string", 3) end
-  opts = opts or {}
+  opts = options.check("ModelCheckpoint", opts, {"monitor", "save_best_only", "mode", "verbose"}, 3)
   self.path, self.monitor = path, opts.monitor or "val_loss"
   self.save_best_only, self.verbose = opts.save_best_only or false, opts.verbose or 0
   self.better, self.best = comparer(opts.mode, self.monitor)
@@ -125,7 +127,8 @@ callbacks.ModelCheckpoint = ModelCheckpoint
 -- the best epoch (copied in place, so optimizers keep their references).
 local EarlyStopping = Callback:extend("EarlyStopping")
 function EarlyStopping:init(opts)
-  opts = opts or {}
+  opts = options.check("EarlyStopping", opts, {"monitor", "patience", "min_delta", "restore_best",
+    "restore_best_weights", "baseline", "verbose", "mode"}, 3)
   self.monitor, self.patience = opts.monitor or "val_loss", opts.patience or 0
   self.min_delta = math.abs(opts.min_delta or 0)
   self.restore_best = opts.restore_best or opts.restore_best_weights or false
@@ -163,7 +166,7 @@ callbacks.EarlyStopping = EarlyStopping
 -- on stderr (unless verbose = 0) naming the epoch and step; fit's History keeps it as
 -- stop_reason, and the callback as cb.message.
 local TerminateOnNaN = Callback:extend("TerminateOnNaN")
-function TerminateOnNaN:init(opts) self.verbose = (opts or {}).verbose or 1 end
+function TerminateOnNaN:init(opts) self.verbose = options.check("TerminateOnNaN", opts, {"verbose"}, 3).verbose or 1 end
 function TerminateOnNaN:on_batch_end(step, logs)
   local l = logs.loss
   if l and (l ~= l or l == math.huge or l == -math.huge) then
@@ -179,7 +182,7 @@ callbacks.TerminateOnNaN = TerminateOnNaN
 -- names in the order of the first row (loss first, the rest sorted).
 local CSVLogger = Callback:extend("CSVLogger")
 function CSVLogger:init(path, opts)
-  opts = opts or {}
+  opts = options.check("CSVLogger", opts, {"separator", "append"}, 3)
   self.path, self.sep, self.append = path, opts.separator or ",", opts.append or false
 end
 function CSVLogger:on_train_begin()
@@ -219,7 +222,7 @@ callbacks.CSVLogger = CSVLogger
 -- placed at each epoch's last step), rewritten at every epoch end through a temp file + rename.
 local LossCurve = Callback:extend("LossCurve")
 function LossCurve:init(path, opts)
-  opts = opts or {}
+  opts = options.check("LossCurve", opts, {"title"}, 3)
   self.path, self.title = path, opts.title or "training loss"
 end
 function LossCurve:on_train_begin()
@@ -293,7 +296,7 @@ callbacks.LossCurve = LossCurve
 local LearningRateScheduler = Callback:extend("LearningRateScheduler")
 function LearningRateScheduler:init(fn, opts)
   if type(fn) ~= "function" then error("LearningRateScheduler(fn): fn(epoch, lr) -> lr expected", 3) end
-  self.fn, self.verbose = fn, (opts or {}).verbose or 0
+  self.fn, self.verbose = fn, options.check("LearningRateScheduler", opts, {"verbose"}, 3).verbose or 0
 end
 function LearningRateScheduler:on_epoch_begin(epoch)
   local opt = self.optimizer

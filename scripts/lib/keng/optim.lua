@@ -25,6 +25,7 @@
 -- the buffer on / off (default: on when the first parameter is on cuda); the cpu path reads
 -- plain numbers as before.
 local keng = require "keng"
+local options = require "keng.options"
 
 local optim = {schedules = {}}
 
@@ -37,6 +38,11 @@ local function param_list(params, fname)
   local list = {}
   for i, p in ipairs(params) do
     if not keng.is_tensor(p) then error(string.format("%s: params[%d] is a %s, not a tensor", fname, i, type(p)), 3) end
+    if not p.is_leaf then
+      -- a non-leaf's update would be lost: backward fills grads of leaves only (as PyTorch refuses)
+      error(string.format("%s: params[%d] is not a leaf tensor (it is the result of an op); optimize the leaf "
+        .. "it came from, or t:detach():requires_grad_()", fname, i), 3)
+    end
     list[i] = p
   end
   return list
@@ -47,6 +53,9 @@ end
 local function check_number(level, fname, key, v, lo, hi, lo_open, hi_open)
   if type(v) ~= "number" or v ~= v then
     error(string.format("%s: %s must be a number, got %s", fname, key, tostring(v)), level)
+  end
+  if v == math.huge or v == -math.huge then
+    error(string.format("%s: %s must be finite, got %s", fname, key, tostring(v)), level)
   end
   if v < lo or (lo_open and v == lo) or v > hi or (hi_open and v == hi) then
     local range = hi == math.huge and string.format("%s %g", lo_open and ">" or ">=", lo)
@@ -59,20 +68,13 @@ end
 -- Reads opts into a fresh table of hyper-parameters: known keys (with Keras aliases) or an error.
 local aliases = {learning_rate = "lr", beta_1 = "beta1", beta_2 = "beta2", epsilon = "eps"}
 local function read_opts(fname, opts, defaults)
-  if opts ~= nil and type(opts) ~= "table" then error(fname .. ": opts must be a table, got " .. type(opts), 3) end
+  local valid = {schedule = true}
+  for k in pairs(defaults) do valid[k] = true end
+  for k, v in pairs(aliases) do if defaults[v] ~= nil then valid[k] = true end end
+  opts = options.check(fname, opts, valid, 3)
   local h = {}
   for k, v in pairs(defaults) do h[k] = v end
-  for k, v in pairs(opts or {}) do
-    local key = aliases[k] or k
-    if defaults[key] == nil and key ~= "schedule" then
-      local known = {}
-      for name in pairs(defaults) do known[#known + 1] = name end
-      table.sort(known)
-      error(string.format("%s: unknown option '%s' (expected %s or schedule)", fname, tostring(k),
-        table.concat(known, ", ")), 3)
-    end
-    h[key] = v
-  end
+  for k, v in pairs(opts) do h[aliases[k] or k] = v end
   return h
 end
 
@@ -141,14 +143,14 @@ end
 function Optimizer:next_lr(level)
   if self.schedule then
     local lr = self.schedule(self.iterations)
-    if type(lr) ~= "number" or lr ~= lr or lr < 0 then
-      error(string.format("%s:step: the schedule returned %s at step %d (need a number >= 0)", self.__name,
+    if type(lr) ~= "number" or not (lr >= 0 and lr < math.huge) then
+      error(string.format("%s:step: the schedule returned %s at step %d (need a finite number >= 0)", self.__name,
         tostring(lr), self.iterations), level + 1)
     end
     self.lr = lr
   end
-  if type(self.lr) ~= "number" or not (self.lr >= 0) then
-    error(string.format("%s:step: lr must be a number >= 0, got %s", self.__name, tostring(self.lr)), level + 1)
+  if type(self.lr) ~= "number" or not (self.lr >= 0 and self.lr < math.huge) then
+    error(string.format("%s:step: lr must be a finite number >= 0, got %s", self.__name, tostring(self.lr)), level + 1)
   end
 end
 
@@ -395,7 +397,7 @@ end
 -- Linear warmup over opts.warmup steps (as linear_warmup), then half a cosine from lr down to
 -- opts.min_lr over the remaining total_steps - warmup steps; min_lr after total_steps.
 function optim.schedules.cosine(lr, total_steps, opts)
-  opts = opts or {}
+  opts = options.check("schedules.cosine", opts, {"min_lr", "warmup"})
   local min_lr, warmup = opts.min_lr or 0, opts.warmup or 0
   check_number(3, "schedules.cosine", "lr", lr, 0, math.huge)
   check_number(3, "schedules.cosine", "total_steps", total_steps, 0, math.huge, true)

@@ -13,6 +13,7 @@
 -- One step is: model:train(); pred = model(x); loss; opt:zero_grad(); loss:backward(); opt:step().
 local keng = require "keng"
 local callbacks = require "keng.callbacks"
+local options = require "keng.options"
 local progress = require "keng.progress"
 
 local train = {}
@@ -148,7 +149,6 @@ local function make_source(data, opts, who)
     error(string.format("%s: x has %d samples but y has %d (dim 1 must match)", who, N, y.shape[1]), 3)
   end
   local bs = opts.batch_size or 32
-  if bs < 1 then error(who .. ": batch_size must be >= 1", 3) end
   local nb = (N + bs - 1) // bs
   local steps = opts.steps_per_epoch and math.min(opts.steps_per_epoch, nb) or nb
   return {steps = steps, next_epoch = function(shuffle)
@@ -234,6 +234,22 @@ local function ordered(logs)
 end
 
 ------------------------------------------------------------------------------------------------
+-- options: every key is checked (keng.options); counts are whole numbers
+
+local FIT_OPTS = {"loss", "optimizer", "lr", "epochs", "batch_size", "steps_per_epoch", "shuffle", "metrics",
+  "validation_data", "validation_batch_size", "validation_steps", "callbacks", "clip_norm", "verbose", "loss_opts",
+  "from_logits"}
+local EVALUATE_OPTS = {"loss", "metrics", "batch_size", "steps", "verbose", "loss_opts", "from_logits"}
+
+-- the count options that are present: epochs >= 0, the others >= 1 (raises at the user's line)
+local function check_counts(who, opts)
+  if opts.epochs ~= nil then options.integer(who, "epochs", opts.epochs, 0, 3) end
+  for _, k in ipairs({"batch_size", "steps_per_epoch", "steps", "validation_batch_size", "validation_steps"}) do
+    if opts[k] ~= nil then options.integer(who, k, opts[k], 1, 3) end
+  end
+end
+
+------------------------------------------------------------------------------------------------
 -- evaluate
 
 -- runs the model over data without a tape; returns {loss =, <metric> =} (sample means)
@@ -271,7 +287,8 @@ end
 -- evaluate(model, data, opts) -> mean loss, logs {loss =, accuracy = ...}. opts: loss, metrics,
 -- batch_size, steps, verbose (default: the loss and metrics of the model's last fit)
 function train.evaluate(model, data, opts)
-  opts = opts or {}
+  opts = options.check("evaluate", opts, EVALUATE_OPTS)
+  check_counts("evaluate", opts)
   local c = compiled[model] or {}
   local o = setmetatable({}, {__index = function(_, k) local v = opts[k]; if v == nil then v = c[k] end; return v end})
   local loss = loss_fn(o.loss, o, "evaluate")
@@ -285,7 +302,8 @@ end
 -- tensors when the model returns a list). data: a tensor, {x = ...}, a list of batches or a
 -- function. opts: batch_size (32), steps.
 function train.predict(model, data, opts)
-  opts = opts or {}
+  opts = options.check("predict", opts, {"batch_size", "steps"})
+  check_counts("predict", opts)
   local src = make_source(data, {batch_size = opts.batch_size, steps_per_epoch = opts.steps}, "predict")
   local was_training = model.training
   set_mode(model, false)
@@ -327,8 +345,14 @@ function History:last(name) local h = self.history[name]; return h and h[#h] end
 -- fit(model, data, opts) -> History {history = {loss = {per epoch}, ...}, steps = {loss per
 -- step}, epoch = {1, 2, ...}, params =, stop_reason =}. See docs/training.md for the options.
 function train.fit(model, data, opts)
-  opts = opts or {}
+  opts = options.check("fit", opts, FIT_OPTS)
   if type(model) ~= "table" then error("fit: model must be a module (got " .. type(model) .. ")", 2) end
+  check_counts("fit", opts)
+  if opts.clip_norm ~= nil then options.number("fit", "clip_norm", opts.clip_norm, 0) end
+  if opts.lr ~= nil then options.number("fit", "lr", opts.lr, 0) end
+  if opts.verbose ~= nil and opts.verbose ~= "auto" and opts.verbose ~= 0 and opts.verbose ~= 1 and opts.verbose ~= 2 then
+    error("fit: verbose must be 0, 1, 2 or \"auto\", got " .. tostring(opts.verbose), 2)
+  end
   local loss = loss_fn(opts.loss, opts, "fit")
   local metrics = metric_list(opts.metrics, opts, "fit")
   local src = make_source(data, opts, "fit")
