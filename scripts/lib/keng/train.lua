@@ -300,17 +300,22 @@ end
 
 -- predict(model, data, opts) -> the outputs of every batch concatenated along dim 1 (a list of
 -- tensors when the model returns a list). data: a tensor, {x = ...}, a list of batches or a
--- function. opts: batch_size (32), steps.
+-- function. opts: batch_size (32), steps, verbose (1: a progress bar; default 0).
 function train.predict(model, data, opts)
-  opts = options.check("predict", opts, {"batch_size", "steps"})
+  opts = options.check("predict", opts, {"batch_size", "steps", "verbose"})
   check_counts("predict", opts)
   local src = make_source(data, {batch_size = opts.batch_size, steps_per_epoch = opts.steps}, "predict")
   local was_training = model.training
   set_mode(model, false)
   local outs = {}
+  local bar = opts.verbose == 1 and progress.new(src.steps, {verbose = 1}) or nil
   keng.no_grad(function()
-    for x in src.next_epoch(false) do outs[#outs + 1] = forward(model, x) end
+    for x in src.next_epoch(false) do
+      outs[#outs + 1] = forward(model, x)
+      if bar then bar:update(#outs, {}, {}) end
+    end
   end)
+  if bar then bar:finish({}, {}) end
   if was_training ~= nil then set_mode(model, was_training) end
   if #outs == 0 then error("predict: data gave no batches", 2) end
   if keng.is_tensor(outs[1]) then return #outs == 1 and outs[1] or keng.cat(outs, 1) end

@@ -6,6 +6,7 @@
 local keng = require "keng"
 local Module = require "keng.nn.module"
 local L = require "keng.nn.layers"
+local options = require "keng.options"
 
 local MultiHeadAttention = Module:extend("MultiHeadAttention")
 
@@ -19,14 +20,15 @@ local MultiHeadAttention = Module:extend("MultiHeadAttention")
 local ROLES = {"query", "key", "value", "out"}
 
 function MultiHeadAttention:init(dim, heads, opts)
-  opts = opts or {}
+  opts = options.check("MultiHeadAttention", opts, {"kv_heads", "head_dim", "bias", "causal", "dropout", "dtype",
+    "device", "weight_init", "std", "names", "order"}, 3)
   local kv_heads = opts.kv_heads or heads
   local head_dim = opts.head_dim or dim // heads
   if not opts.head_dim and dim % heads ~= 0 then
-    error(string.format("MultiHeadAttention: dim %d does not split into %d heads", dim, heads), 2)
+    Module.error(string.format("MultiHeadAttention: dim %d does not split into %d heads", dim, heads), 2)
   end
   if heads % kv_heads ~= 0 then
-    error(string.format("MultiHeadAttention: %d heads are not a multiple of kv_heads %d", heads, kv_heads), 2)
+    Module.error(string.format("MultiHeadAttention: %d heads are not a multiple of kv_heads %d", heads, kv_heads), 2)
   end
   self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
   self.causal, self.dropout_p = opts.causal or false, opts.dropout or 0
@@ -45,9 +47,10 @@ end
 -- [B, H, T, S]), opts.causal (default the module's) -> [B, T, C]
 function MultiHeadAttention:forward(x, opts)
   if keng.is_tensor(opts) then opts = {context = opts} end
-  opts = opts or {}
+  opts = options.check("MultiHeadAttention:forward", opts, {"context", "mask", "causal"}, 3)
+  Module.check_tensor("MultiHeadAttention", x)
   if x.ndim ~= 3 or x.shape[3] ~= self.dim then
-    error(string.format("MultiHeadAttention: x [%s] is not [B, T, %d]", table.concat(x.shape, ","), self.dim), 2)
+    Module.error(string.format("MultiHeadAttention: x [%s] is not [B, T, %d]", table.concat(x.shape, ","), self.dim), 2)
   end
   local ctx = opts.context or x
   local B, T, S = x.shape[1], x.shape[2], ctx.shape[2]

@@ -7,6 +7,7 @@
 -- weights to the compute dtype; norms take the input's dtype and reduce in f32 in the engine.
 local keng = require "keng"
 local Module = require "keng.nn.module"
+local options = require "keng.options"
 
 local L = {}
 
@@ -22,6 +23,20 @@ local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
 
 local function pair(v) return type(v) == "table" and v or {v, v} end
 
+-- the options of a layer constructor, unknown keys refused at the user's line (Class(...) ->
+-- new_instance -> init -> here)
+local function layer_opts(self, opts, valid)
+  local checked = options.check(self.__name, opts, valid, Module.user_level(3))
+  return checked  -- not a tail call: the level above counts this frame
+end
+local DD = {"dtype", "device"}
+local function with(list, ...)
+  local out = {...}
+  for _, k in ipairs(list) do out[#out + 1] = k end
+  return out
+end
+local check = Module.check_tensor
+
 ---------------------------------------------------------------------------------------------
 -- Linear: y = x·Wᵀ + b
 
@@ -30,17 +45,19 @@ L.Linear = Linear
 
 -- Linear(in, out, {bias=true, dtype=, device=, weight_init="glorot_uniform", bias_init="zeros"})
 function Linear:init(in_features, out_features, opts)
-  opts = opts or {}
+  opts = layer_opts(self, opts, with(DD, "bias", "weight_init", "bias_init", "std"))
   self:configure(opts)
   self.in_features, self.out_features = in_features, out_features
-  self:param("weight", {out_features, in_features}, opts.weight_init or "glorot_uniform")  -- [out, in]
+  self:param("weight", {out_features, in_features}, opts.weight_init or "glorot_uniform",  -- [out, in]
+    {std = opts.std})
   if opts.bias ~= false then self:param("bias", {out_features}, opts.bias_init or "zeros") end
 end
 
 function Linear:forward(x)  -- x [..., in] -> [..., out]
+  check("Linear", x)
   local C = x.shape[x.ndim]
   if C ~= self.in_features then
-    error(string.format("Linear(%d -> %d): input %s has %s features, expected %d", self.in_features,
+    Module.error(string.format("Linear(%d -> %d): input %s has %s features, expected %d", self.in_features,
       self.out_features, shape_str(x), tostring(C), self.in_features), 2)
   end
   local cd = self:compute_dtype(self.weight)
@@ -59,13 +76,14 @@ L.Embedding = Embedding
 
 -- Embedding(V, C, {dtype=, device=, init="uniform"})
 function Embedding:init(num_embeddings, dim, opts)
-  opts = opts or {}
+  opts = layer_opts(self, opts, with(DD, "init", "std"))
   self:configure(opts)
   self.num_embeddings, self.embedding_dim = num_embeddings, dim
-  self:param("weight", {num_embeddings, dim}, opts.init or "uniform")  -- [V, C]
+  self:param("weight", {num_embeddings, dim}, opts.init or "uniform", {std = opts.std})  -- [V, C]
 end
 
 function Embedding:forward(ids)  -- ids [...] (0-based integers) -> [..., C]
+  check("Embedding", ids, "ids")
   -- gather in the stored dtype, then cast the rows: the same values as casting the table
   return cast(keng.embedding(ids, self.weight), self:compute_dtype(self.weight))
 end
@@ -80,7 +98,7 @@ L.LayerNorm = LayerNorm
 
 -- LayerNorm(C, {eps=1e-5, affine=true, bias=true}) over the last dim
 function LayerNorm:init(dim, opts)
-  opts = opts or {}
+  opts = layer_opts(self, opts, with(DD, "eps", "affine", "elementwise_affine", "bias"))
   self:configure(opts)
   if type(dim) == "table" then dim = dim[#dim] end
   self.dim, self.eps = dim, opts.eps or 1e-5
@@ -91,6 +109,7 @@ function LayerNorm:init(dim, opts)
 end
 
 function LayerNorm:forward(x)  -- x [..., C]
+  check("LayerNorm", x)
   return keng.layer_norm(x, self.weight, self.bias, self.eps)
 end
 
@@ -102,13 +121,14 @@ L.RMSNorm = RMSNorm
 -- RMSNorm(C, {eps=1e-6, unit_offset=false}); unit_offset scales by (1 + w), w starting at 0
 -- (Gemma), otherwise by w starting at 1
 function RMSNorm:init(dim, opts)
-  opts = opts or {}
+  opts = layer_opts(self, opts, with(DD, "eps", "unit_offset"))
   self:configure(opts)
   self.dim, self.eps, self.unit_offset = dim, opts.eps or 1e-6, opts.unit_offset or false
   self:param("weight", {dim}, self.unit_offset and "zeros" or "ones")
 end
 
 function RMSNorm:forward(x)  -- x [..., C]
+  check("RMSNorm", x)
   return keng.rms_norm(x, self.weight, self.eps, {unit_offset = self.unit_offset})
 end
 
@@ -121,9 +141,9 @@ L.GroupNorm = GroupNorm
 
 -- GroupNorm(G, C, {eps=1e-5, affine=true}) over groups of C/G channels of x [B, C, ...]
 function GroupNorm:init(groups, channels, opts)
-  opts = opts or {}
+  opts = layer_opts(self, opts, with(DD, "eps", "affine"))
   if channels % groups ~= 0 then
-    error(string.format("GroupNorm: %d channels do not split into %d groups", channels, groups), 2)
+    Module.error(string.format("GroupNorm: %d channels do not split into %d groups", channels, groups), 2)
   end
   self:configure(opts)
   self.groups, self.channels, self.eps = groups, channels, opts.eps or 1e-5
@@ -134,6 +154,7 @@ function GroupNorm:init(groups, channels, opts)
 end
 
 function GroupNorm:forward(x)  -- x [B, C, ...]
+  check("GroupNorm", x)
   return keng.group_norm(x, self.groups, self.weight, self.bias, self.eps)
 end
 
@@ -150,7 +171,7 @@ local function resolve_padding(padding, k, dilation)
     local p = {}
     for i = 1, 2 do
       local span = dd[i] * (kk[i] - 1)
-      if span % 2 ~= 0 then error("Conv2d: padding='same' needs an odd effective kernel size", 3) end
+      if span % 2 ~= 0 then Module.error("Conv2d: padding='same' needs an odd effective kernel size", 3) end
       p[i] = span // 2
     end
     return p
@@ -164,10 +185,10 @@ L.Conv2d = Conv2d
 -- Conv2d(Cin, Cout, k, {stride=1, padding=0|"same"|"valid", dilation=1, groups=1, bias=true,
 -- dtype=, device=}); weight [Cout, Cin/groups, kh, kw]
 function Conv2d:init(in_channels, out_channels, kernel_size, opts)
-  opts = opts or {}
+  opts = layer_opts(self, opts, with(DD, "stride", "padding", "dilation", "groups", "bias", "weight_init", "bias_init"))
   local groups = opts.groups or 1
   if in_channels % groups ~= 0 or out_channels % groups ~= 0 then
-    error(string.format("Conv2d: %d in and %d out channels must both divide by groups=%d", in_channels,
+    Module.error(string.format("Conv2d: %d in and %d out channels must both divide by groups=%d", in_channels,
       out_channels, groups), 2)
   end
   self:configure(opts)
@@ -180,6 +201,7 @@ function Conv2d:init(in_channels, out_channels, kernel_size, opts)
 end
 
 function Conv2d:forward(x)  -- x [B, Cin, H, W] -> [B, Cout, H', W']
+  check(self.__name, x)
   local cd = self:compute_dtype(self.weight)
   return keng.conv2d(cast(x, cd), cast(self.weight, cd), cast(self.bias, cd),
     {stride = self.stride, padding = self.padding, dilation = self.dilation, groups = self.groups})
@@ -195,10 +217,11 @@ L.ConvTranspose2d = ConvTranspose2d
 -- ConvTranspose2d(Cin, Cout, k, {stride=1, padding=0, output_padding=0, dilation=1, groups=1,
 -- bias=true}); weight [Cin, Cout/groups, kh, kw] as in PyTorch
 function ConvTranspose2d:init(in_channels, out_channels, kernel_size, opts)
-  opts = opts or {}
+  opts = layer_opts(self, opts, with(DD, "stride", "padding", "output_padding", "dilation", "groups", "bias",
+    "weight_init", "bias_init"))
   local groups = opts.groups or 1
   if in_channels % groups ~= 0 or out_channels % groups ~= 0 then
-    error(string.format("ConvTranspose2d: %d in and %d out channels must both divide by groups=%d",
+    Module.error(string.format("ConvTranspose2d: %d in and %d out channels must both divide by groups=%d",
       in_channels, out_channels, groups), 2)
   end
   self:configure(opts)
@@ -211,6 +234,7 @@ function ConvTranspose2d:init(in_channels, out_channels, kernel_size, opts)
 end
 
 function ConvTranspose2d:forward(x)  -- x [B, Cin, H, W] -> [B, Cout, H', W']
+  check(self.__name, x)
   local cd = self:compute_dtype(self.weight)
   return keng.conv_transpose2d(cast(x, cd), cast(self.weight, cd), cast(self.bias, cd),
     {stride = self.stride, padding = self.padding, output_padding = self.output_padding,
@@ -228,16 +252,16 @@ L.Dropout = Dropout
 -- Dropout(p=0.5): inverted dropout while training, the identity in eval mode
 function Dropout:init(p)
   p = p or 0.5
-  if type(p) ~= "number" or p < 0 or p > 1 then error("Dropout: p must be in [0, 1], got " .. tostring(p), 2) end
+  if type(p) ~= "number" or p < 0 or p > 1 then Module.error("Dropout: p must be in [0, 1], got " .. tostring(p), 2) end
   self.p = p
 end
 
-function Dropout:forward(x) return keng.dropout(x, self.p, self.training) end
+function Dropout:forward(x) return keng.dropout(check("Dropout", x), self.p, self.training) end
 function Dropout:extra_repr() return string.format("p=%g", self.p) end
 
 local function activation(name, fn)
   local cls = Module:extend(name)
-  cls.forward = function(_, x) return fn(x) end
+  cls.forward = function(_, x) return fn(check(name, x)) end
   L[name] = cls
   return cls
 end
@@ -245,10 +269,14 @@ end
 local GELU = activation("GELU")
 -- GELU({approximate="none"|"tanh"}) (also GELU("tanh"))
 function GELU:init(opts)
-  local approx = type(opts) == "table" and opts.approximate or opts
+  local approx = type(opts) == "table" and layer_opts(self, opts, {"approximate"}).approximate or opts
+  if approx ~= nil and approx ~= "none" and approx ~= "tanh" then
+    Module.error("GELU: approximate must be \"none\" or \"tanh\", got " .. tostring(approx), 2)
+  end
   self.approximate = approx or "none"
 end
 function GELU:forward(x)
+  check("GELU", x)
   if self.approximate == "tanh" then return keng.gelu(x, {approximate = "tanh"}) end
   return keng.gelu(x)
 end
@@ -264,12 +292,12 @@ activation("Identity", function(x) return x end)
 local Softmax = Module:extend("Softmax")
 L.Softmax = Softmax
 function Softmax:init(dim) self.dim = dim or -1 end
-function Softmax:forward(x) return keng.softmax(x, self.dim) end
+function Softmax:forward(x) return keng.softmax(check("Softmax", x), self.dim) end
 
 local Flatten = Module:extend("Flatten")
 L.Flatten = Flatten
 -- Flatten(): [B, ...] -> [B, prod(...)]
-function Flatten:forward(x) return x:reshape{x.shape[1], -1} end
+function Flatten:forward(x) check("Flatten", x); return x:reshape{x.shape[1], -1} end
 
 ---------------------------------------------------------------------------------------------
 -- containers
@@ -283,7 +311,7 @@ function Sequential:init(...)
   if #list == 1 and not Module.is_module(list[1]) and type(list[1]) == "table" then list = list[1] end
   for i, m in ipairs(list) do
     if not Module.is_module(m) then
-      error(string.format("Sequential: argument %d is a %s, not a module", i, type(m)), 3)
+      Module.error(string.format("Sequential: argument %d is a %s, not a module", i, type(m)), 2)
     end
     self[tostring(i)] = m
   end
@@ -299,6 +327,7 @@ function Sequential:forward(x, ...)
   for i = 1, #self do x = self[i](x, ...) end
   return x
 end
+Module.plumbing[Sequential.forward] = true  -- a child's input error names the user's call
 
 function Sequential.__len(self)
   local n = 0
@@ -314,7 +343,7 @@ Module.ModuleList = ModuleList
 function ModuleList:init(list)
   for i, m in ipairs(list or {}) do
     if not Module.is_module(m) then
-      error(string.format("ModuleList: element %d is a %s, not a module", i, type(m)), 3)
+      Module.error(string.format("ModuleList: element %d is a %s, not a module", i, type(m)), 2)
     end
     self[tostring(i)] = m
   end

@@ -130,6 +130,40 @@ function Module.__tostring(self)
 end
 
 ---------------------------------------------------------------------------------------------
+-- errors at the user's line
+
+-- Raises msg blaming the caller of the function that calls Module.error, as error(msg, 2)
+-- would, except that the module plumbing (m(x) -> __call -> forward, Class(...) -> init) is
+-- skipped: `nn.Linear(4, 3)(x)` with a bad x names the user's line, not module.lua.
+function Module.error(msg, level)
+  error(msg, Module.user_level((level or 2) + 1))
+end
+
+-- functions that only pass a call on (containers' forward register here too)
+Module.plumbing = setmetatable({}, {__mode = "k"})
+
+-- level (as error() counts it from the caller of user_level), moved past the module plumbing
+-- frames (__call, new_instance, Sequential:forward) to the first frame that is none of them
+function Module.user_level(level)
+  level = level + 1
+  while true do
+    local info = debug.getinfo(level, "f")
+    if not info or not Module.plumbing[info.func] then break end
+    level = level + 1
+  end
+  return level - 1
+end
+
+-- x, or an error naming who wanted a tensor and what it got
+function Module.check_tensor(who, x, what)
+  if not keng.is_tensor(x) then
+    Module.error(string.format("%s: %s must be a tensor, got %s", who, what or "input",
+      type(x) == "string" and string.format("the string %q", x:sub(1, 40)) or type(x)), 3)
+  end
+  return x
+end
+
+---------------------------------------------------------------------------------------------
 -- classes
 
 local METAMETHODS = {"__index", "__newindex", "__call", "__tostring", "__len"}
@@ -140,6 +174,8 @@ local function new_instance(cls, ...)
   obj:init(...)
   return obj
 end
+Module.plumbing[new_instance] = true
+Module.plumbing[Module.__call] = true
 
 local class_mt = {
   __call = new_instance,

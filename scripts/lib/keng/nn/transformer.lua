@@ -9,6 +9,7 @@ local keng = require "keng"
 local Module = require "keng.nn.module"
 local L = require "keng.nn.layers"
 local MultiHeadAttention = require "keng.nn.attention"
+local options = require "keng.options"
 
 -- roles: attn (MultiHeadAttention), attn_norm (its branch's LayerNorm), mlp (a submodule that
 -- holds fc1 and fc2, or nil to hold them in the layer itself), fc1 [F, C], fc2 [C, F], mlp_norm;
@@ -30,7 +31,8 @@ local TransformerEncoderLayer = Module:extend("TransformerEncoderLayer")
 -- Linear options: weight_init=, std=), attention_init= ({weight_init=, std=} of the projections;
 -- default Linear's), names= (see DEFAULT_NAMES)})
 function TransformerEncoderLayer:init(dim, heads, ffn, opts)
-  opts = opts or {}
+  opts = options.check("TransformerEncoderLayer", opts, {"norm_first", "causal", "eps", "activation", "dropout",
+    "dtype", "device", "linear", "attention_init", "names"}, 3)
   local n = {}
   for k, v in pairs(DEFAULT_NAMES) do n[k] = v end
   for k, v in pairs(opts.names or {}) do n[k] = v end
