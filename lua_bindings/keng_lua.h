@@ -61,6 +61,10 @@ kg_device kgl_device(lua_State *L, int idx);
 /* Field `key` of the table at idx, as number / boolean, or def when absent. */
 double kgl_field_number(lua_State *L, int idx, const char *key, double def);
 bool kgl_field_bool(lua_State *L, int idx, const char *key, bool def);
+/* The options table at idx (none or nil passes; anything else but a table is an error) holds
+ * only keys of `valid` (NULL-terminated), else an error at the caller's line naming the key and
+ * the valid ones, as keng.options.check does in Lua. */
+void kgl_check_options(lua_State *L, int idx, const char *who, const char *const *valid);
 
 /* Registration: each family file adds tensor methods (into the table at methods) and module
  * functions (into the table at keng). Defined in lua_bindings/<family>.c. */

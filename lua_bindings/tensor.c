@@ -139,6 +139,30 @@ kg_device kgl_device(lua_State *L, int idx) {
   return d;
 }
 
+void kgl_check_options(lua_State *L, int idx, const char *who, const char *const *valid) {
+  if (lua_isnoneornil(L, idx)) return;
+  if (!lua_istable(L, idx)) luaL_error(L, "%s: options must be a table, got %s", who, luaL_typename(L, idx));
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    bool ok = false;
+    for (int i = 0; k && valid[i] && !ok; i++) ok = !strcmp(k, valid[i]);
+    if (!ok) {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      for (int i = 0; valid[i]; i++) {
+        if (i) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, valid[i]);
+      }
+      luaL_pushresult(&b);
+      lua_pushvalue(L, -2);
+      luaL_error(L, "%s: unknown option '%s' (valid: %s)", who, luaL_tolstring(L, -1, NULL), lua_tostring(L, -2));
+    }
+  }
+}
+
 double kgl_field_number(lua_State *L, int idx, const char *key, double def) {
   if (!lua_istable(L, idx)) return def;
   lua_getfield(L, idx, key);

@@ -1,15 +1,28 @@
 /* loss.c — losses: cross_entropy (fused log-softmax + NLL over the last dim, with a fused
- * backward kernel) and mse_loss (a composite of sub, mul and mean/sum).
- * Shapes: logits [..., C] (N rows of C classes), targets [...] integer 0-based class ids. */
+ * backward kernel; class weights and label smoothing as PyTorch's) and mse_loss (a composite of
+ * sub, mul and mean/sum).
+ * Shapes: logits [..., C] (N rows of C classes), targets [...] integer 0-based class ids,
+ * weight [C]. */
 #include "../core/internal.h"
 
 kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_tensor *targets,
-                           const kg_loss_params *p) {
+                           const kg_tensor *weight, const kg_loss_params *p) {
   char b1[KG_SHAPE_STR_MAX], b2[KG_SHAPE_STR_MAX];
-  const kg_tensor *in[2] = {logits, targets};
+  const kg_tensor *in[3] = {logits, targets, weight};
   KG_TRY(kg_check_float("cross_entropy", logits, "logits"));
   KG_TRY(kg_check_integer("cross_entropy", targets, "targets"));
-  KG_TRY(kg_check_same_device("cross_entropy", 2, in));
+  KG_TRY(kg_check_same_device("cross_entropy", weight ? 3 : 2, in));
+  if (!(p->label_smoothing >= 0 && p->label_smoothing <= 1))
+    return kg_error(KG_ERR_VALUE, "cross_entropy", "label_smoothing must be in [0, 1], got %g", p->label_smoothing);
+  if (weight) {
+    KG_TRY(kg_check_float("cross_entropy", weight, "weight"));
+    if (weight->ndim != 1 || logits->ndim < 1 || weight->shape[0] != logits->shape[logits->ndim - 1])
+      return kg_error(KG_ERR_SHAPE, "cross_entropy", "weight %s must be [C] for logits %s (one weight per class)",
+                      KG_SHAPE(weight, b1), KG_SHAPE(logits, b2));
+    if (kg_requires_grad(weight))
+      return kg_error(KG_ERR_VALUE, "cross_entropy",
+                      "weight requires grad, but class weights are constants here (as in PyTorch): pass weight:detach()");
+  }
   bool fits = logits->ndim >= 1 && targets->ndim == logits->ndim - 1;
   for (int d = 0; fits && d < targets->ndim; d++) fits = targets->shape[d] == logits->shape[d];
   if (!fits)
@@ -25,20 +38,21 @@ kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_te
   bool none = p->reduction == KG_REDUCE_NONE;
   KG_TRY(kg_new_like(&outs[0], logits, none ? targets->ndim : 0, targets->shape, dt));
   kg_status s = kg_new_like(&outs[1], logits, targets->ndim, targets->shape, dt);
-  if (!s) s = kg_op_run(KG_OP_CROSS_ENTROPY, 2, outs, 2, in, p, sizeof *p);
+  if (!s) s = kg_op_run(KG_OP_CROSS_ENTROPY, 2, outs, 3, in, p, sizeof *p);
   if (s) return kg_release_all(2, outs), s;
   kg_tensor_release(outs[1]);
   *out = outs[0];
   return KG_OK;
 }
 
-/* dlogits = (softmax(logits) - onehot(target)) * g / count, in one kernel */
+/* dlogits = (a·softmax(logits) - (1-ε)·w[t]·onehot(t) - ε/C·w) * g / Σw[t] (mean), with
+ * a = (1-ε)·w[t] + ε/C·Σw (w = 1 without weights), in one kernel */
 kg_status kg_grad_cross_entropy(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
   if (!kg_node_needs_grad(n, 0) || !dout[0]) return KG_OK;
   const kg_tensor_meta *m = &n->in_meta[0];
   KG_TRY(kg_tensor_empty(&din[0], m->ndim, m->shape, m->dtype, m->device));
-  const kg_tensor *in[4] = {n->saved_in[0], n->saved_in[1], n->saved_out[1], dout[0]};
-  kg_status s = kg_op_dispatch(KG_OP_CROSS_ENTROPY_BACKWARD, 1, din, 4, in, n->params);
+  const kg_tensor *in[5] = {n->saved_in[0], n->saved_in[1], n->saved_out[1], dout[0], n->saved_in[2]};
+  kg_status s = kg_op_dispatch(KG_OP_CROSS_ENTROPY_BACKWARD, 1, din, 5, in, n->params);
   if (s) {
     kg_tensor_release(din[0]);
     din[0] = NULL;

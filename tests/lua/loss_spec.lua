@@ -199,3 +199,80 @@ describe("mse_loss", function()
     H.raises(function() keng.mse_loss(a, b, {reduction = "avg"}) end, "reduction")
   end)
 end)
+
+-- golden values from torch.nn.functional.cross_entropy (tests/fixtures/gen/gen_loss.py)
+describe("cross_entropy with class weights and label smoothing (PyTorch's)", function()
+  local g = keng.load("tests/fixtures/loss/cross_entropy.safetensors")
+  local cases = {
+    {weight = g.weight},
+    {label_smoothing = 0.1},
+    {weight = g.weight, label_smoothing = 0.1},
+    {weight = g.weight, label_smoothing = 0.3, ignore_index = 2},
+  }
+  local function targets(k)
+    local t = g.targets:clone()
+    if k == 4 then t:narrow(1, 3, 1):fill_(3) end
+    return t
+  end
+  local function opts(k, red, extra)
+    local o = {reduction = red}
+    for key, v in pairs(cases[k]) do o[key] = v end
+    for key, v in pairs(extra or {}) do o[key] = v end
+    return o
+  end
+
+  it("loss and gradient match torch for every case and reduction (f64 and f32)", function()
+    for k = 1, #cases do
+      for _, red in ipairs({"mean", "sum", "none"}) do
+        for _, dt in ipairs({"f64", "f32"}) do
+          local o = opts(k, red)
+          if o.weight then o.weight = o.weight:to(dt) end
+          local x = g.logits:to(dt):detach():requires_grad_()
+          local loss = keng.cross_entropy(x, targets(k), o)
+          local tol = dt == "f64" and 1e-10 or 1e-5
+          local name = string.format("case %d %s %s", k, red, dt)
+          H.close(loss:reshape{-1}, g["loss_" .. k .. "_" .. red], tol, name)
+          loss:sum():backward()
+          H.close(x.grad, g["dlogits_" .. k .. "_" .. red], tol, name .. " gradient")
+        end
+      end
+    end
+  end)
+
+  it("works on non-contiguous logits and weights; gradients match finite differences", function()
+    local o = opts(3, "mean")
+    local x = H.noncontig(g.logits)
+    H.close(keng.cross_entropy(x, targets(3), {weight = H.noncontig(g.weight), label_smoothing = 0.1}):reshape{1},
+      g.loss_3_mean, 1e-10, "non-contiguous")
+    for k = 1, #cases do
+      for _, red in ipairs({"mean", "none"}) do
+        H.gradcheck(function(l) return keng.cross_entropy(l, targets(k), opts(k, red)) end, {H.leaf({6, 5})})
+      end
+    end
+    assert.truthy(o)
+  end)
+
+  it("label_smoothing 0 and weight of ones give the plain loss", function()
+    local t = targets(1)
+    H.close(keng.cross_entropy(g.logits, t, {weight = keng.ones({5}, {dtype = "f64"}), label_smoothing = 0}),
+      keng.cross_entropy(g.logits, t), 1e-12, "ones")
+  end)
+
+  it("refuses unknown options, a bad weight and a smoothing outside [0, 1]", function()
+    local t = targets(1)
+    H.raises(function() keng.cross_entropy(g.logits, t, {smoothing = 0.1}) end,
+      "cross_entropy: unknown option 'smoothing' (valid: reduction, ignore_index, label_smoothing, weight)")
+    H.raises(function() keng.cross_entropy(g.logits, t, {weight = keng.ones({4})}) end,
+      "cross_entropy: weight [4] must be [C] for logits [6,5]")
+    H.raises(function() keng.cross_entropy(g.logits, t, {weight = {1, 2, 3, 4, 5}}) end,
+      "cross_entropy: weight must be a tensor")
+    H.raises(function() keng.cross_entropy(g.logits, t, {weight = keng.ones({5}, {dtype = "i64"})}) end, "weight")
+    H.raises(function() keng.cross_entropy(g.logits, t, {weight = keng.ones({5}):requires_grad_()}) end,
+      "weight requires grad")
+    H.raises(function() keng.cross_entropy(g.logits, t, {label_smoothing = 1.5}) end,
+      "label_smoothing must be in [0, 1], got 1.5")
+    H.raises(function() keng.cross_entropy(g.logits, t, {label_smoothing = 0 / 0}) end, "label_smoothing")
+    H.raises(function() keng.cross_entropy(g.logits, t, {ignore_index = 1.5}) end, "ignore_index must be an integer")
+    H.raises(function() keng.mse_loss(g.logits, g.logits, {reduce = "sum"}) end, "mse_loss: unknown option 'reduce'")
+  end)
+end)

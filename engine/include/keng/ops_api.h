@@ -188,13 +188,21 @@ kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const
 /* ---- losses (engine/ops/loss.c) ------------------------------------------------------------ */
 
 typedef enum { KG_REDUCE_MEAN, KG_REDUCE_SUM, KG_REDUCE_NONE } kg_reduction;
-typedef struct { kg_reduction reduction; int64_t ignore_index; bool has_ignore; } kg_loss_params;
+/* label_smoothing ε in [0, 1]: the target distribution is (1 - ε)·onehot + ε/C (PyTorch's) */
+typedef struct {
+  kg_reduction reduction;
+  int64_t ignore_index;
+  bool has_ignore;
+  double label_smoothing;
+} kg_loss_params;
 
-/* logits: [N, C] or [..., C]; targets: integer [N] or [...], 0-based class ids. Fused
- * log-softmax + NLL, reduced in f32; rows whose target is ignore_index count for nothing
- * (mean divides by the rows kept). Output f32: scalar, or [N] with KG_REDUCE_NONE. */
+/* logits: [N, C] or [..., C]; targets: integer [N] or [...], 0-based class ids; weight: float
+ * [C] class weights or NULL (a constant: no gradient). Fused log-softmax + NLL, reduced in f32;
+ * rows whose target is ignore_index count for nothing. As PyTorch: row i's loss is
+ * (1-ε)·w[t]·(lse - x[t]) + ε/C·Σc w[c]·(lse - x[c]); mean divides the sum by Σ w[t] over the
+ * rows kept. Output f32: scalar, or [N] with KG_REDUCE_NONE. */
 kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_tensor *targets,
-                           const kg_loss_params *p);
+                           const kg_tensor *weight, const kg_loss_params *p);
 kg_status kg_mse_loss(kg_tensor **out, const kg_tensor *a, const kg_tensor *b, kg_reduction reduction);
 
 /* ---- optimizers (engine/ops/optim.c) ------------------------------------------------------ */
