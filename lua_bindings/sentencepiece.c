@@ -44,7 +44,8 @@ static int l_encode(lua_State *L) {
   kg_sentencepiece *sp = check_sp(L);
   size_t n;
   const char *text = luaL_checklstring(L, 2, &n);
-  if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+  static const char *const valid[] = {"add_bos", "add_eos", NULL};
+  kgl_check_options(L, 3, "sentencepiece:encode", valid);
   bool add_bos = lua_istable(L, 3) && kgl_field_bool(L, 3, "add_bos", false);
   bool add_eos = lua_istable(L, 3) && kgl_field_bool(L, 3, "add_eos", false);
   kg_sentencepiece_info info = kg_sentencepiece_get_info(sp);

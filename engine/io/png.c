@@ -4,6 +4,8 @@
 #include <keng/image.h>
 
 #include <png.h>
+
+#include "vocab.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,19 +80,25 @@ kg_status kg_png_read(kg_tensor **out, const char *path) {
   png_image im;
   memset(&im, 0, sizeof im);
   im.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_file(&im, path))
+  uint64_t size;
+  kg_status os;
+  FILE *f = kg_open_regular(path, "png_read", "image", KG_MAX_READ_FILE, &size, &os); /* no FIFO, no device */
+  if (!f) return os;
+  if (!png_image_begin_read_from_stdio(&im, f)) {
+    fclose(f);
     return kg_error(KG_ERR_IO, "png_read", "%s: %s", path, im.message[0] ? im.message : "cannot read");
+  }
   /* keep the file's channels; drop 16-bit to 8-bit and expand palettes */
   int c = (im.format & PNG_FORMAT_FLAG_COLOR ? 3 : 1) + (im.format & PNG_FORMAT_FLAG_ALPHA ? 1 : 0);
   im.format = format_of(c);
   /* a decompression bomb: deflate expands at most ~1032x, and palette / sub-byte pixels at
    * most 32x more, so a file cannot describe more than 2^16 output bytes per file byte */
-  struct stat fst;
   uint64_t want = (uint64_t)im.height * im.width * (uint64_t)c;
-  if (stat(path, &fst) == 0 && want > ((uint64_t)fst.st_size << 16) + (1u << 20)) {
+  if (want > (size << 16) + (1u << 20)) {
     kg_status e = kg_error(KG_ERR_IO, "png_read", "%s: header claims %ux%u pixels, more than the %lld-byte file can hold",
-                           path, (unsigned)im.width, (unsigned)im.height, (long long)fst.st_size);
+                           path, (unsigned)im.width, (unsigned)im.height, (long long)size);
     png_image_free(&im);
+    fclose(f);
     return e;
   }
   int64_t shape[3] = {im.height, im.width, c};
@@ -98,14 +106,17 @@ kg_status kg_png_read(kg_tensor **out, const char *path) {
   kg_status st = kg_tensor_empty(&t, 3, shape, KG_U8, KG_CPU);
   if (st != KG_OK) {
     png_image_free(&im);
+    fclose(f);
     return st;
   }
   if (!png_image_finish_read(&im, NULL, kg_data(t), (png_int_32)(im.width * c), NULL)) {
     kg_status s = kg_error(KG_ERR_IO, "png_read", "%s: %s", path, im.message[0] ? im.message : "corrupt data");
     png_image_free(&im);
     kg_tensor_release(t);
+    fclose(f);
     return s;
   }
+  fclose(f);
   *out = t;
   return KG_OK;
 }

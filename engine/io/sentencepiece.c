@@ -13,6 +13,7 @@
 #include <keng/tokenizer.h>
 
 #include "unicode.h"
+#include "vocab.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -426,17 +427,11 @@ kg_status kg_sentencepiece_parse(kg_sentencepiece **out, const void *data, size_
 
 kg_status kg_sentencepiece_load(kg_sentencepiece **out, const char *path) {
   *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return kg_error(KG_ERR_IO, OP, "%s: cannot open", path);
-  if (fseek(f, 0, SEEK_END) != 0) return fclose(f), kg_error(KG_ERR_IO, OP, "%s: cannot seek", path);
-  long n = ftell(f);
-  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) return fclose(f), kg_error(KG_ERR_IO, OP, "%s: cannot read", path);
-  uint8_t *buf = malloc((size_t)n + 1);
-  if (!buf) return fclose(f), kg_error(KG_ERR_OOM, OP, "%s: out of memory (%ld bytes)", path, n);
-  size_t got = fread(buf, 1, (size_t)n, f);
-  fclose(f);
-  if (got != (size_t)n) return free(buf), kg_error(KG_ERR_IO, OP, "%s: short read", path);
-  kg_status s = kg_sentencepiece_parse(out, buf, (size_t)n, path);
+  size_t n;
+  kg_status s;
+  uint8_t *buf = (uint8_t *)kg_read_file(path, OP, "SentencePiece model", &n, &s);
+  if (!buf) return s;
+  s = kg_sentencepiece_parse(out, buf, n, path);
   free(buf);
   return s;
 }

@@ -2,6 +2,9 @@
 #include "vocab.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,35 +62,56 @@ void kg_vocab_free(kg_vocab *v) {
   free(v->slots);
 }
 
-char *kg_read_file(const char *path, const char *op, const char *what, size_t *len, kg_status *st) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+FILE *kg_open_regular(const char *path, const char *op, const char *what, uint64_t max_bytes, uint64_t *size,
+                      kg_status *st) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
+  if (fd < 0) {
     *st = kg_error(KG_ERR_IO, op, "cannot open %s '%s': %s", what, path, strerror(errno));
     return NULL;
   }
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n + 65536 > cap) {
-      cap = cap ? cap * 2 : 1 << 20;
-      char *nb = realloc(buf, cap);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        *st = kg_error(KG_ERR_OOM, op, "out of memory reading '%s'", path);
-        return NULL;
-      }
-      buf = nb;
-    }
-    size_t got = fread(buf + n, 1, cap - n, f);
-    n += got;
-    if (got == 0) break;
+  struct stat sb;
+  if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    *st = kg_error(KG_ERR_IO, op, "%s '%s' is not a regular file (%s)", what, path,
+                   S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket");
+    return NULL;
   }
+  if ((uint64_t)sb.st_size > max_bytes) {
+    close(fd);
+    *st = kg_error(KG_ERR_IO, op, "%s '%s' is %llu bytes, more than the %llu a %s can be", what, path,
+                   (unsigned long long)sb.st_size, (unsigned long long)max_bytes, what);
+    return NULL;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    *st = kg_error(KG_ERR_OOM, op, "out of memory opening '%s'", path);
+    return NULL;
+  }
+  *size = (uint64_t)sb.st_size;
+  *st = KG_OK;
+  return f;
+}
+
+char *kg_read_file(const char *path, const char *op, const char *what, size_t *len, kg_status *st) {
+  uint64_t size;
+  FILE *f = kg_open_regular(path, op, what, KG_MAX_READ_FILE, &size, st);
+  if (!f) return NULL;
+  /* the size stat gave, plus one byte to notice a file that grows while it is read */
+  char *buf = malloc((size_t)size + 1);
+  if (!buf) {
+    fclose(f);
+    *st = kg_error(KG_ERR_OOM, op, "out of memory reading '%s' (%llu bytes)", path, (unsigned long long)size);
+    return NULL;
+  }
+  size_t n = fread(buf, 1, (size_t)size + 1, f);
   bool bad = ferror(f);
   fclose(f);
-  if (bad) {
+  if (bad || n != size) {
     free(buf);
-    *st = kg_error(KG_ERR_IO, op, "error reading %s '%s'", what, path);
+    *st = kg_error(KG_ERR_IO, op, "error reading %s '%s'%s", what, path, bad ? "" : ": its size changed while it was read");
     return NULL;
   }
   *len = n;

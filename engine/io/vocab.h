@@ -4,6 +4,7 @@
 #ifndef KENG_IO_VOCAB_H
 #define KENG_IO_VOCAB_H
 
+#include <stdio.h>
 #include <keng/keng.h>
 
 typedef struct {
@@ -25,8 +26,19 @@ int64_t kg_vocab_find(const kg_vocab *v, const char *s, size_t n);
 /* Frees what v holds (not v itself). */
 void kg_vocab_free(kg_vocab *v);
 
-/* The whole file at path (malloc'd), or NULL with *st set by an error that names op and calls the
- * file `what` ("cannot open vocabulary '...': ..."). */
+/* Text and model files keng reads whole (vocabularies, merges, SentencePiece models) are refused
+ * beyond this size: a wrong path (a disk image, /dev/zero) must fail at once, not after eating
+ * the memory. The largest real ones are tens of MB. */
+#define KG_MAX_READ_FILE ((uint64_t)1 << 30)
+
+/* path opened for reading when it is a regular file of at most max_bytes (*size set), else NULL
+ * with *st naming op and `what`: a directory, device or FIFO is refused without blocking. */
+FILE *kg_open_regular(const char *path, const char *op, const char *what, uint64_t max_bytes, uint64_t *size,
+                      kg_status *st);
+
+/* The whole file at path (malloc'd; a regular file of at most KG_MAX_READ_FILE bytes), or NULL
+ * with *st set by an error that names op and calls the file `what` ("cannot open vocabulary
+ * '...': ..."). */
 char *kg_read_file(const char *path, const char *op, const char *what, size_t *len, kg_status *st);
 
 typedef struct {
