@@ -7,6 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* package.path gets keng's roots first; package.keng_path holds them alone: loadmode.c's
+ * searcher looks up keng's own namespaces (keng.*, models.*) there only, so a stray
+ * ./keng/x.lua in the working directory can never stand in for a library module */
 static void set_paths(lua_State *L) {
   const char *roots[] = {getenv("KENG_HOME"), KENG_INSTALL_DATADIR, KENG_SOURCE_DIR};
   lua_getglobal(L, "package");
@@ -20,8 +23,13 @@ static void set_paths(lua_State *L) {
                     roots[i], roots[i], roots[i]);
     n++;
   }
-  lua_getfield(L, -1 - n, "path");
-  lua_concat(L, n + 1);
+  lua_concat(L, n); /* "" when no root was found */
+  size_t len;
+  const char *own = lua_tolstring(L, -1, &len);
+  lua_pushlstring(L, own, len ? len - 1 : 0); /* without the trailing ';' (an empty template) */
+  lua_setfield(L, -3, "keng_path");
+  lua_getfield(L, -2, "path");
+  lua_concat(L, 2);
   lua_setfield(L, -2, "path");
   lua_pop(L, 1);
 }

@@ -467,6 +467,32 @@ static kg_status read_small_file(const char *path, char **out, size_t *len) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The directory an index's shards must resolve into (symlinks followed): the index's own, or,
+ * for a Hugging Face cache snapshot (<repo>/snapshots/<rev>/, whose files are symlinks into
+ * <repo>/blobs/), that repository's cache folder. NULL when dir cannot be resolved. */
+static char *shard_root(const char *dir) {
+  char *real = realpath(dir, NULL);
+  if (!real) return NULL;
+  char *rev = strrchr(real, '/');
+  if (rev && rev > real) {
+    *rev = 0;
+    char *snaps = strrchr(real, '/');
+    if (snaps && !strcmp(snaps + 1, "snapshots") && snaps > real) {
+      *snaps = 0;
+      return real;
+    }
+    *rev = '/';
+  }
+  return real;
+}
+
+/* whether the resolved path lies under root */
+static bool path_under(const char *root, const char *path) {
+  size_t n = strlen(root);
+  if (n == 1) return true; /* root is "/" */
+  return !strncmp(path, root, n) && path[n] == '/';
+}
+
 static kg_status load_index(kg_tensor_dict *d, const char *path) {
   char *text = NULL;
   size_t len = 0;
@@ -501,6 +527,7 @@ static kg_status load_index(kg_tensor_dict *d, const char *path) {
     sorted[i] = wm->keys[i];
   if (!s) qsort(sorted, (size_t)wm->n, sizeof *sorted, cmp_str);
   char *dir = dir_of(path);
+  char *allowed = dir ? shard_root(dir) : NULL;
   int found = 0;
   for (int k = 0; k < nfiles && !s; k++) {
     char *shard = dir ? path_join(dir, files[k]) : NULL;
@@ -508,8 +535,14 @@ static kg_status load_index(kg_tensor_dict *d, const char *path) {
       s = kg_error(KG_ERR_OOM, "load", "%s: out of memory", path);
       break;
     }
+    /* a shard that is a symlink must not lead out of the model directory */
+    char *real = allowed ? realpath(shard, NULL) : NULL;
+    if (real && !path_under(allowed, real))
+      s = IOERR(path, "shard '%.200s' resolves to '%.300s', outside the model directory '%.300s' (a symlink "
+                      "leaving it is refused)", files[k], real, allowed);
+    free(real);
     kg_tensor_dict part = {0};
-    s = load_file(&part, shard);
+    if (!s) s = load_file(&part, shard);
     for (int i = 0; i < part.n && !s; i++) {
       char **hit = bsearch(&part.names[i], sorted, (size_t)wm->n, sizeof *sorted, cmp_str);
       const kg_json *want = hit ? kg_json_get(wm, *hit) : NULL;
@@ -570,6 +603,7 @@ static kg_status load_index(kg_tensor_dict *d, const char *path) {
       kg_tensor_dict_free(&idx_meta);
   }
   free(dir);
+  free(allowed);
   free(sorted);
   free(files);
   kg_json_free(root);

@@ -6,6 +6,7 @@
 --   H.device                      the device specs run on: KENG_DEVICE (cpu, cuda, cuda:N), default cpu
 --   H.t(data, opts)               keng.tensor(data, opts) on H.device (opts.device wins)
 --   H.with_model_dir(src, edit, fn)  fn(dir) on a copy of a checkpoint directory, config.json edited
+--   H.keng_bin()                  the keng executable running the specs ($KENG_BIN, else /proc)
 local keng = require "keng"
 local H = {}
 
@@ -66,6 +67,15 @@ function H.raises(fn, pattern)
   err = tostring(err)
   assert(err:find(pattern, 1, true), "error '" .. err .. "' does not contain '" .. pattern .. "'")
   return err
+end
+
+function H.keng_bin()
+  local env = os.getenv("KENG_BIN")
+  if env and env ~= "" then return env end
+  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")   -- the keng that runs this shell
+  local self = p:read("a"):gsub("%s+$", "")
+  p:close()
+  return self
 end
 
 -- the same values as t with non-contiguous strides (stored transposed, viewed back)
