@@ -40,27 +40,74 @@ M.DDIM = DDIM
 M.DDIM_V1 = {num_train_timesteps = 1000, beta_start = 0.00085, beta_end = 0.012, beta_schedule = "scaled_linear",
              steps_offset = 1, set_alpha_to_one = false, timestep_spacing = "leading", prediction_type = "epsilon"}
 
+-- DDIMScheduler's config keys: what each does here. Any other key is refused by name (a key
+-- keng does not know may change the numbers); thresholding is refused when on.
+local DDIM_KEYS = {num_train_timesteps = true, beta_start = true, beta_end = true, beta_schedule = true,
+  trained_betas = true, steps_offset = true, set_alpha_to_one = true, timestep_spacing = true, prediction_type = true,
+  clip_sample = true, clip_sample_range = true, rescale_betas_zero_snr = true, thresholding = true,
+  dynamic_thresholding_ratio = true, sample_max_value = true,  -- used only with thresholding (refused)
+  _class_name = true, _diffusers_version = true}
+
+-- numpy's round (half to even), as diffusers rounds timesteps
+local function round_half_even(x)
+  local f = math.floor(x)
+  local d = x - f
+  if d > 0.5 or (d == 0.5 and f % 2 == 1) then return f + 1 end
+  return f
+end
+M.round_half_even = round_half_even
+
+-- the betas of cfg: trained_betas as given, or beta_schedule over N steps
+local function ddim_betas(c, N)
+  if c.trained_betas ~= nil then
+    if type(c.trained_betas) ~= "table" or #c.trained_betas ~= N then
+      error(string.format("DDIM: trained_betas must be a list of num_train_timesteps = %d numbers", N), 3)
+    end
+    return c.trained_betas
+  end
+  local betas = {}
+  for i = 0, N - 1 do
+    if c.beta_schedule == "scaled_linear" then
+      local s, e = math.sqrt(c.beta_start), math.sqrt(c.beta_end)
+      betas[i + 1] = (s + (e - s) * i / (N - 1)) ^ 2
+    elseif c.beta_schedule == "linear" then
+      betas[i + 1] = c.beta_start + (c.beta_end - c.beta_start) * i / (N - 1)
+    elseif c.beta_schedule == "squaredcos_cap_v2" then                -- Nichol & Dhariwal's cosine
+      local function abar(t) return math.cos((t + 0.008) / 1.008 * math.pi / 2) ^ 2 end
+      betas[i + 1] = math.min(1 - abar((i + 1) / N) / abar(i / N), 0.999)
+    else
+      error("DDIM: unsupported beta_schedule " .. tostring(c.beta_schedule) ..
+        " (scaled_linear, linear, squaredcos_cap_v2 or trained_betas)", 3)
+    end
+  end
+  return betas
+end
+
 -- DDIM.new(cfg) with diffusers' scheduler_config.json keys (defaults: SD v1's)
 function DDIM.new(cfg)
+  for k in pairs(cfg or {}) do
+    if not DDIM_KEYS[k] then
+      local names = {}
+      for n in pairs(DDIM_KEYS) do if n:sub(1, 1) ~= "_" then names[#names + 1] = n end end
+      table.sort(names)
+      error(string.format("DDIM: unknown scheduler config key '%s' (known: %s)", tostring(k), table.concat(names, ", ")), 2)
+    end
+  end
   local c = common.overlay(M.DDIM_V1, cfg)
-  if c.clip_sample or c.thresholding then error("DDIM: clip_sample and thresholding are not supported", 2) end
+  if c.thresholding then error("DDIM: thresholding (dynamic thresholding) is not supported", 2) end
   if c.prediction_type ~= "epsilon" and c.prediction_type ~= "v_prediction" then
     error("DDIM: unsupported prediction_type " .. tostring(c.prediction_type), 2)
   end
   local N = c.num_train_timesteps
   local ac, prod = {}, 1.0
-  for i = 0, N - 1 do                                            -- alphas_cumprod[t + 1] for t = 0..N-1
-    local beta
-    if c.beta_schedule == "scaled_linear" then
-      local s, e = math.sqrt(c.beta_start), math.sqrt(c.beta_end)
-      beta = (s + (e - s) * i / (N - 1)) ^ 2
-    elseif c.beta_schedule == "linear" then
-      beta = c.beta_start + (c.beta_end - c.beta_start) * i / (N - 1)
-    else
-      error("DDIM: unsupported beta_schedule " .. tostring(c.beta_schedule), 2)
-    end
+  for i, beta in ipairs(ddim_betas(c, N)) do                      -- alphas_cumprod[t + 1] for t = 0..N-1
     prod = prod * (1 - beta)
-    ac[i + 1] = prod
+    ac[i] = prod
+  end
+  if c.rescale_betas_zero_snr then
+    -- Lin et al. 2023: shift and scale sqrt(alphas_cumprod) so the last step has zero SNR
+    local a0, aT = math.sqrt(ac[1]), math.sqrt(ac[N])
+    for i = 1, N do ac[i] = ((math.sqrt(ac[i]) - aT) * a0 / (a0 - aT)) ^ 2 end
   end
   local s = setmetatable({config = c, num_train_timesteps = N, alphas_cumprod = ac,
     final_alpha_cumprod = c.set_alpha_to_one and 1.0 or ac[1], init_noise_sigma = 1.0}, DDIM)
@@ -83,11 +130,12 @@ function DDIM:set_timesteps(n)
   if c.timestep_spacing == "leading" then
     local ratio = N // n
     for i = n - 1, 0, -1 do ts[#ts + 1] = i * ratio + c.steps_offset end
-  elseif c.timestep_spacing == "trailing" then
+  elseif c.timestep_spacing == "trailing" then                   -- as numpy: round(arange(N, 0, -N/n)) - 1
     local ratio = N / n
-    for i = 0, n - 1 do ts[#ts + 1] = math.floor(N - i * ratio + 0.5) - 1 end
-  elseif c.timestep_spacing == "linspace" then
-    for i = n - 1, 0, -1 do ts[#ts + 1] = math.floor((N - 1) * (n > 1 and i / (n - 1) or 0) + 0.5) end
+    for i = 0, n - 1 do ts[#ts + 1] = round_half_even(N - i * ratio) - 1 end
+  elseif c.timestep_spacing == "linspace" then                   -- round(linspace(0, N-1, n)), reversed
+    local step = n > 1 and (N - 1) / (n - 1) or 0
+    for i = n - 1, 0, -1 do ts[#ts + 1] = round_half_even(i * step) end
   else
     error("DDIM: unsupported timestep_spacing " .. tostring(c.timestep_spacing), 2)
   end
@@ -101,12 +149,17 @@ function DDIM:step(eps, t, x)
   if not self.num_inference_steps then error("DDIM: call set_timesteps before step", 2) end
   local prev = t - self.num_train_timesteps // self.num_inference_steps
   local a, ap = self:alpha_bar(t), self:alpha_bar(prev)
+  local x0
   if self.config.prediction_type == "v_prediction" then               -- v = sqrt(a)·eps - sqrt(1-a)·x0
-    local x0 = x * math.sqrt(a) - eps * math.sqrt(1 - a)
+    x0 = x * math.sqrt(a) - eps * math.sqrt(1 - a)
     eps = x * math.sqrt(1 - a) + eps * math.sqrt(a)
-    return x0 * math.sqrt(ap) + eps * math.sqrt(1 - ap)
+  else
+    x0 = (x - eps * math.sqrt(1 - a)) / math.sqrt(a)
   end
-  local x0 = (x - eps * math.sqrt(1 - a)) / math.sqrt(a)
+  if self.config.clip_sample then                                     -- x0 clipped, eps kept (diffusers)
+    local r = self.config.clip_sample_range or 1.0
+    x0 = x0:clamp(-r, r)
+  end
   return x0 * math.sqrt(ap) + eps * math.sqrt(1 - ap)
 end
 
@@ -337,13 +390,20 @@ function M.from_pretrained(dir, opts)
   if exists(dir .. "/scheduler/scheduler_config.json") then
     local j = U.read_config(dir .. "/scheduler", "stable_diffusion.from_pretrained", 2,
       "scheduler_config.json")  -- errors name the file
-    for _, k in ipairs{"num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "steps_offset",
-                       "set_alpha_to_one", "timestep_spacing", "prediction_type"} do
-      sc[k] = j[k]
+    if j._class_name == nil or j._class_name == "DDIMScheduler" then
+      sc = j                                          -- every key: DDIM.new refuses what it cannot do
+    else
+      -- another scheduler class is replaced by DDIM over its betas: its own keys (PNDM's
+      -- skip_prk_steps, Euler's sigmas, ...) do not apply; the shared ones that change numbers do
+      for k in pairs(j) do
+        if DDIM_KEYS[k] and k:sub(1, 1) ~= "_" then sc[k] = j[k] end
+      end
     end
   end
-  local ok, pipe = pcall(Pipeline, {text_encoder = te, tokenizer = tok, unet = unet, vae = vae,
-    scheduler = DDIM.new(sc)})
+  local ok, sched = pcall(DDIM.new, sc)
+  if not ok then error("stable_diffusion.from_pretrained: scheduler/scheduler_config.json: " .. tostring(sched), 2) end
+  local ok2, pipe = pcall(Pipeline, {text_encoder = te, tokenizer = tok, unet = unet, vae = vae, scheduler = sched})
+  ok = ok2
   if not ok then error(tostring(pipe), 2) end
   return pipe
 end
