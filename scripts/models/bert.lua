@@ -13,6 +13,7 @@
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
+local options = require "keng.options"
 
 local M = {}
 
@@ -223,7 +224,7 @@ end
 -- or the classifier when num_classes is given. Random weights (truncated normal 0.02) unless
 -- `weights` names a checkpoint in our names or Hugging Face's.
 function M.from_preset(name, opts)
-  opts = opts or {}
+  opts = options.check("bert.from_preset", opts, {"num_classes", "dtype", "device", "weights"})
   local p = common.preset("bert.from_preset", M.presets, name, 2)
   local m = build(p, opts)
   if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
@@ -232,7 +233,11 @@ function M.from_preset(name, opts)
 end
 
 -- config(json table) -> our config; hidden_act decides the activation
+-- BertConfig keys that change the numbers, at the values keng implements
+M.CONFIG_RULES = {position_embedding_type = "absolute", is_decoder = false, add_cross_attention = false}
+
 function M.config_from_hf(j)
+  options.config("bert: config.json", j, M.CONFIG_RULES, 3)
   local act = HF_ACT[j.hidden_act or "gelu"]
   if not act then error("bert: unsupported hidden_act '" .. tostring(j.hidden_act) .. "'", 3) end
   return {vocab = j.vocab_size, layers = j.num_hidden_layers, hidden = j.hidden_size, heads = j.num_attention_heads,
@@ -245,7 +250,7 @@ end
 -- weights of a Hugging Face BertModel / BertForSequenceClassification directory:
 -- config.json + model.safetensors (or a sharded index); vocab.txt is for tokenizers.bert
 function M.from_pretrained(dir, opts)
-  opts = opts or {}
+  opts = options.check("bert.from_pretrained", opts, {"num_classes", "dtype", "device"})
   local j = common.read_config(dir, "bert.from_pretrained", 2)
   for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do
     if type(j[key]) ~= "number" then error("bert.from_pretrained: config.json lacks " .. key, 2) end

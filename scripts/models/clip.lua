@@ -15,6 +15,7 @@
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
+local options = require "keng.options"
 
 local M = {}
 
@@ -138,7 +139,7 @@ end
 -- from_preset(name, {dtype=, device=, weights=path}) -> TextModel with random weights (normal 0.02),
 -- or the tensors of `weights` (a .safetensors file or a directory)
 function M.from_preset(name, opts)
-  opts = opts or {}
+  opts = options.check("clip.from_preset", opts, {"dtype", "device", "weights"})
   local p = common.preset("clip.from_preset", M.presets, name, 2)
   local device = opts.device
   if opts.weights and not device then device = "meta" end
@@ -161,7 +162,7 @@ end
 -- from_pretrained(dir, {dtype=, device=}) -> TextModel from a transformers / diffusers
 -- text_encoder directory (config.json + model.safetensors or a sharded index)
 function M.from_pretrained(dir, opts)
-  opts = opts or {}
+  opts = options.check("clip.from_pretrained", opts, {"dtype", "device"})
   local j = common.read_config(dir, "clip.from_pretrained", 2)
   if j.text_config then j = j.text_config end  -- a full CLIPModel config
   for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do

@@ -29,6 +29,7 @@
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
+local options = require "keng.options"
 
 local M = {}
 
@@ -498,7 +499,7 @@ M.Sam = Sam
 
 -- Sam(cfg, {dtype = "f32", device = "cpu", normalize = true})
 function Sam:init(cfg, opts)
-  opts = opts or {}
+  opts = options.check("SamModel", opts, {"dtype", "device", "normalize"}, nn.Module.user_level(3))
   local o = {dtype = opts.dtype or "f32", device = opts.device or "cpu", normalize = opts.normalize}
   self.cfg = cfg
   self.vision_encoder = VisionEncoder(cfg, o)
@@ -564,6 +565,7 @@ function Sam:forward(args, level)
   if type(args) ~= "table" or keng.is_tensor(args) then
     error("sam: forward/predict take a table {images =, points =, labels =, boxes =, masks =}", level)
   end
+  options.check("sam", args, {"images", "image_embeddings", "points", "labels", "boxes", "masks"}, level, "input")
   local emb = args.image_embeddings
   if emb == nil then
     if args.images == nil then error("sam: images (or image_embeddings) missing", level) end
@@ -584,6 +586,7 @@ function Sam:predict(args, opts)
   if type(args) ~= "table" or keng.is_tensor(args) or (args.images == nil and args.image_embeddings == nil) then
     return nn.Module.predict(self, args, opts)
   end
+  options.check("sam:predict", opts, {}, 2)   -- a prompt table takes no options
   local was = self.training
   self:eval()
   local ok, out = pcall(keng.no_grad, function() return self:forward(args, 4) end)
@@ -630,7 +633,7 @@ end
 
 -- from_preset(name, {dtype = "f32", device = "cpu", weights = path, normalize = true}) -> Sam
 function M.from_preset(name, opts)
-  opts = opts or {}
+  opts = options.check("sam.from_preset", opts, {"dtype", "device", "weights", "normalize"})
   local m = M.build(M.config(name, 2), opts)
   if opts.weights then M.load_hf(m, common.load_tensors(opts.weights, "sam.from_preset", 2), 3) end
   return m
@@ -660,8 +663,13 @@ end
 -- from_pretrained(dir, {dtype =, device =, normalize =}) -> Sam with dir's config.json and
 -- model.safetensors (or a sharded index)
 function M.from_pretrained(dir, opts)
+  opts = options.check("sam.from_pretrained", opts, {"dtype", "device", "normalize"})
   local j = common.read_json(dir .. "/config.json", "sam.from_pretrained", 2)   -- nulls read as absent
   if not j then error("sam.from_pretrained: cannot read " .. dir .. "/config.json", 2) end
+  -- activations keng implements: exact GELU in the image and prompt encoders, ReLU in the decoder
+  options.config("sam.from_pretrained: vision_config", j.vision_config or {}, {hidden_act = "gelu"}, 2)
+  options.config("sam.from_pretrained: prompt_encoder_config", j.prompt_encoder_config or {}, {hidden_act = "gelu"}, 2)
+  options.config("sam.from_pretrained: mask_decoder_config", j.mask_decoder_config or {}, {hidden_act = "relu"}, 2)
   local m = M.build(M.config_from_hf(j), opts)
   return M.load_hf(m, common.load_tensors(dir, "sam.from_pretrained", 2), 3)
 end

@@ -19,6 +19,7 @@ local nn = require "keng.nn"
 local common = require "models.common"
 local U = require "models.unet"
 local V = require "models.vae"
+local options = require "keng.options"
 
 local M = {}
 local shape_str = U.shape_str
@@ -281,8 +282,12 @@ end
 -- width=, negative_prompt="", latents=}) -> u8 [B, H, W, 3]. A list of P prompts with
 -- batch_size B (a multiple of P) makes B/P images per prompt; latents [B, L, h, w] replace the
 -- seeded noise.
+local T2I_OPTS = {"batch_size", "num_steps", "num_inference_steps", "guidance_scale", "seed", "height", "width",
+  "negative_prompt", "latents", "callback"}
+
 function Pipeline:text_to_image(prompt, opts)
-  opts = opts or {}
+  -- image-to-image (image =, strength =) is not implemented: refused by name, not ignored
+  opts = options.check("text_to_image", opts, T2I_OPTS, nn.Module.user_level(2))
   local prompts = as_list(prompt, "text_to_image")
   local B = opts.batch_size or #prompts
   if math.type(B) ~= "integer" or B < 1 or B % #prompts ~= 0 then
@@ -346,7 +351,7 @@ end
 -- seed=}) -> Pipeline with random weights; on device="meta" shapes only (for counting).
 -- Without a tokenizer the prompt is tokenized byte by byte (the weights are random anyway).
 function M.from_preset(name, opts)
-  opts = opts or {}
+  opts = options.check("stable_diffusion.from_preset", opts, {"dtype", "device", "tokenizer", "seed"})
   local p = common.preset("stable_diffusion.from_preset", M.presets, name, 2)
   if opts.seed then keng.manual_seed(opts.seed) end
   local o = {dtype = opts.dtype, device = opts.device}
@@ -368,7 +373,7 @@ end
 -- text_encoder/, tokenizer/ (each with its files), scheduler/scheduler_config.json (optional:
 -- SD v1's DDIM config otherwise; other scheduler classes are replaced by DDIM with their betas)
 function M.from_pretrained(dir, opts)
-  opts = opts or {}
+  opts = options.check("stable_diffusion.from_pretrained", opts, {"dtype", "device"})
   local o = {dtype = opts.dtype, device = opts.device}
   for _, part in ipairs{"unet", "vae", "text_encoder", "tokenizer"} do
     local probe = part == "tokenizer" and "/vocab.json" or "/config.json"

@@ -25,6 +25,7 @@
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
+local options = require "keng.options"
 
 local M = {}
 
@@ -338,7 +339,7 @@ end
 
 -- UNet(cfg, {dtype = "f32", device = "cpu"})
 function UNet:init(cfg, opts)
-  opts = opts or {}
+  opts = options.check("UNet", opts, {"dtype", "device"}, nn.Module.user_level(3))
   local o = {dtype = opts.dtype, device = opts.device}
   for _, t in ipairs(cfg.down_block_types) do
     if not SUPPORTED_DOWN[t] then error("UNet2DConditionModel: unsupported down block type " .. t, 3) end
@@ -425,7 +426,10 @@ function M.config(name, level)
 end
 
 -- from_preset(name, {dtype =, device =}) -> UNet with random weights (shapes only on "meta")
-function M.from_preset(name, opts) return UNet(M.config(name, 2), opts) end
+function M.from_preset(name, opts)
+  local m = UNet(M.config(name, 2), options.check("unet.from_preset", opts, {"dtype", "device"}))
+  return m
+end
 
 -- reads dir/config.json (or dir/name) -> table, nulls read as absent (errors name the file)
 function M.read_config(dir, who, level, name)
@@ -451,8 +455,19 @@ function M.load_weights(m, dir, who, level)
 end
 
 -- from_pretrained(dir, {dtype =, device =}) -> UNet with dir/config.json and its weights
+-- UNet2DConditionModel config keys that change the numbers, at the values keng implements
+M.CONFIG_RULES = {act_fn = "silu", center_input_sample = false, class_embed_type = options.ABSENT, addition_embed_type = options.ABSENT,
+  time_embedding_type = "positional", resnet_time_scale_shift = "default", only_cross_attention = false,
+  dual_cross_attention = false, num_class_embeds = options.ABSENT, time_cond_proj_dim = options.ABSENT, conv_in_kernel = 3, conv_out_kernel = 3,
+  mid_block_type = "UNetMidBlock2DCrossAttn", encoder_hid_dim = options.ABSENT, attention_type = "default",
+  resnet_skip_time_act = false, resnet_out_scale_factor = 1, timestep_post_act = options.ABSENT, cross_attention_norm = options.ABSENT,
+  time_embedding_dim = options.ABSENT, time_embedding_act_fn = options.ABSENT, mid_block_scale_factor = 1, class_embeddings_concat = false,
+  reverse_transformer_layers_per_block = options.ABSENT, addition_time_embed_dim = options.ABSENT, projection_class_embeddings_input_dim = options.ABSENT,
+  mid_block_only_cross_attention = false}
+
 function M.from_pretrained(dir, opts)
   local cfg = M.read_config(dir, "unet.from_pretrained", 2)
+  options.config("unet.from_pretrained: " .. dir .. "/config.json", cfg, M.CONFIG_RULES, 2)
   if type(cfg.transformer_layers_per_block) == "table" then
     error("unet.from_pretrained: per-level transformer_layers_per_block is not supported", 2)
   end

@@ -18,6 +18,7 @@ local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
 local U = require "models.unet"
+local options = require "keng.options"
 
 local M = {}
 local shape_str, List0 = U.shape_str, U.List0
@@ -162,7 +163,7 @@ M.AutoencoderKL = VAE
 
 -- VAE(cfg, {dtype =, device =})
 function VAE:init(cfg, opts)
-  opts = opts or {}
+  opts = options.check("AutoencoderKL", opts, {"dtype", "device"}, nn.Module.user_level(3))
   local o = {dtype = opts.dtype, device = opts.device}
   self.config = cfg
   self.scaling_factor = cfg.scaling_factor or 0.18215
@@ -205,11 +206,19 @@ function M.config(name, level)
   return U.copy(common.preset("vae.from_preset", M.presets, name, (level or 1) + 1))
 end
 
-function M.from_preset(name, opts) return VAE(M.config(name, 2), opts) end
+function M.from_preset(name, opts)
+  local m = VAE(M.config(name, 2), options.check("vae.from_preset", opts, {"dtype", "device"}))
+  return m
+end
+
+-- AutoencoderKL config keys that change the numbers, at the values keng implements
+M.CONFIG_RULES = {act_fn = "silu", shift_factor = options.ABSENT, latents_mean = options.ABSENT,
+  latents_std = options.ABSENT}
 
 -- from_pretrained(dir, {dtype =, device =}) -> AutoencoderKL with dir/config.json and weights
 function M.from_pretrained(dir, opts)
   local cfg = U.read_config(dir, "vae.from_pretrained", 2)
+  options.config("vae.from_pretrained: " .. dir .. "/config.json", cfg, M.CONFIG_RULES, 2)
   for _, t in ipairs(cfg.down_block_types or {}) do
     if t ~= "DownEncoderBlock2D" then error("vae.from_pretrained: unsupported down block type " .. t, 2) end
   end

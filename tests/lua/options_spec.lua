@@ -146,3 +146,91 @@ describe("nn layer constructors", function()
     assert.truthy(sd > 0.8 and sd < 1.2, "std 1 ignored: " .. sd)
   end)
 end)
+
+describe("model constructors and pipelines", function()
+  local bert = require "models.bert"
+  local clip = require "models.clip"
+  local sam = require "models.sam"
+  local sd = require "models.stable_diffusion"
+  local unet = require "models.unet"
+  local vae = require "models.vae"
+
+  it("from_preset / from_pretrained refuse unknown keys", function()
+    refuses(function() bert.from_preset("bert_tiny", {device = "meta", num_labels = 2}) end,
+      "bert.from_preset: unknown option 'num_labels'", "num_classes")
+    refuses(function() bert.from_pretrained("tests/fixtures/bert", {torch_dtype = "f32"}) end,
+      "bert.from_pretrained: unknown option 'torch_dtype'")
+    refuses(function() clip.from_preset("sd_tiny_text", {device = "meta", precision = "bf16"}) end,
+      "clip.from_preset: unknown option 'precision'")
+    refuses(function() clip.from_pretrained("tests/fixtures/clip/text_encoder", {dtyp = "f32"}) end,
+      "clip.from_pretrained: unknown option 'dtyp'")
+    refuses(function() sam.from_preset("sam_tiny", {device = "meta", normalise = true}) end,
+      "sam.from_preset: unknown option 'normalise'")
+    refuses(function() sam.from_pretrained("tests/fixtures/sam", {weights = "x"}) end, "sam.from_pretrained: unknown option 'weights'")
+    refuses(function() unet.from_preset("sd_tiny", {device = "meta", seed = 1}) end, "unet.from_preset: unknown option 'seed'")
+    refuses(function() vae.from_preset("sd_tiny", {device = "meta", scaling_factor = 1}) end,
+      "vae.from_preset: unknown option 'scaling_factor'")
+    refuses(function() sd.from_preset("sd_tiny", {device = "meta", scheduler = "euler"}) end,
+      "stable_diffusion.from_preset: unknown option 'scheduler'")
+    refuses(function() sd.from_pretrained("tests/fixtures/sd", {safety_checker = false}) end,
+      "stable_diffusion.from_pretrained: unknown option 'safety_checker'")
+  end)
+
+  it("text_to_image refuses image-to-image options (image, strength) instead of ignoring them", function()
+    local pipe = sd.from_preset("sd_tiny", {seed = 0})
+    local img = keng.zeros({1, 64, 64, 3}, {dtype = "u8"})
+    refuses(function() pipe:text_to_image("a cat", {image = img, strength = 0.6, num_steps = 1}) end,
+      "text_to_image: unknown options 'image', 'strength'", "guidance_scale", "negative_prompt")
+    refuses(function() pipe("a cat", {num_step = 1}) end, "text_to_image: unknown option 'num_step'")
+  end)
+
+  it("SAM predict refuses unknown prompt keys and options", function()
+    local m = sam.from_preset("sam_tiny", {seed = nil})
+    local images = keng.zeros({1, 3, 256, 256})
+    refuses(function() m:predict{images = images, point = {{10, 10}}} end, "sam: unknown input 'point'", "points")
+    refuses(function() m:predict({images = images}, {multimask_output = false}) end,
+      "sam:predict: unknown option 'multimask_output'")
+  end)
+end)
+
+describe("model configs: keys that change the numbers and are not implemented", function()
+  local bert = require "models.bert"
+  local sam = require "models.sam"
+  local unet = require "models.unet"
+  local vae = require "models.vae"
+
+  it("BERT refuses relative position embeddings and decoder settings", function()
+    H.with_model_dir("tests/fixtures/bert", function(j) j.position_embedding_type = "relative_key" end, function(dir)
+      refuses(function() bert.from_pretrained(dir) end,
+        "config position_embedding_type = \"relative_key\" is not supported (keng implements position_embedding_type = \"absolute\" only)")
+    end)
+    H.with_model_dir("tests/fixtures/bert", function(j) j.is_decoder = true end, function(dir)
+      refuses(function() bert.from_pretrained(dir) end, "config is_decoder = true is not supported")
+    end)
+  end)
+
+  it("UNet and VAE refuse other activations, class embeddings and latent shifts", function()
+    H.with_model_dir("tests/fixtures/sd/unet", function(j) j.act_fn = "gelu" end, function(dir)
+      refuses(function() unet.from_pretrained(dir) end, "config act_fn = \"gelu\" is not supported")
+    end)
+    H.with_model_dir("tests/fixtures/sd/unet", function(j) j.class_embed_type = "timestep" end, function(dir)
+      refuses(function() unet.from_pretrained(dir) end,
+        "config class_embed_type = \"timestep\" is not supported (keng implements class_embed_type = absent (null) only)")
+    end)
+    H.with_model_dir("tests/fixtures/sd/unet", function(j) j.resnet_time_scale_shift = "scale_shift" end, function(dir)
+      refuses(function() unet.from_pretrained(dir) end, "resnet_time_scale_shift")
+    end)
+    H.with_model_dir("tests/fixtures/sd/vae", function(j) j.shift_factor = 0.1159 end, function(dir)
+      refuses(function() vae.from_pretrained(dir) end, "config shift_factor = 0.1159 is not supported")
+    end)
+  end)
+
+  it("SAM refuses other activations", function()
+    H.with_model_dir("tests/fixtures/sam", function(j)
+      j.vision_config = j.vision_config or {}
+      j.vision_config.hidden_act = "relu"
+    end, function(dir)
+      refuses(function() sam.from_pretrained(dir) end, "sam.from_pretrained: vision_config: config hidden_act = \"relu\"")
+    end)
+  end)
+end)

@@ -74,4 +74,30 @@ function options.number(who, key, v, lo, hi, level)
   return v
 end
 
+-- a config rule's value meaning "the key must be absent (or null)"
+options.ABSENT = setmetatable({}, {__tostring = function() return "absent (null)" end})
+
+local function show(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  if type(v) == "table" and v ~= options.ABSENT then return "a " .. type(v) end
+  return tostring(v)
+end
+
+-- Model-config keys that change the numbers and that keng implements at one value only:
+-- rules {key = the value keng implements, or options.ABSENT}. A key present in cfg with
+-- another value raises naming it (an absent key means the implemented default).
+function options.config(who, cfg, rules, level)
+  local keys = {}
+  for k in pairs(rules) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local v, want = cfg[k], rules[k]
+    if v ~= nil and v ~= want then
+      error(string.format("%s: config %s = %s is not supported (keng implements %s = %s only)", who, k, show(v), k,
+        show(want)), (level or 2) + 1)
+    end
+  end
+  return cfg
+end
+
 return options
