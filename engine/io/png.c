@@ -82,7 +82,7 @@ kg_status kg_png_read(kg_tensor **out, const char *path) {
   im.version = PNG_IMAGE_VERSION;
   uint64_t size;
   kg_status os;
-  FILE *f = kg_open_regular(path, "png_read", "image", KG_MAX_READ_FILE, &size, &os); /* no FIFO, no device */
+  FILE *f = kg_open_regular(path, "png_read", NULL, KG_MAX_READ_FILE, &size, &os); /* no FIFO, no device */
   if (!f) return os;
   if (!png_image_begin_read_from_stdio(&im, f)) {
     fclose(f);

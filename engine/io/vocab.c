@@ -64,22 +64,28 @@ void kg_vocab_free(kg_vocab *v) {
 
 FILE *kg_open_regular(const char *path, const char *op, const char *what, uint64_t max_bytes, uint64_t *size,
                       kg_status *st) {
+  /* messages: "cannot open vocabulary 'p': ..." with a `what`, "p: ..." without one */
+  const char *w = what ? what : "file";
+  char who[600]; /* "vocabulary 'p' " or "p: " */
+  if (what) snprintf(who, sizeof who, "%s '%.500s' ", what, path);
+  else snprintf(who, sizeof who, "%.500s: ", path);
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
   if (fd < 0) {
-    *st = kg_error(KG_ERR_IO, op, "cannot open %s '%s': %s", what, path, strerror(errno));
+    if (what) *st = kg_error(KG_ERR_IO, op, "cannot open %s '%s': %s", what, path, strerror(errno));
+    else *st = kg_error(KG_ERR_IO, op, "%s: %s", path, strerror(errno));
     return NULL;
   }
   struct stat sb;
   if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
     close(fd);
-    *st = kg_error(KG_ERR_IO, op, "%s '%s' is not a regular file (%s)", what, path,
+    *st = kg_error(KG_ERR_IO, op, "%sis not a regular file (%s)", who,
                    S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket");
     return NULL;
   }
   if ((uint64_t)sb.st_size > max_bytes) {
     close(fd);
-    *st = kg_error(KG_ERR_IO, op, "%s '%s' is %llu bytes, more than the %llu a %s can be", what, path,
-                   (unsigned long long)sb.st_size, (unsigned long long)max_bytes, what);
+    *st = kg_error(KG_ERR_IO, op, "%sis %llu bytes, more than the %llu a %s can be", who, (unsigned long long)sb.st_size,
+                   (unsigned long long)max_bytes, w);
     return NULL;
   }
   int fl = fcntl(fd, F_GETFL);
