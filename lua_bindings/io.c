@@ -35,7 +35,15 @@ static const char *check_key(lua_State *L, int arg, const char *what) {
   return k;
 }
 
+/* an argument beyond the documented ones (an options table keng.save/load do not take) is an
+ * error, not silently dropped */
+static void no_more_args(lua_State *L, int first, const char *fn, const char *usage) {
+  if (lua_gettop(L) >= first && !lua_isnil(L, first))
+    luaL_error(L, "%s takes %s; got a %s as argument %d (there are no options)", fn, usage, luaL_typename(L, first), first);
+}
+
 static int l_save(lua_State *L) {
+  no_more_args(L, 4, "keng.save", "(path, tensors, metadata)");
   const char *path = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
   if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
@@ -75,6 +83,7 @@ static int l_save(lua_State *L) {
 }
 
 static int l_load(lua_State *L) {
+  no_more_args(L, 2, "keng.load", "a path only");
   const char *path = luaL_checkstring(L, 1);
   kg_tensor_dict *d = new_dict(L);
   if (kg_safetensors_load(d, path)) return kgl_error(L);

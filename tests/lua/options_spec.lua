@@ -234,3 +234,19 @@ describe("model configs: keys that change the numbers and are not implemented", 
     end)
   end)
 end)
+
+describe("keng.save / keng.load and keng.bench", function()
+  it("save and load refuse an options argument they do not take", function()
+    local p = os.tmpname()
+    refuses(function() keng.load(p, {dtype = "bf16"}) end, "keng.load takes a path only; got a table as argument 2")
+    refuses(function() keng.save(p, {a = keng.ones({1})}, {}, {atomic = false}) end,
+      "keng.save takes (path, tensors, metadata); got a table as argument 4")
+    os.remove(p)
+  end)
+
+  it("bench.run and run_diff refuse unknown options", function()
+    local bench = require "keng.bench"
+    refuses(function() bench.run(function() end, {step = 3}) end, "bench.run: unknown option 'step'", "steps, warmup")
+    refuses(function() bench.run_diff(function() end, {repeat_count = 2}) end, "bench.run_diff: unknown option 'repeat_count'")
+  end)
+end)

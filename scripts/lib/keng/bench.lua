@@ -11,6 +11,7 @@
 -- rule: (time of a long run - time of a short run) / difference, so fixed costs cancel.
 -- `bench.graphed` turns a step into CUDA Graph replays on the GPU tier (fit and predict rows).
 local keng = require "keng"
+local options = require "keng.options"
 local profile = require "keng.profile"
 
 local bench = {}
@@ -54,7 +55,7 @@ end
 -- opts.profile: also profile the timed steps op by op (keng.profile; it times every op, so the
 -- step times then include that small cost); r.profile is the profile of one step.
 function bench.run(fn, opts)
-  opts = opts or {}
+  opts = options.check("bench.run", opts, {"steps", "warmup", "items", "on_step", "gc", "profile"})
   if type(fn) ~= "function" then error("bench.run: expected a function, got " .. type(fn), 2) end
   local steps, warmup = opts.steps or 100, opts.warmup or 1
   if steps < 1 then error("bench.run: steps must be >= 1, got " .. tostring(steps), 2) end
@@ -83,7 +84,7 @@ end
 -- times (default 1) and reports (t_long - t_short) / (long - short) per repetition; the sample
 -- kept in times_ms is one value per repeat. Defaults short = 1, long = short + opts.steps.
 function bench.run_diff(fn, opts)
-  opts = opts or {}
+  opts = options.check("bench.run_diff", opts, {"short", "long", "steps", "repeats", "items", "on_step", "profile"})
   local short = opts.short or 1
   local long = opts.long or short + (opts.steps or 100)
   if long <= short then error("bench.run_diff: long must exceed short", 2) end
