@@ -82,21 +82,25 @@ end
 local function inputs(self, x, segs, mask)
   if keng.is_tensor(x) then x = {token_ids = x, segment_ids = segs, padding_mask = mask} end
   if type(x) ~= "table" or not keng.is_tensor(x.token_ids) then
-    error("bert: inputs must be {token_ids=, segment_ids=, padding_mask=} with token_ids a tensor", 3)
+    nn.Module.error("bert: inputs must be {token_ids=, segment_ids=, padding_mask=} with token_ids a tensor", 3)
   end
   local ids, c = x.token_ids, self.config
-  if ids.ndim ~= 2 then error("bert: token_ids must be [B, T], got " .. shape_str(ids.shape), 3) end
+  if ids.ndim ~= 2 then nn.Module.error("bert: token_ids must be [B, T], got " .. shape_str(ids.shape), 3) end
   local B, T = ids.shape[1], ids.shape[2]
-  if T > c.max_positions then
-    error(string.format("bert: %d tokens exceed the %d positions of the model", T, c.max_positions), 3)
+  if T == 0 then
+    nn.Module.error("bert: token_ids " .. shape_str(ids.shape) .. " hold no tokens (T = 0): a sequence needs at "
+      .. "least one ([CLS] for the pooled output)", 3)
   end
-  common.check_token_ids("bert", ids, c.vocab, 3)
+  if T > c.max_positions then
+    nn.Module.error(string.format("bert: %d tokens exceed the %d positions of the model", T, c.max_positions), 3)
+  end
+  common.check_token_ids("bert", ids, c.vocab, nn.Module.user_level(3))
   local segs = x.segment_ids or keng.zeros({B, T}, {dtype = "i64", device = ids.device})
   local mask = x.padding_mask
   for name, t in pairs{segment_ids = segs, padding_mask = mask} do
     local s = t.shape
     if s[1] ~= B or s[2] ~= T or #s ~= 2 then
-      error(string.format("bert: %s %s does not match token_ids %s", name, shape_str(s), shape_str(ids.shape)), 3)
+      nn.Module.error(string.format("bert: %s %s does not match token_ids %s", name, shape_str(s), shape_str(ids.shape)), 3)
     end
   end
   if mask and mask.dtype ~= "bool" then mask = mask:ne(0) end
@@ -136,6 +140,7 @@ end
 function Classifier:forward(...)  -- inputs table (or the three tensors) -> logits [B, K]
   return self.classifier(self.dropout(self.backbone(...).pooled_output))
 end
+nn.Module.plumbing[Classifier.forward] = true  -- the backbone's input errors name the user's call
 
 ---------------------------------------------------------------------------------------------
 -- Hugging Face names -> ours

@@ -110,13 +110,14 @@ end
 function TextModel:forward(ids)
   local c = self.config
   if not keng.is_tensor(ids) or ids.ndim ~= 2 then
-    error("clip: token ids must be an integer tensor [B, T], got " .. (keng.is_tensor(ids) and shape_str(ids.shape) or type(ids)), 2)
+    nn.Module.error("clip: token ids must be an integer tensor [B, T], got " ..
+      (keng.is_tensor(ids) and shape_str(ids.shape) or type(ids)), 2)
   end
   if ids.shape[2] > c.max_positions then
-    error(string.format("clip: %d tokens exceed the %d positions of the model (encode_batch truncates)",
+    nn.Module.error(string.format("clip: %d tokens exceed the %d positions of the model (encode_batch truncates)",
       ids.shape[2], c.max_positions), 2)
   end
-  common.check_token_ids("clip", ids, c.vocab, 2)
+  common.check_token_ids("clip", ids, c.vocab, nn.Module.user_level(2))
   return self.text_model(ids)
 end
 

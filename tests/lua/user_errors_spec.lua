@@ -30,3 +30,33 @@ describe("layer input errors", function()
     blames_here(function() nn.Dropout(2) end, "Dropout: p must be in [0, 1]")
   end)
 end)
+
+describe("model input errors", function()
+  local bert = require "models.bert"
+  local m = bert.from_preset("bert_tiny", {device = "cpu"})
+  local cls = bert.from_preset("bert_tiny", {num_classes = 2})
+  local ids = keng.zeros({1, 3}, {dtype = "i64"})
+
+  it("BERT names an empty sequence (T = 0) instead of an internal select error", function()
+    blames_here(function() m(keng.zeros({1, 0}, {dtype = "i64"})) end, "bert: token_ids [1, 0] hold no tokens (T = 0)")
+    blames_here(function() cls(keng.zeros({2, 0}, {dtype = "i64"})) end, "bert: token_ids [2, 0] hold no tokens")
+  end)
+
+  it("BERT's input errors point at the user's line, through the classifier too", function()
+    blames_here(function() m("hello") end, "bert: inputs must be {token_ids=")
+    blames_here(function() m(keng.zeros({3}, {dtype = "i64"})) end, "bert: token_ids must be [B, T], got [3]")
+    blames_here(function() m(keng.full({1, 3}, 99999, {dtype = "i64"})) end, "bert: token id 99999 is outside the vocabulary")
+    blames_here(function() m{token_ids = ids, segment_ids = keng.zeros({1, 2}, {dtype = "i64"})} end,
+      "bert: segment_ids [1, 2] does not match token_ids [1, 3]")
+    blames_here(function() cls(keng.zeros({1, 600}, {dtype = "i64"})) end, "bert: 600 tokens exceed the 512 positions")
+  end)
+end)
+
+describe("CLIP input errors", function()
+  it("point at the user's line", function()
+    local clip = require "models.clip"
+    local m = clip.from_preset("sd_tiny_text")
+    blames_here(function() m("x") end, "clip: token ids must be an integer tensor [B, T], got string")
+    blames_here(function() m(keng.full({1, 3}, 1e6, {dtype = "i64"})) end, "clip: token id 1000000 is outside the vocabulary")
+  end)
+end)
