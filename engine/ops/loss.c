@@ -19,7 +19,7 @@ kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_te
     if (weight->ndim != 1 || logits->ndim < 1 || weight->shape[0] != logits->shape[logits->ndim - 1])
       return kg_error(KG_ERR_SHAPE, "cross_entropy", "weight %s must be [C] for logits %s (one weight per class)",
                       KG_SHAPE(weight, b1), KG_SHAPE(logits, b2));
-    if (kg_requires_grad(weight))
+    if (kg_grad_enabled() && kg_requires_grad(weight))
       return kg_error(KG_ERR_VALUE, "cross_entropy",
                       "weight requires grad, but class weights are constants here (as in PyTorch): pass weight:detach()");
   }
