@@ -94,7 +94,7 @@ end
 -- tiling a batch [B, H, W, C] (e.g. text_to_image's output) row by row; cols defaults to
 -- ceil(sqrt(B)). Each tile is one narrow + copy_, so nothing loops over pixels.
 function image.grid(images, opts)
-  opts = opts or {}
+  opts = require("keng.options").check("image.grid", opts, {"cols", "pad", "background"})
   if not keng.is_tensor(images) or images.ndim ~= 4 then
     error("image.grid: images must be a tensor [B, H, W, C]", 2)
   end

@@ -14,6 +14,7 @@
 local keng = require "keng"
 local precision = require "keng.precision"
 local initializers = require "keng.nn.initializers"
+local options = require "keng.options"
 
 local Module = {}
 Module.__name = "Module"
@@ -277,6 +278,7 @@ end
 -- self:buffer(name, tensor, {persistent=true}) -> tensor; buffers are in state_dict (when
 -- persistent) and follow to(), but are not parameters
 function Module:buffer(name, t, opts)
+  options.check("buffer", opts, {"persistent"})
   if type(name) ~= "string" then error("buffer: name must be a string, got " .. type(name), 2) end
   if not keng.is_tensor(t) then error(string.format("buffer: '%s': a tensor expected, got %s", name, type(t)), 2) end
   register(self, "_buffers", name, t)
@@ -468,6 +470,7 @@ end
 -- {dotted name = tensor} of parameters and persistent buffers (detached, storage shared);
 -- tied tensors appear under each name. opts.keep_vars returns the parameters themselves.
 function Module:state_dict(opts)
+  options.check("state_dict", opts, {"keep_vars"})
   local out = {}
   for _, e in ipairs(collect(self, {params = true, buffers = true}, false)) do
     out[e[1]] = (opts and opts.keep_vars) and e[2] or e[2]:detach()
@@ -487,6 +490,7 @@ end
 -- built on device="meta". Strict mode raises on missing or unexpected keys; a shape mismatch
 -- always raises; the message lists every problem. Returns {missing=, unexpected=}.
 function Module:load_state_dict(sd, opts)
+  options.check("load_state_dict", opts, {"strict"})
   if type(sd) ~= "table" then error("load_state_dict: a table of name -> tensor expected, got " .. type(sd), 2) end
   local strict = not (opts and opts.strict == false)
   local entries = collect(self, {params = true, buffers = true}, false)
@@ -549,6 +553,7 @@ end
 -- num_params() -> number of parameter elements (tied counted once); {trainable=true} counts
 -- only those with requires_grad
 function Module:num_params(opts)
+  options.check("num_params", opts, {"trainable"})
   local n = 0
   for _, p in ipairs(self:parameters()) do
     if not (opts and opts.trainable) or p.requires_grad then n = n + p:numel() end
@@ -576,6 +581,7 @@ end
 -- quiet): each submodule's dotted name, type, output shape of the last call and parameter
 -- count (its own and its children's), then total, trainable and frozen counts.
 function Module:summary(opts)
+  options.check("summary", opts, {"depth", "quiet", "print_fn"})
   opts = opts or {}
   local rows = {{"Layer", "Type", "Output shape", "Params"}}
   -- the root's own parameters first-class rows, then each submodule
