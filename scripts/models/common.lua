@@ -45,8 +45,11 @@ end
 function M.read_json(path, who, level)
   local f = io.open(path, "rb")
   if not f then return nil end
-  local text = f:read("a")
+  local text = f:read(64 * 1024 * 1024 + 1)  -- capped: a config is KBs; /dev/zero must not read forever
   f:close()
+  if not text or #text > 64 * 1024 * 1024 then
+    error(string.format("%s: %s: %s", who, path, text and "larger than 64 MiB" or "empty or not a readable file"), level + 1)
+  end
   local ok, j = pcall(json.decode, text, {null_as_nil = true})
   if ok and type(j) ~= "table" then ok, j = false, "not a JSON object" end
   if not ok then error(string.format("%s: %s: %s", who, path, tostring(j)), level + 1) end

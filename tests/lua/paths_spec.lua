@@ -41,6 +41,12 @@ describe("loaders on files that are not regular files", function()
     H.raises(function() keng.load(fifo) end, "not a regular file")
   end)
 
+  it("model config readers cap what they read and name a directory", function()
+    local common = require "models.common"
+    H.raises(function() common.read_json("/dev/zero", "cfg", 1) end, "cfg: /dev/zero: larger than 64 MiB")
+    H.raises(function() common.read_json(tmp, "cfg", 1) end, "cfg: " .. tmp .. ": empty or not a readable file")
+  end)
+
   it("refuse a file over the size cap before reading it", function()
     H.raises(function() keng.wordpiece(big) end, "is 2147483648 bytes, more than the 1073741824 a vocabulary can be")
     H.raises(function() keng.sentencepiece(big) end, "more than the 1073741824 a SentencePiece model can be")
