@@ -29,8 +29,11 @@ static int l_new(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   kg_wordpiece_opts o = {0};
   o.strip_accents = -1;
+  /* max_length is tokenizers.bert's (it passes its options through); the binding ignores it */
+  static const char *const valid[] = {"lowercase", "strip_accents", "tokenize_chinese_chars", "max_chars_per_word",
+                                      "unk_token", "split_special_tokens", "max_length", NULL};
+  kgl_check_options(L, 2, "wordpiece", valid);
   if (!lua_isnoneornil(L, 2)) {
-    luaL_checktype(L, 2, LUA_TTABLE);
     o.lowercase = kgl_field_bool(L, 2, "lowercase", false);
     lua_getfield(L, 2, "strip_accents");
     if (!lua_isnil(L, -1)) o.strip_accents = lua_toboolean(L, -1);

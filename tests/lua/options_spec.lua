@@ -263,3 +263,11 @@ describe("Module methods and keng.image", function()
       "image.grid: unknown option 'columns'")
   end)
 end)
+
+describe("tokenizer bindings", function()
+  it("keng.wordpiece refuses a misspelt option", function()
+    refuses(function() keng.wordpiece("tests/fixtures/bert/vocab.txt", {lower_case = true}) end,
+      "wordpiece: unknown option 'lower_case' (valid: lowercase, strip_accents")
+    assert.truthy(keng.wordpiece("tests/fixtures/bert/vocab.txt", {lowercase = true, max_length = 8}))
+  end)
+end)
