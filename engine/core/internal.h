@@ -34,6 +34,26 @@ bool kg_cuda_capturing(int device);
 kg_status kg_tensor_empty_op(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev,
                              const char *op);
 
+/* Sizes: every dim size and every element count is at most KG_SIZE_MAX (2^59), so byte counts
+ * and offsets of any dtype stay far from int64 overflow. kg_check_shape refuses a shape past it
+ * (or with a negative or too many dims), naming op; every shape a tensor or view gets passes it.
+ * Shape arithmetic (cat's sum, repeat's product, pads) goes through kg_size_add / kg_size_mul,
+ * false when the exact result is negative or past KG_SIZE_MAX. */
+#define KG_SIZE_MAX (INT64_MAX / 16)
+kg_status kg_check_shape(const char *op, int ndim, const int64_t *shape);
+static inline bool kg_size_add(int64_t a, int64_t b, int64_t *r) {
+  return !__builtin_add_overflow(a, b, r) && *r >= 0 && *r <= KG_SIZE_MAX;
+}
+static inline bool kg_size_mul(int64_t a, int64_t b, int64_t *r) {
+  return !__builtin_mul_overflow(a, b, r) && *r >= 0 && *r <= KG_SIZE_MAX;
+}
+
+/* Before an in-place write into dst (engine/core/tensor.c): refuses a dst with elements that
+ * share memory (an expanded view) and an input in[i] that shares memory with dst otherwise than
+ * element for element (same_ok: elementwise ops, where x:add_(x) is fine) or at all (same_ok
+ * false: index ops, which read their inputs at other positions than they write). */
+kg_status kg_check_overlap(const char *op, const kg_tensor *dst, int nin, const kg_tensor *const *in, bool same_ok);
+
 /* A new contiguous output with x's device. */
 static inline kg_status kg_new_like(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape,
                                     kg_dtype dt) {

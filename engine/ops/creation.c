@@ -5,6 +5,7 @@
 
 kg_status kg_fill_(kg_tensor *t, double value) {
   KG_TRY(kg_check_inplace("fill_", t));
+  KG_TRY(kg_check_overlap("fill_", t, 0, NULL, true));
   kg_fill_params p = {value};
   kg_tensor_bump_version(t);
   return kg_op_dispatch(KG_OP_FILL, 1, &t, 0, NULL, &p);

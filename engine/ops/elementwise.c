@@ -4,6 +4,7 @@
 #include "../core/internal.h"
 
 #include <math.h>
+#include <stdio.h>
 
 /* output dtype of a unary op */
 static kg_dtype unary_dtype(kg_op op, kg_dtype in) {
@@ -64,12 +65,15 @@ kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b) {
   int nd;
   int64_t shape[KG_MAX_DIMS];
   char x[KG_SHAPE_STR_MAX], y[KG_SHAPE_STR_MAX];
-  KG_TRY(kg_check_inplace(kg_op_info[op].name, a));
+  char name[32]; /* errors name the call the user made: add_, mul_, ... */
+  snprintf(name, sizeof name, "%s_", kg_op_info[op].name);
+  KG_TRY(kg_check_inplace(name, a));
   KG_TRY(binary_shape(op, a, b, &nd, shape));
+  KG_TRY(kg_check_overlap(name, a, 1, &b, true));
   bool fits = nd == a->ndim;
   for (int i = 0; fits && i < nd; i++) fits = shape[i] == a->shape[i];
   if (!fits)
-    return kg_error(KG_ERR_SHAPE, kg_op_info[op].name, "in-place result %s would not fit the destination %s",
+    return kg_error(KG_ERR_SHAPE, name, "in-place result %s would not fit the destination %s",
                     kg_shape_str(y, nd, shape), KG_SHAPE(a, x));
   kg_tensor_bump_version(a);
   const kg_tensor *in[2] = {a, b};

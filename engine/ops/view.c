@@ -15,7 +15,8 @@ static kg_status infer_shape(const char *op, const kg_tensor *x, int ndim, const
   char a[KG_SHAPE_STR_MAX], b[KG_SHAPE_STR_MAX];
   if (ndim < 0 || ndim > KG_MAX_DIMS) return kg_error(KG_ERR_VALUE, op, "%d dims; at most %d are supported", ndim, KG_MAX_DIMS);
   int infer = -1;
-  int64_t known = 1;
+  int64_t known = 1; /* the product of the non-zero sizes, then 0 if any size is */
+  bool zero = false;
   for (int i = 0; i < ndim; i++) {
     shape[i] = in[i];
     if (in[i] == -1) {
@@ -23,16 +24,21 @@ static kg_status infer_shape(const char *op, const kg_tensor *x, int ndim, const
       infer = i;
     } else if (in[i] < 0) {
       return kg_error(KG_ERR_VALUE, op, "negative size in shape %s", kg_shape_str(a, ndim, in));
-    } else {
-      known *= in[i];
+    } else if (!kg_size_mul(known, in[i] ? in[i] : 1, &known)) {
+      /* a wrapped product could match x's count and view far outside its storage */
+      return kg_error(KG_ERR_VALUE, op, "shape %s is too large (more than 2^59 elements)", kg_shape_str(a, ndim, in));
+    } else if (in[i] == 0) {
+      zero = true;
     }
   }
+  if (zero) known = 0;
   int64_t n = kg_numel(x);
   if (infer >= 0) {
     if (known == 0 || n % known)
       return kg_error(KG_ERR_SHAPE, op, "cannot reshape %s (%lld elements) into %s", KG_SHAPE(x, a), (long long)n,
                       kg_shape_str(b, ndim, in));
     shape[infer] = n / known;
+    return kg_check_shape(op, ndim, shape);
   } else if (known != n) {
     return kg_error(KG_ERR_SHAPE, op, "cannot reshape %s (%lld elements) into %s (%lld elements)", KG_SHAPE(x, a),
                     (long long)n, kg_shape_str(b, ndim, in), (long long)known);
@@ -164,6 +170,7 @@ kg_status kg_expand(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t
                       kg_shape_str(b, ndim, in_shape), j + 1, (long long)x->shape[j]);
     }
   }
+  KG_TRY(kg_check_shape("expand", ndim, shape));
   KG_TRY(kg_tensor_view_raw(out, x, ndim, shape, stride, x->offset));
   return record(KG_OP_EXPAND, *out, x, NULL, 0);
 }
@@ -180,7 +187,7 @@ kg_status kg_narrow(kg_tensor **out, const kg_tensor *x, int dim, int64_t start,
   if (!kg_wrap_dim(&d, x->ndim) || x->ndim == 0)
     return kg_error(KG_ERR_VALUE, "narrow", "dim %d out of range for %s", dim, KG_SHAPE(x, a));
   if (start < 0) start += x->shape[d];
-  if (start < 0 || length < 0 || start + length > x->shape[d])
+  if (start < 0 || start > x->shape[d] || length < 0 || length > x->shape[d] - start)
     return kg_error(KG_ERR_VALUE, "narrow", "start %lld + length %lld exceeds size %lld of dim %d of %s",
                     (long long)start, (long long)length, (long long)x->shape[d], d, KG_SHAPE(x, a));
   int64_t shape[KG_MAX_DIMS];
