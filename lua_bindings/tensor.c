@@ -20,6 +20,7 @@ void kgl_push(lua_State *L, kg_tensor *t) {
 
 kg_tensor *kgl_test(lua_State *L, int idx) {
   udata *u = luaL_testudata(L, idx, KGL_TENSOR_MT);
+  if (u && !u->t) luaL_argerror(L, idx, "tensor was closed"); /* never a NULL tensor into the engine */
   return u ? u->t : NULL;
 }
 
@@ -45,7 +46,8 @@ kg_tensor *kgl_to_tensor(lua_State *L, int idx, const kg_tensor *like, kg_tensor
   kg_dtype dt = like ? like->dtype : KG_F32;
   if (lua_isboolean(L, idx)) dt = like ? like->dtype : KG_BOOL;
   else if (!kg_dtype_info[dt].is_float && (v != floor(v) || !isfinite(v))) dt = KG_F32;
-  else if (dt == KG_BOOL && v != 0 && v != 1) dt = KG_I64;
+  else if (dt == KG_BOOL) dt = KG_I64; /* a number with a bool tensor is an integer, as in PyTorch */
+  if (!kg_value_fits(v, dt)) dt = dt == KG_U8 && kg_value_fits(v, KG_I64) ? KG_I64 : KG_F32;
   KGL_CALL(L, kg_scalar(owned, v, dt, like ? like->device : KG_CPU));
   return *owned;
 }
@@ -959,11 +961,16 @@ static int l_newindex(lua_State *L) {
   if (lua_type(L, 2) == LUA_TNUMBER) { /* t[i] = value */
     lua_Integer i = luaL_checkinteger(L, 2);
     if (t->ndim == 0 || i == 0) luaL_error(L, "index is 1-based and needs at least 1 dim");
-    kg_tensor *r, *owned;
+    kg_tensor *r;
     KGL_CALL(L, kg_select(&r, t, 0, i > 0 ? i - 1 : i));
-    kg_tensor *src = kgl_to_tensor(L, 3, r, &owned);
-    kg_status s = kg_copy_(r, src);
-    kg_tensor_release(owned);
+    kg_status s;
+    if (lua_type(L, 3) == LUA_TNUMBER || lua_isboolean(L, 3)) /* a number is a fill: checked against the dtype */
+      s = kg_fill_(r, lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3));
+    else if (kgl_test(L, 3)) s = kg_copy_(r, kgl_test(L, 3));
+    else {
+      kg_tensor_release(r);
+      return luaL_typeerror(L, 3, "tensor, number or boolean");
+    }
     kg_tensor_release(r);
     if (s) kgl_error(L);
     return 0;

@@ -84,6 +84,21 @@ typedef kg_status (*kg_copy_view_fn)(const char *op, kg_tensor *dst, const kg_te
 kg_status kg_cat_into_views(const kg_op_call *c, kg_copy_view_fn copy);
 kg_status kg_pad_into_views(const kg_op_call *c, kg_kernel_fn fill, kg_copy_view_fn copy);
 
+/* Float to integer conversion for stores: a C cast of NaN or an out-of-range value is
+ * undefined, so these saturate and send NaN to 0 (what CUDA's conversions do). u8 wraps modulo
+ * 256 from the saturated i64, as a cast through int64 does. */
+static inline int64_t kg_sat_i64(double v) {
+  return v != v ? 0 : v >= 0x1p63 ? INT64_MAX : v < -0x1p63 ? INT64_MIN : (int64_t)v;
+}
+static inline int32_t kg_sat_i32(double v) {
+  return v != v ? 0 : v >= 0x1p31 ? INT32_MAX : v < -0x1p31 ? INT32_MIN : (int32_t)v;
+}
+static inline uint8_t kg_sat_u8(double v) { return (uint8_t)kg_sat_i64(v); }
+
+/* Fails naming op unless the number v can be stored in dtype dt without overflow (NaN and
+ * infinities in an integer dtype, 300 in u8), as PyTorch's fill and scalar writes do. */
+kg_status kg_check_value_fits(const char *op, double v, kg_dtype dt);
+
 /* Releases each non-NULL tensor in a list. */
 void kg_release_all(int n, kg_tensor **ts);
 

@@ -375,10 +375,10 @@ void kg_store_from_double(void *base, kg_dtype dt, int64_t off, double v) {
   case KG_F64: ((double *)base)[off] = v; break;
   case KG_BF16: ((uint16_t *)base)[off] = kg_f32_to_bf16((float)v); break;
   case KG_F16: ((uint16_t *)base)[off] = kg_f32_to_f16((float)v); break;
-  case KG_I32: ((int32_t *)base)[off] = (int32_t)v; break;
-  case KG_I64: ((int64_t *)base)[off] = (int64_t)v; break;
+  case KG_I32: ((int32_t *)base)[off] = kg_sat_i32(v); break;
+  case KG_I64: ((int64_t *)base)[off] = kg_sat_i64(v); break;
   case KG_BOOL: ((uint8_t *)base)[off] = v != 0; break;
-  case KG_U8: ((uint8_t *)base)[off] = (uint8_t)v; break;
+  case KG_U8: ((uint8_t *)base)[off] = kg_sat_u8(v); break;
   default: break;
   }
 }

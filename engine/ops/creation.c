@@ -6,6 +6,7 @@
 kg_status kg_fill_(kg_tensor *t, double value) {
   KG_TRY(kg_check_inplace("fill_", t));
   KG_TRY(kg_check_overlap("fill_", t, 0, NULL, true));
+  KG_TRY(kg_check_value_fits("fill_", value, t->dtype));
   kg_fill_params p = {value};
   kg_tensor_bump_version(t);
   return kg_op_dispatch(KG_OP_FILL, 1, &t, 0, NULL, &p);
@@ -18,6 +19,7 @@ kg_status kg_full(kg_tensor **out, int ndim, const int64_t *shape, double value,
 kg_status kg_full_named(kg_tensor **out, int ndim, const int64_t *shape, double value, kg_dtype dt, kg_device dev,
                         const char *op) {
   kg_tensor *t;
+  KG_TRY(kg_check_value_fits(op, value, dt));
   KG_TRY(kg_tensor_empty_op(&t, ndim, shape, dt, dev, op));
   kg_fill_params p = {value};
   kg_status s = kg_op_dispatch(KG_OP_FILL, 1, &t, 0, NULL, &p);
