@@ -18,9 +18,20 @@ void kgl_push(lua_State *L, kg_tensor *t) {
   luaL_setmetatable(L, KGL_TENSOR_MT);
 }
 
+/* the name of the running Lua-called C function, for errors about values that are not
+ * arguments (list elements, option fields) */
+const char *kgl_fname(lua_State *L) {
+  lua_Debug ar;
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.name) return ar.name;
+  return "keng"; /* called through pcall or a table of functions: no name to give */
+}
+
 kg_tensor *kgl_test(lua_State *L, int idx) {
   udata *u = luaL_testudata(L, idx, KGL_TENSOR_MT);
-  if (u && !u->t) luaL_argerror(L, idx, "tensor was closed"); /* never a NULL tensor into the engine */
+  if (u && !u->t) { /* never a NULL tensor into the engine */
+    if (idx > 0) luaL_argerror(L, idx, "tensor was closed");
+    luaL_error(L, "%s: tensor was closed", kgl_fname(L));
+  }
   return u ? u->t : NULL;
 }
 
@@ -75,13 +86,26 @@ void kgl_collect(lua_State *L) {
 
 /* ---- argument helpers ------------------------------------------------------------------- */
 
-int kgl_dim(lua_State *L, int idx, int ndim) {
-  lua_Integer d = luaL_checkinteger(L, idx);
+/* the dim at stack slot idx; errors name argument arg of the calling function ("bad argument #2
+ * to 'sum' (dim 3 out of range ...)"), arg 0 when the dim sits in a list (the list's slot is
+ * named by the caller) */
+static int dim_at(lua_State *L, int idx, int arg, int ndim) {
+  int isnum;
+  lua_Integer d = lua_tointegerx(L, idx, &isnum);
   int n = ndim ? ndim : 1;
-  if (d == 0 || d > n || d < -n)
-    luaL_error(L, "dim %d out of range for a tensor of %d dims (dims are 1-based; -1 is the last)", (int)d, ndim);
+  const char *msg = NULL;
+  if (!isnum)
+    msg = lua_pushfstring(L, "dim must be an integer, got %s", lua_type(L, idx) == LUA_TNUMBER ? "a fraction" : luaL_typename(L, idx));
+  else if (d == 0 || d > n || d < -n)
+    msg = lua_pushfstring(L, "dim %I out of range for a tensor of %d dims (dims are 1-based; -1 is the last)", (LUAI_UACINT)d, ndim);
+  if (msg) {
+    if (arg) luaL_argerror(L, arg, msg);
+    luaL_error(L, "%s", msg);
+  }
   return d > 0 ? (int)d - 1 : (int)(d + n);
 }
+
+int kgl_dim(lua_State *L, int idx, int ndim) { return dim_at(L, idx, lua_absindex(L, idx), ndim); }
 
 int kgl_optdim(lua_State *L, int idx, int ndim, int def0) {
   return lua_isnoneornil(L, idx) ? def0 : kgl_dim(L, idx, ndim);
@@ -94,7 +118,9 @@ uint32_t kgl_dims_mask(lua_State *L, int idx, int ndim) {
     lua_Integer n = luaL_len(L, idx);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_geti(L, idx, i);
-      m |= 1u << kgl_dim(L, lua_gettop(L), ndim);
+      int d = dim_at(L, lua_gettop(L), idx, ndim);
+      if (m & (1u << d)) luaL_argerror(L, idx, lua_pushfstring(L, "dim %d appears twice in the list", d + 1));
+      m |= 1u << d;
       lua_pop(L, 1);
     }
     return m;
@@ -111,7 +137,7 @@ int kgl_shape(lua_State *L, int idx, int64_t *shape) {
       lua_geti(L, idx, i);
       int isnum;
       lua_Integer v = lua_tointegerx(L, -1, &isnum);
-      if (!isnum) luaL_error(L, "shape entry %d is not an integer", (int)i);
+      if (!isnum) luaL_argerror(L, idx, lua_pushfstring(L, "shape entry %d is not an integer (%s)", (int)i, luaL_typename(L, -1)));
       shape[n++] = v;
       lua_pop(L, 1);
     }
@@ -130,14 +156,15 @@ kg_dtype kgl_dtype(lua_State *L, int idx) {
   const char *name = luaL_checkstring(L, idx);
   kg_dtype dt;
   if (!kg_dtype_from_name(name, &dt))
-    luaL_error(L, "unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, bool or u8)", name);
+    luaL_error(L, "%s: unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, bool or u8)", kgl_fname(L), name);
   return dt;
 }
 
 kg_device kgl_device(lua_State *L, int idx) {
   const char *name = luaL_checkstring(L, idx);
   kg_device d;
-  if (!kg_device_from_name(name, &d)) luaL_error(L, "unknown device '%s' (expected cpu, cuda, cuda:N or meta)", name);
+  if (!kg_device_from_name(name, &d))
+    luaL_error(L, "%s: unknown device '%s' (expected cpu, cuda, cuda:N or meta)", kgl_fname(L), name);
   return d;
 }
 

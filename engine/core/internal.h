@@ -99,6 +99,11 @@ static inline uint8_t kg_sat_u8(double v) { return (uint8_t)kg_sat_i64(v); }
  * infinities in an integer dtype, 300 in u8), as PyTorch's fill and scalar writes do. */
 kg_status kg_check_value_fits(const char *op, double v, kg_dtype dt);
 
+/* Messages speak the Lua API's 1-based positions (docs/lua_api.md): a 0-based dim or index i >= 0
+ * prints as i + 1; a negative one (counted from the end) prints as given. Ids stored in index
+ * tensors stay 0-based and print as they are. */
+static inline long long kg_pos1(int64_t i) { return i >= 0 ? (long long)i + 1 : (long long)i; }
+
 /* Releases each non-NULL tensor in a list. */
 void kg_release_all(int n, kg_tensor **ts);
 

@@ -26,12 +26,12 @@ kg_status kg_unary(kg_tensor **out, kg_op op, const kg_tensor *x) {
   return s;
 }
 
-static kg_status binary_shape(kg_op op, const kg_tensor *a, const kg_tensor *b, int *nd, int64_t *shape) {
+static kg_status binary_shape(const char *name, const kg_tensor *a, const kg_tensor *b, int *nd, int64_t *shape) {
   char x[KG_SHAPE_STR_MAX], y[KG_SHAPE_STR_MAX];
   const kg_tensor *ts[2] = {a, b};
-  KG_TRY(kg_check_same_device(kg_op_info[op].name, 2, ts));
+  KG_TRY(kg_check_same_device(name, 2, ts));
   if (!kg_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, nd, shape))
-    return kg_error(KG_ERR_SHAPE, kg_op_info[op].name, "shapes %s and %s cannot be broadcast", KG_SHAPE(a, x),
+    return kg_error(KG_ERR_SHAPE, name, "shapes %s and %s cannot be broadcast", KG_SHAPE(a, x),
                     KG_SHAPE(b, y));
   return KG_OK;
 }
@@ -49,7 +49,7 @@ kg_status kg_binary(kg_tensor **out, kg_op op, const kg_tensor *a, const kg_tens
   if (kg_op_info[op].kind != KG_KIND_BINARY) return kg_error(KG_ERR_VALUE, kg_op_info[op].name, "not a binary op");
   int nd;
   int64_t shape[KG_MAX_DIMS];
-  KG_TRY(binary_shape(op, a, b, &nd, shape));
+  KG_TRY(binary_shape(kg_op_info[op].name, a, b, &nd, shape));
   kg_dtype dt = kg_dtype_promote(a->dtype, b->dtype);
   KG_TRY(check_bool_operands(op, dt));
   if (is_compare(op)) dt = KG_BOOL;
@@ -84,7 +84,7 @@ kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b) {
   char name[32]; /* errors name the call the user made: add_, mul_, ... */
   snprintf(name, sizeof name, "%s_", kg_op_info[op].name);
   KG_TRY(kg_check_inplace(name, a));
-  KG_TRY(binary_shape(op, a, b, &nd, shape));
+  KG_TRY(binary_shape(name, a, b, &nd, shape));
   KG_TRY(kg_check_overlap(name, a, 1, &b, true));
   KG_TRY(check_bool_operands(op, kg_dtype_promote(a->dtype, b->dtype)));
   bool fits = nd == a->ndim;

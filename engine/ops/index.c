@@ -26,7 +26,7 @@ static kg_status check_index_dtype(const char *op, const kg_tensor *idx) {
 
 static kg_status bad_dim(const char *op, int dim, const kg_tensor *x) {
   char a[KG_SHAPE_STR_MAX];
-  return kg_error(KG_ERR_VALUE, op, "dim %d out of range for %s", dim, KG_SHAPE(x, a));
+  return kg_error(KG_ERR_VALUE, op, "dim %lld out of range for %s", kg_pos1(dim), KG_SHAPE(x, a));
 }
 
 /* ---- cat and stack ---------------------------------------------------------------------- */
@@ -328,7 +328,7 @@ kg_status kg_repeat_interleave(kg_tensor **out, const kg_tensor *x, int64_t n, i
       return kg_error(KG_ERR_VALUE, "repeat_interleave", "%lld repeats of dim %d of %s make more than 2^59 elements",
                       (long long)n, d + 1, KG_SHAPE(x, a));
   }
-  KG_TRY(kg_check_shape("repeat_interleave", x->ndim, shape));
+  KG_TRY(kg_check_shape("repeat_interleave", x->ndim + 1, big));
   kg_tensor *u, *e;
   KG_TRY(kg_unsqueeze(&u, x, d + 1));
   kg_status s = kg_expand(&e, u, x->ndim + 1, big);
