@@ -36,7 +36,7 @@ kg_status kg_arange(kg_tensor **out, double start, double end, double step, kg_d
                     end, step);
   double n = ceil((end - start) / step);
   if (n < 0) n = 0;
-  if (n > 1e15) return kg_error(KG_ERR_VALUE, "arange", "%g elements is too many", n);
+  if (n > (double)KG_SIZE_MAX) return kg_error(KG_ERR_VALUE, "arange", "%g elements is too many (more than 2^59)", n);
   int64_t len = (int64_t)n;
   kg_tensor *t;
   KG_TRY(kg_tensor_empty_op(&t, 1, &len, dt, dev, "arange"));
