@@ -5,8 +5,20 @@
  * stride, padding, dilation and output_padding are a number or a {h, w} pair. */
 #include "keng_lua.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
+
+/* the integer at the top of the stack as an int: a fraction or a value past 32 bits is refused
+ * (a C cast would silently turn stride 2^32 + 1 into 1) */
+static int int_value(lua_State *L, const char *op, const char *key) {
+  int isnum;
+  lua_Integer v = lua_tointegerx(L, -1, &isnum);
+  if (!isnum) luaL_error(L, "%s: %s must be an integer, got %s", op, key, lua_tostring(L, -1));
+  if (v < INT_MIN || v > INT_MAX)
+    luaL_error(L, "%s: %s %I is out of range (at most %d)", op, key, (LUAI_UACINT)v, INT_MAX);
+  return (int)v;
+}
 
 /* field `key` of the options table at idx: a number n (-> {n, n}) or a pair {h, w} */
 static void pair_field(lua_State *L, int idx, const char *op, const char *key, int def, int out[2]) {
@@ -14,12 +26,12 @@ static void pair_field(lua_State *L, int idx, const char *op, const char *key, i
   if (!lua_istable(L, idx)) return;
   lua_getfield(L, idx, key);
   if (lua_isnumber(L, -1)) {
-    out[0] = out[1] = (int)lua_tointeger(L, -1);
+    out[0] = out[1] = int_value(L, op, key);
   } else if (lua_istable(L, -1)) {
     for (int i = 0; i < 2; i++) {
       lua_rawgeti(L, -1, i + 1);
       if (!lua_isnumber(L, -1)) luaL_error(L, "%s: %s must be a number or a {h, w} pair", op, key);
-      out[i] = (int)lua_tointeger(L, -1);
+      out[i] = int_value(L, op, key);
       lua_pop(L, 1);
     }
   } else if (!lua_isnil(L, -1)) {
@@ -34,7 +46,12 @@ static kg_conv2d_params conv_params(lua_State *L, int idx, const char *op) {
   pair_field(L, idx, op, "padding", 0, p.padding);
   pair_field(L, idx, op, "dilation", 1, p.dilation);
   pair_field(L, idx, op, "output_padding", 0, p.output_padding);
-  p.groups = (int)kgl_field_number(L, idx, "groups", 1);
+  p.groups = 1;
+  if (lua_istable(L, idx)) {
+    lua_getfield(L, idx, "groups");
+    if (!lua_isnil(L, -1)) p.groups = int_value(L, op, "groups");
+    lua_pop(L, 1);
+  }
   return p;
 }
 

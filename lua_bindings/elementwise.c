@@ -21,9 +21,16 @@ static int l_binary(lua_State *L) {
   if (a && b) KGL_CALL(L, kg_binary(&r, op, a, b));
   else if (a || b) {
     int num = a ? 2 : 1;
-    if (!lua_isnumber(L, num) && !lua_isboolean(L, num)) luaL_typeerror(L, num, "tensor or number");
-    double v = lua_isboolean(L, num) ? lua_toboolean(L, num) : lua_tonumber(L, num);
-    KGL_CALL(L, kg_binary_scalar(&r, op, a ? a : b, v, !a));
+    if (lua_isboolean(L, num)) { /* a boolean is a bool scalar: mask + true is logical or */
+      kg_tensor *t = a ? a : b, *s;
+      KGL_CALL(L, kg_scalar(&s, lua_toboolean(L, num), KG_BOOL, t->device));
+      kg_status st = a ? kg_binary(&r, op, a, s) : kg_binary(&r, op, s, b);
+      kg_tensor_release(s);
+      if (st) return kgl_error(L);
+    } else {
+      if (!lua_isnumber(L, num)) luaL_typeerror(L, num, "tensor or number");
+      KGL_CALL(L, kg_binary_scalar(&r, op, a ? a : b, lua_tonumber(L, num), !a));
+    }
   } else {
     return luaL_typeerror(L, 1, "tensor");
   }
@@ -66,11 +73,16 @@ static int l_clamp(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
   double lo, hi;
   if (lua_istable(L, 2)) { /* t:clamp{min=, max=} */
-    lo = kgl_field_number(L, 2, "min", NAN);
-    hi = kgl_field_number(L, 2, "max", NAN);
-  } else {
-    lo = lua_isnoneornil(L, 2) ? NAN : luaL_checknumber(L, 2);
-    hi = lua_isnoneornil(L, 3) ? NAN : luaL_checknumber(L, 3);
+    for (lua_pushnil(L); lua_next(L, 2); lua_pop(L, 1)) {
+      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+      if (!k || (strcmp(k, "min") && strcmp(k, "max")))
+        luaL_error(L, "clamp: unknown option '%s' (valid: min, max)", k ? k : luaL_typename(L, -2));
+    }
+    lo = kgl_field_number(L, 2, "min", -HUGE_VAL);
+    hi = kgl_field_number(L, 2, "max", HUGE_VAL);
+  } else { /* nil: no bound; a NaN bound makes the result NaN, as in PyTorch */
+    lo = lua_isnoneornil(L, 2) ? -HUGE_VAL : luaL_checknumber(L, 2);
+    hi = lua_isnoneornil(L, 3) ? HUGE_VAL : luaL_checknumber(L, 3);
   }
   KGL_CALL(L, kg_clamp(&r, x, lo, hi));
   kgl_push(L, r);

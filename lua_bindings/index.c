@@ -12,7 +12,7 @@ static int tensor_list(lua_State *L, int idx, const kg_tensor ***xs) {
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     kg_tensor *t = kgl_test(L, -1);
-    if (!t) luaL_error(L, "element %d of the list is not a tensor", i + 1);
+    if (!t) luaL_argerror(L, idx, lua_pushfstring(L, "element %d of the list is not a tensor (%s)", i + 1, luaL_typename(L, -1)));
     (*xs)[i] = t; /* the list keeps it alive */
     lua_pop(L, 1);
   }

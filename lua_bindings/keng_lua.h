@@ -43,6 +43,8 @@ void kgl_gc_step(lua_State *L);
 
 /* A 1-based (negative from the end) Lua dim at idx -> 0-based dim for a tensor of ndim dims. */
 int kgl_dim(lua_State *L, int idx, int ndim);
+/* the name of the running C function as Lua called it ("sum", "cat"), "keng" if unknown */
+const char *kgl_fname(lua_State *L);
 int kgl_optdim(lua_State *L, int idx, int ndim, int def0);
 /* nil/none = all dims; a number; or a list of numbers -> bit mask of 0-based dims. */
 uint32_t kgl_dims_mask(lua_State *L, int idx, int ndim);

@@ -18,8 +18,20 @@ void kgl_push(lua_State *L, kg_tensor *t) {
   luaL_setmetatable(L, KGL_TENSOR_MT);
 }
 
+/* the name of the running Lua-called C function, for errors about values that are not
+ * arguments (list elements, option fields) */
+const char *kgl_fname(lua_State *L) {
+  lua_Debug ar;
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.name) return ar.name;
+  return "keng"; /* called through pcall or a table of functions: no name to give */
+}
+
 kg_tensor *kgl_test(lua_State *L, int idx) {
   udata *u = luaL_testudata(L, idx, KGL_TENSOR_MT);
+  if (u && !u->t) { /* never a NULL tensor into the engine */
+    if (idx > 0) luaL_argerror(L, idx, "tensor was closed");
+    luaL_error(L, "%s: tensor was closed", kgl_fname(L));
+  }
   return u ? u->t : NULL;
 }
 
@@ -45,7 +57,8 @@ kg_tensor *kgl_to_tensor(lua_State *L, int idx, const kg_tensor *like, kg_tensor
   kg_dtype dt = like ? like->dtype : KG_F32;
   if (lua_isboolean(L, idx)) dt = like ? like->dtype : KG_BOOL;
   else if (!kg_dtype_info[dt].is_float && (v != floor(v) || !isfinite(v))) dt = KG_F32;
-  else if (dt == KG_BOOL && v != 0 && v != 1) dt = KG_I64;
+  else if (dt == KG_BOOL) dt = KG_I64; /* a number with a bool tensor is an integer, as in PyTorch */
+  if (!kg_value_fits(v, dt)) dt = dt == KG_U8 && kg_value_fits(v, KG_I64) ? KG_I64 : KG_F32;
   KGL_CALL(L, kg_scalar(owned, v, dt, like ? like->device : KG_CPU));
   return *owned;
 }
@@ -73,13 +86,26 @@ void kgl_collect(lua_State *L) {
 
 /* ---- argument helpers ------------------------------------------------------------------- */
 
-int kgl_dim(lua_State *L, int idx, int ndim) {
-  lua_Integer d = luaL_checkinteger(L, idx);
+/* the dim at stack slot idx; errors name argument arg of the calling function ("bad argument #2
+ * to 'sum' (dim 3 out of range ...)"), arg 0 when the dim sits in a list (the list's slot is
+ * named by the caller) */
+static int dim_at(lua_State *L, int idx, int arg, int ndim) {
+  int isnum;
+  lua_Integer d = lua_tointegerx(L, idx, &isnum);
   int n = ndim ? ndim : 1;
-  if (d == 0 || d > n || d < -n)
-    luaL_error(L, "dim %d out of range for a tensor of %d dims (dims are 1-based; -1 is the last)", (int)d, ndim);
+  const char *msg = NULL;
+  if (!isnum)
+    msg = lua_pushfstring(L, "dim must be an integer, got %s", lua_type(L, idx) == LUA_TNUMBER ? "a fraction" : luaL_typename(L, idx));
+  else if (d == 0 || d > n || d < -n)
+    msg = lua_pushfstring(L, "dim %I out of range for a tensor of %d dims (dims are 1-based; -1 is the last)", (LUAI_UACINT)d, ndim);
+  if (msg) {
+    if (arg) luaL_argerror(L, arg, msg);
+    luaL_error(L, "%s", msg);
+  }
   return d > 0 ? (int)d - 1 : (int)(d + n);
 }
+
+int kgl_dim(lua_State *L, int idx, int ndim) { return dim_at(L, idx, lua_absindex(L, idx), ndim); }
 
 int kgl_optdim(lua_State *L, int idx, int ndim, int def0) {
   return lua_isnoneornil(L, idx) ? def0 : kgl_dim(L, idx, ndim);
@@ -92,7 +118,9 @@ uint32_t kgl_dims_mask(lua_State *L, int idx, int ndim) {
     lua_Integer n = luaL_len(L, idx);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_geti(L, idx, i);
-      m |= 1u << kgl_dim(L, lua_gettop(L), ndim);
+      int d = dim_at(L, lua_gettop(L), idx, ndim);
+      if (m & (1u << d)) luaL_argerror(L, idx, lua_pushfstring(L, "dim %d appears twice in the list", d + 1));
+      m |= 1u << d;
       lua_pop(L, 1);
     }
     return m;
@@ -109,7 +137,7 @@ int kgl_shape(lua_State *L, int idx, int64_t *shape) {
       lua_geti(L, idx, i);
       int isnum;
       lua_Integer v = lua_tointegerx(L, -1, &isnum);
-      if (!isnum) luaL_error(L, "shape entry %d is not an integer", (int)i);
+      if (!isnum) luaL_argerror(L, idx, lua_pushfstring(L, "shape entry %d is not an integer (%s)", (int)i, luaL_typename(L, -1)));
       shape[n++] = v;
       lua_pop(L, 1);
     }
@@ -128,14 +156,15 @@ kg_dtype kgl_dtype(lua_State *L, int idx) {
   const char *name = luaL_checkstring(L, idx);
   kg_dtype dt;
   if (!kg_dtype_from_name(name, &dt))
-    luaL_error(L, "unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, bool or u8)", name);
+    luaL_error(L, "%s: unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, bool or u8)", kgl_fname(L), name);
   return dt;
 }
 
 kg_device kgl_device(lua_State *L, int idx) {
   const char *name = luaL_checkstring(L, idx);
   kg_device d;
-  if (!kg_device_from_name(name, &d)) luaL_error(L, "unknown device '%s' (expected cpu, cuda, cuda:N or meta)", name);
+  if (!kg_device_from_name(name, &d))
+    luaL_error(L, "%s: unknown device '%s' (expected cpu, cuda, cuda:N or meta)", kgl_fname(L), name);
   return d;
 }
 
@@ -983,11 +1012,16 @@ static int l_newindex(lua_State *L) {
   if (lua_type(L, 2) == LUA_TNUMBER) { /* t[i] = value */
     lua_Integer i = luaL_checkinteger(L, 2);
     if (t->ndim == 0 || i == 0) luaL_error(L, "index is 1-based and needs at least 1 dim");
-    kg_tensor *r, *owned;
+    kg_tensor *r;
     KGL_CALL(L, kg_select(&r, t, 0, i > 0 ? i - 1 : i));
-    kg_tensor *src = kgl_to_tensor(L, 3, r, &owned);
-    kg_status s = kg_copy_(r, src);
-    kg_tensor_release(owned);
+    kg_status s;
+    if (lua_type(L, 3) == LUA_TNUMBER || lua_isboolean(L, 3)) /* a number is a fill: checked against the dtype */
+      s = kg_fill_(r, lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3));
+    else if (kgl_test(L, 3)) s = kg_copy_(r, kgl_test(L, 3));
+    else {
+      kg_tensor_release(r);
+      return luaL_typeerror(L, 3, "tensor, number or boolean");
+    }
     kg_tensor_release(r);
     if (s) kgl_error(L);
     return 0;

@@ -1,5 +1,7 @@
 /* dtype.c — dtype facts, names and promotion; device names. */
-#include <keng/keng.h>
+#include "internal.h"
+
+#include <math.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,4 +68,22 @@ const char *kg_device_name(kg_device d, char buf[16]) {
   if (d.type == KG_DEV_CUDA) snprintf(buf, 16, "cuda:%d", d.index);
   else snprintf(buf, 16, "%s", d.type == KG_DEV_META ? "meta" : "cpu");
   return buf;
+}
+
+bool kg_value_fits(double v, kg_dtype dt) {
+  switch (dt) { /* the range as doubles, [lo, hi); false for NaN */
+  case KG_I32: return v >= -0x1p31 && v < 0x1p31;
+  case KG_I64: return v >= -0x1p63 && v < 0x1p63;
+  case KG_U8: return v >= 0 && v < 256;
+  default: return true; /* floats hold every number (overflow gives inf); bool is v != 0 */
+  }
+}
+
+kg_status kg_check_value_fits(const char *op, double v, kg_dtype dt) {
+  if (kg_value_fits(v, dt)) return KG_OK;
+  char num[32];
+  if (isnan(v)) snprintf(num, sizeof num, "NaN"); /* not "-nan" */
+  else snprintf(num, sizeof num, "%g", v);
+  return kg_error(KG_ERR_VALUE, op, "value %s cannot be stored in a tensor of dtype %s (out of its range)", num,
+                  kg_dtype_info[dt].name);
 }

@@ -34,6 +34,26 @@ bool kg_cuda_capturing(int device);
 kg_status kg_tensor_empty_op(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev,
                              const char *op);
 
+/* Sizes: every dim size and every element count is at most KG_SIZE_MAX (2^59), so byte counts
+ * and offsets of any dtype stay far from int64 overflow. kg_check_shape refuses a shape past it
+ * (or with a negative or too many dims), naming op; every shape a tensor or view gets passes it.
+ * Shape arithmetic (cat's sum, repeat's product, pads) goes through kg_size_add / kg_size_mul,
+ * false when the exact result is negative or past KG_SIZE_MAX. */
+#define KG_SIZE_MAX (INT64_MAX / 16)
+kg_status kg_check_shape(const char *op, int ndim, const int64_t *shape);
+static inline bool kg_size_add(int64_t a, int64_t b, int64_t *r) {
+  return !__builtin_add_overflow(a, b, r) && *r >= 0 && *r <= KG_SIZE_MAX;
+}
+static inline bool kg_size_mul(int64_t a, int64_t b, int64_t *r) {
+  return !__builtin_mul_overflow(a, b, r) && *r >= 0 && *r <= KG_SIZE_MAX;
+}
+
+/* Before an in-place write into dst (engine/core/tensor.c): refuses a dst with elements that
+ * share memory (an expanded view) and an input in[i] that shares memory with dst otherwise than
+ * element for element (same_ok: elementwise ops, where x:add_(x) is fine) or at all (same_ok
+ * false: index ops, which read their inputs at other positions than they write). */
+kg_status kg_check_overlap(const char *op, const kg_tensor *dst, int nin, const kg_tensor *const *in, bool same_ok);
+
 /* A new contiguous output with x's device. */
 static inline kg_status kg_new_like(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t *shape,
                                     kg_dtype dt) {
@@ -63,6 +83,26 @@ kg_status kg_index_range_error(const char *op, int64_t v, const kg_tensor *t, in
 typedef kg_status (*kg_copy_view_fn)(const char *op, kg_tensor *dst, const kg_tensor *src);
 kg_status kg_cat_into_views(const kg_op_call *c, kg_copy_view_fn copy);
 kg_status kg_pad_into_views(const kg_op_call *c, kg_kernel_fn fill, kg_copy_view_fn copy);
+
+/* Float to integer conversion for stores: a C cast of NaN or an out-of-range value is
+ * undefined, so these saturate and send NaN to 0 (what CUDA's conversions do). u8 wraps modulo
+ * 256 from the saturated i64, as a cast through int64 does. */
+static inline int64_t kg_sat_i64(double v) {
+  return v != v ? 0 : v >= 0x1p63 ? INT64_MAX : v < -0x1p63 ? INT64_MIN : (int64_t)v;
+}
+static inline int32_t kg_sat_i32(double v) {
+  return v != v ? 0 : v >= 0x1p31 ? INT32_MAX : v < -0x1p31 ? INT32_MIN : (int32_t)v;
+}
+static inline uint8_t kg_sat_u8(double v) { return (uint8_t)kg_sat_i64(v); }
+
+/* Fails naming op unless the number v can be stored in dtype dt without overflow (NaN and
+ * infinities in an integer dtype, 300 in u8), as PyTorch's fill and scalar writes do. */
+kg_status kg_check_value_fits(const char *op, double v, kg_dtype dt);
+
+/* Messages speak the Lua API's 1-based positions (docs/lua_api.md): a 0-based dim or index i >= 0
+ * prints as i + 1; a negative one (counted from the end) prints as given. Ids stored in index
+ * tensors stay 0-based and print as they are. */
+static inline long long kg_pos1(int64_t i) { return i >= 0 ? (long long)i + 1 : (long long)i; }
 
 /* Releases each non-NULL tensor in a list. */
 void kg_release_all(int n, kg_tensor **ts);

@@ -14,7 +14,7 @@ int64_t kg_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
   return (int64_t)n;
 }
 
-static kg_status check_shape(const char *op, int ndim, const int64_t *shape) {
+kg_status kg_check_shape(const char *op, int ndim, const int64_t *shape) {
   char b[KG_SHAPE_STR_MAX];
   if (ndim < 0 || ndim > KG_MAX_DIMS)
     return kg_error(KG_ERR_VALUE, op, "%d dims; at most %d are supported", ndim, KG_MAX_DIMS);
@@ -23,8 +23,8 @@ static kg_status check_shape(const char *op, int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) return kg_error(KG_ERR_VALUE, op, "negative size in shape %s", kg_shape_str(b, ndim, shape));
-    if (shape[i] && n > INT64_MAX / 16 / shape[i])
-      return kg_error(KG_ERR_VALUE, op, "shape %s is too large", kg_shape_str(b, ndim, shape));
+    if (shape[i] && n > KG_SIZE_MAX / shape[i])
+      return kg_error(KG_ERR_VALUE, op, "shape %s is too large (more than 2^59 elements)", kg_shape_str(b, ndim, shape));
     if (shape[i]) n *= shape[i];
   }
   return KG_OK;
@@ -44,7 +44,7 @@ static kg_tensor *header(int ndim, const int64_t *shape, kg_dtype dt, kg_device 
 
 kg_status kg_tensor_empty_op(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev,
                              const char *op) {
-  KG_TRY(check_shape(op, ndim, shape));
+  KG_TRY(kg_check_shape(op, ndim, shape));
   if ((unsigned)dt >= KG_DTYPE_COUNT) return kg_error(KG_ERR_TYPE, op, "bad dtype %d", (int)dt);
   if (dev.type == KG_DEV_CUDA && !kg_cuda_available())
     return kg_error(KG_ERR_DEVICE, op, "cuda:%d requested but no CUDA device is available", dev.index);
@@ -66,7 +66,7 @@ kg_status kg_tensor_empty(kg_tensor **out, int ndim, const int64_t *shape, kg_dt
 
 kg_status kg_tensor_from_blob(kg_tensor **out, void *data, int ndim, const int64_t *shape, kg_dtype dt,
                               kg_device dev, void *owner, void (*release)(kg_storage *)) {
-  KG_TRY(check_shape("from_blob", ndim, shape));
+  KG_TRY(kg_check_shape("from_blob", ndim, shape));
   kg_tensor *t = header(ndim, shape, dt, dev);
   kg_storage *s = calloc(1, sizeof *s);
   if (!t || !s) {
@@ -87,6 +87,9 @@ kg_status kg_tensor_from_blob(kg_tensor **out, void *data, int ndim, const int64
 
 kg_status kg_tensor_view_raw(kg_tensor **out, const kg_tensor *src, int ndim, const int64_t *shape,
                              const int64_t *stride, int64_t offset) {
+  /* every view's shape passes the constructors' check: a wrapped element count must never
+   * reach a kernel (the ops check first, so this names the op only when one forgot) */
+  KG_TRY(kg_check_shape("view", ndim, shape));
   kg_tensor *t = header(ndim, shape, src->dtype, src->device);
   if (!t) return kg_error(KG_ERR_OOM, "view", "out of memory allocating a tensor header");
   if (ndim) memcpy(t->stride, stride, sizeof(int64_t) * (size_t)ndim);
@@ -176,6 +179,169 @@ kg_status kg_check_integer(const char *op, const kg_tensor *x, const char *what)
                   kg_dtype_info[x->dtype].name);
 }
 
+/* ---- memory overlap of in-place writes ---------------------------------------------------- */
+
+/* An in-place kernel writes element i of dst while it reads element i of each input. That is
+ * right only if no two elements of dst share memory (else the last write wins: an expanded
+ * view) and an input shares memory with dst only element for element (x:add_(x)); otherwise
+ * the result depends on the order of the writes (b:t():add_(b)). As PyTorch, such calls are
+ * refused. Fast answers first (distinct storage, disjoint ranges, the same layout, strides that
+ * nest); layouts that remain are settled exactly with a bitmap of dst's offsets when they are
+ * small enough (OVERLAP_EXACT_MAX elements), and let through otherwise (PyTorch: "too hard"). */
+
+#define OVERLAP_EXACT_MAX ((int64_t)1 << 24)
+
+/* the smallest and largest element offsets t touches (t not empty) */
+static void offset_range(const kg_tensor *t, int64_t *lo, int64_t *hi) {
+  *lo = *hi = t->offset;
+  for (int d = 0; d < t->ndim; d++) {
+    int64_t span = (t->shape[d] - 1) * t->stride[d];
+    if (span < 0) *lo += span;
+    else *hi += span;
+  }
+}
+
+/* true when the strides nest (sorted by size, each one steps past everything the smaller ones
+ * reach), which proves that no two elements share memory */
+static bool strides_nest(const kg_tensor *t) {
+  int64_t st[KG_MAX_DIMS], sz[KG_MAX_DIMS];
+  int n = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] == 1) continue;
+    int64_t s = t->stride[d] < 0 ? -t->stride[d] : t->stride[d];
+    int j = n++;
+    for (; j > 0 && st[j - 1] > s; j--) st[j] = st[j - 1], sz[j] = sz[j - 1];
+    st[j] = s, sz[j] = t->shape[d];
+  }
+  int64_t reach = 0;
+  for (int i = 0; i < n; i++) {
+    if (st[i] <= reach) return false;
+    reach += (sz[i] - 1) * st[i];
+  }
+  return true;
+}
+
+/* Walks dst's elements in row-major order with the offsets of dst and (if src) of src
+ * broadcast to dst's shape; fn returns false to stop. */
+typedef bool (*overlap_fn)(void *ctx, int64_t od, int64_t os);
+static void walk(const kg_tensor *dst, const kg_tensor *src, overlap_fn fn, void *ctx) {
+  int64_t sstr[KG_MAX_DIMS] = {0}, idx[KG_MAX_DIMS] = {0};
+  int lead = src ? dst->ndim - src->ndim : 0;
+  for (int d = 0; src && d < src->ndim; d++) sstr[d + lead] = src->shape[d] == 1 ? 0 : src->stride[d];
+  int64_t n = kg_numel(dst), od = dst->offset, os = src ? src->offset : 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!fn(ctx, od, os)) return;
+    for (int d = dst->ndim - 1; d >= 0; d--) {
+      od += dst->stride[d], os += sstr[d];
+      if (++idx[d] < dst->shape[d]) break;
+      od -= dst->stride[d] * dst->shape[d], os -= sstr[d] * dst->shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+typedef struct {
+  uint8_t *bits;
+  int64_t lo, hi;
+  bool hit;
+  bool same_ok;
+} overlap_ctx;
+
+static bool mark(void *ctx, int64_t od, int64_t os) {
+  (void)os;
+  overlap_ctx *c = ctx;
+  int64_t k = od - c->lo;
+  if (c->bits[k >> 3] & (1u << (k & 7))) return !(c->hit = true);
+  c->bits[k >> 3] |= (uint8_t)(1u << (k & 7));
+  return true;
+}
+
+static bool probe(void *ctx, int64_t od, int64_t os) {
+  overlap_ctx *c = ctx;
+  if (os < c->lo || os > c->hi || (c->same_ok && os == od)) return true;
+  int64_t k = os - c->lo;
+  if (c->bits[k >> 3] & (1u << (k & 7))) return !(c->hit = true);
+  return true;
+}
+
+static bool probe_any(void *ctx, int64_t ox, int64_t unused) {
+  (void)unused;
+  overlap_ctx *c = ctx;
+  if (ox < c->lo || ox > c->hi) return true;
+  int64_t k = ox - c->lo;
+  if (c->bits[k >> 3] & (1u << (k & 7))) return !(c->hit = true);
+  return true;
+}
+
+/* 1: dst has two elements at one address; 0: it has not, or that could not be settled */
+static int internal_overlap(const kg_tensor *dst, overlap_ctx *c) {
+  for (int d = 0; d < dst->ndim; d++)
+    if (dst->shape[d] > 1 && dst->stride[d] == 0) return 1;
+  if (strides_nest(dst) || kg_numel(dst) > OVERLAP_EXACT_MAX) return 0;
+  offset_range(dst, &c->lo, &c->hi);
+  if (c->hi - c->lo >= 8 * OVERLAP_EXACT_MAX) return 0;
+  c->bits = calloc((size_t)((c->hi - c->lo) / 8 + 1), 1);
+  if (!c->bits) return 0;
+  c->hit = false;
+  walk(dst, NULL, mark, c);
+  free(c->bits);
+  c->bits = NULL;
+  return c->hit;
+}
+
+/* true when src, broadcast to dst's shape, reads exactly the addresses dst writes, in order */
+static bool same_layout(const kg_tensor *dst, const kg_tensor *src) {
+  if (src->offset != dst->offset || src->dtype != dst->dtype) return false;
+  int lead = dst->ndim - src->ndim;
+  for (int d = 0; d < dst->ndim; d++) {
+    if (dst->shape[d] == 1) continue;
+    int64_t s = d < lead || src->shape[d - lead] == 1 ? 0 : src->stride[d - lead];
+    if (s != dst->stride[d]) return false;
+  }
+  return true;
+}
+
+kg_status kg_check_overlap(const char *op, const kg_tensor *dst, int nin, const kg_tensor *const *in, bool same_ok) {
+  char a[KG_SHAPE_STR_MAX], b[KG_SHAPE_STR_MAX];
+  if (!dst->storage || kg_numel(dst) == 0) return KG_OK;
+  overlap_ctx c = {.same_ok = same_ok};
+  if (internal_overlap(dst, &c))
+    return kg_error(KG_ERR_VALUE, op,
+                    "the destination %s has elements that share memory (an expanded or overlapping view), so an "
+                    "in-place write is ambiguous; write into a copy (clone() or contiguous()) instead",
+                    KG_SHAPE(dst, a));
+  for (int i = 0; i < nin; i++) {
+    const kg_tensor *x = in[i];
+    if (!x || (same_ok && x == dst) || x->storage != dst->storage || kg_numel(x) == 0) continue;
+    if (same_ok && same_layout(dst, x)) continue;
+    int64_t dlo, dhi, xlo, xhi;
+    offset_range(dst, &dlo, &dhi);
+    offset_range(x, &xlo, &xhi);
+    size_t de = kg_elem_size(dst), xe = kg_elem_size(x); /* compare bytes: dtypes may differ */
+    if ((xhi + 1) * (int64_t)xe <= dlo * (int64_t)de || (dhi + 1) * (int64_t)de <= xlo * (int64_t)xe) continue;
+    bool shared = true; /* intersecting ranges; settled exactly where affordable */
+    if (x->dtype == dst->dtype && kg_numel(dst) <= OVERLAP_EXACT_MAX && dhi - dlo < 8 * OVERLAP_EXACT_MAX) {
+      c.lo = dlo, c.hi = dhi, c.hit = false;
+      c.bits = calloc((size_t)((dhi - dlo) / 8 + 1), 1);
+      if (c.bits) {
+        walk(dst, NULL, mark, &c);
+        c.hit = false;
+        if (same_ok) walk(dst, x, probe, &c); /* x broadcast to dst: element i against element i */
+        else walk(x, NULL, probe_any, &c);    /* index ops: any address of x that dst writes */
+        free(c.bits);
+        c.bits = NULL;
+        shared = c.hit;
+      }
+    }
+    if (shared)
+      return kg_error(KG_ERR_VALUE, op,
+                      "input %d %s shares memory with the destination %s other than element for element, so the "
+                      "result would depend on the order of the writes; clone() the input first",
+                      i + 1, KG_SHAPE(x, a), KG_SHAPE(dst, b));
+  }
+  return KG_OK;
+}
+
 /* ---- slow element access (printing, tolist, tests) ----------------------------------------- */
 
 #include <keng/scalar.h>
@@ -209,10 +375,10 @@ void kg_store_from_double(void *base, kg_dtype dt, int64_t off, double v) {
   case KG_F64: ((double *)base)[off] = v; break;
   case KG_BF16: ((uint16_t *)base)[off] = kg_f32_to_bf16((float)v); break;
   case KG_F16: ((uint16_t *)base)[off] = kg_f32_to_f16((float)v); break;
-  case KG_I32: ((int32_t *)base)[off] = (int32_t)v; break;
-  case KG_I64: ((int64_t *)base)[off] = (int64_t)v; break;
+  case KG_I32: ((int32_t *)base)[off] = kg_sat_i32(v); break;
+  case KG_I64: ((int64_t *)base)[off] = kg_sat_i64(v); break;
   case KG_BOOL: ((uint8_t *)base)[off] = v != 0; break;
-  case KG_U8: ((uint8_t *)base)[off] = (uint8_t)v; break;
+  case KG_U8: ((uint8_t *)base)[off] = kg_sat_u8(v); break;
   default: break;
   }
 }

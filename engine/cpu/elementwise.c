@@ -297,7 +297,7 @@ typedef struct {
   case KG_OP_COS: for (int64_t i = 0; i < n; i++) y[i] = cos(x[i]); break;             \
   case KG_OP_TANH: for (int64_t i = 0; i < n; i++) y[i] = tanh(x[i]); break;           \
   case KG_OP_SIGMOID: for (int64_t i = 0; i < n; i++) y[i] = KG_SIGMOID(T, x[i]); break; \
-  case KG_OP_RELU: for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : (T)0; break; \
+  case KG_OP_RELU: for (int64_t i = 0; i < n; i++) y[i] = !(x[i] <= 0) ? x[i] : (T)0; break; /* NaN stays */ \
   case KG_OP_SILU: for (int64_t i = 0; i < n; i++) y[i] = KG_SILU(T, x[i]); break;     \
   case KG_OP_GELU: for (int64_t i = 0; i < n; i++) y[i] = KG_GELU(T, x[i]); break;     \
   case KG_OP_GELU_TANH: for (int64_t i = 0; i < n; i++) y[i] = KG_GELU_TANH(T, x[i]); break; \
@@ -336,24 +336,26 @@ typedef struct {
   case KG_OP_COS: for (int64_t i = 0; i < n; i++) dx[i] = -g[i] * sin(s[i]); break;                    \
   case KG_OP_TANH: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * ((T)1 - s[i] * s[i]); break;          \
   case KG_OP_SIGMOID: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * s[i] * ((T)1 - s[i]); break;       \
-  case KG_OP_RELU: for (int64_t i = 0; i < n; i++) dx[i] = s[i] > 0 ? g[i] : (T)0; break;              \
+  case KG_OP_RELU: for (int64_t i = 0; i < n; i++) dx[i] = !(s[i] <= 0) ? g[i] : (T)0; break;           \
   case KG_OP_SILU: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_SILU_GRAD(T, s[i]); break;        \
   case KG_OP_GELU: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_GELU_GRAD(T, s[i]); break;        \
   case KG_OP_GELU_TANH: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_GELU_TANH_GRAD(T, s[i]); break; \
   case KG_OP_QUICK_GELU: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_QUICK_GELU_GRAD(T, s[i]); break; \
   case KG_OP_CLAMP:                                                                                    \
     for (int64_t i = 0; i < n; i++)                                                                    \
-      dx[i] = ((lo != lo || s[i] >= lo) && (hi != hi || s[i] <= hi)) ? g[i] : (T)0;                    \
+      dx[i] = (s[i] >= lo && s[i] <= hi) ? g[i] : (T)0;                                                \
     break;                                                                                             \
   default: break;                                                                                      \
   }
 
+/* an absent bound is -inf / +inf; a NaN bound makes every element NaN and a NaN element stays
+ * NaN (PyTorch) */
 #define CLAMP_BODY(T, y, x, n, lo, hi)                                  \
   for (int64_t i = 0; i < n; i++) {                                     \
     T v = x[i];                                                         \
-    if (lo == lo && v < (T)lo) v = (T)lo;                               \
-    if (hi == hi && v > (T)hi) v = (T)hi;                               \
-    y[i] = v;                                                           \
+    if (v < (T)lo) v = (T)lo;                                           \
+    if (v > (T)hi) v = (T)hi;                                           \
+    y[i] = (lo != lo || hi != hi) ? (T)NAN : v;                         \
   }
 
 #define WHERE_BODY(y, c, a, b, n) \

@@ -139,7 +139,8 @@ void kg_cpu_load_f64(double *dst, const void *src, kg_dtype dt, int64_t stride, 
   LOAD_CASES(double, dst, src, stride, n)
 }
 
-/* integer stores truncate toward zero like a C cast (PyTorch does the same); bool is != 0 */
+/* integer stores truncate toward zero like a C cast (PyTorch does the same), saturating where a
+ * cast would be undefined (NaN -> 0, out of range -> the nearest bound; internal.h); bool is != 0 */
 #define STORE_CASES(T, dst, src, stride, n)                                                          \
   switch (dt) {                                                                                      \
   case KG_F32: for (int64_t i = 0; i < n; i++) ((float *)dst)[i * stride] = (float)src[i]; break;     \
@@ -150,10 +151,10 @@ void kg_cpu_load_f64(double *dst, const void *src, kg_dtype dt, int64_t stride, 
   case KG_F16:                                                                                       \
     for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i * stride] = kg_f32_to_f16((float)src[i]);    \
     break;                                                                                           \
-  case KG_I32: for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i * stride] = (int32_t)src[i]; break; \
-  case KG_I64: for (int64_t i = 0; i < n; i++) ((int64_t *)dst)[i * stride] = (int64_t)src[i]; break; \
+  case KG_I32: for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i * stride] = kg_sat_i32(src[i]); break; \
+  case KG_I64: for (int64_t i = 0; i < n; i++) ((int64_t *)dst)[i * stride] = kg_sat_i64(src[i]); break; \
   case KG_BOOL: for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = src[i] != 0; break;    \
-  case KG_U8: for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = (uint8_t)src[i]; break;  \
+  case KG_U8: for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = kg_sat_u8(src[i]); break;  \
   default: break;                                                                                    \
   }
 

@@ -18,7 +18,7 @@ template <class A> __device__ __forceinline__ A unary_f(int op, A x) {
   case KG_OP_COS: return cos(x);
   case KG_OP_TANH: return tanh(x);
   case KG_OP_SIGMOID: return KG_SIGMOID(A, x);
-  case KG_OP_RELU: return x > 0 ? x : (A)0;
+  case KG_OP_RELU: return !(x <= 0) ? x : (A)0; /* NaN stays NaN */
   case KG_OP_SILU: return KG_SILU(A, x);
   case KG_OP_GELU: return KG_GELU(A, x);
   case KG_OP_GELU_TANH: return KG_GELU_TANH(A, x);
@@ -59,12 +59,12 @@ template <class A> __device__ __forceinline__ A unary_grad_f(int op, A g, A s, d
   case KG_OP_COS: return -g * sin(s);
   case KG_OP_TANH: return g * ((A)1 - s * s);
   case KG_OP_SIGMOID: return g * s * ((A)1 - s);
-  case KG_OP_RELU: return s > 0 ? g : (A)0;
+  case KG_OP_RELU: return !(s <= 0) ? g : (A)0;
   case KG_OP_SILU: return g * KG_SILU_GRAD(A, s);
   case KG_OP_GELU: return g * KG_GELU_GRAD(A, s);
   case KG_OP_GELU_TANH: return g * KG_GELU_TANH_GRAD(A, s);
   case KG_OP_QUICK_GELU: return g * KG_QUICK_GELU_GRAD(A, s);
-  case KG_OP_CLAMP: return ((lo != lo || s >= lo) && (hi != hi || s <= hi)) ? g : (A)0;
+  case KG_OP_CLAMP: return (s >= lo && s <= hi) ? g : (A)0; /* absent bounds are -inf / +inf */
   default: return g;
   }
 }
@@ -85,8 +85,9 @@ template <class S, class A, int N> __global__ void ew_kernel(kg_cuda_iter it, kg
       if (a.kind == KG_EW_UNARY) {
         v = unary_f<A>(a.op, v);
       } else if (a.kind == KG_EW_CLAMP) {
-        if (a.lo == a.lo && v < (A)a.lo) v = (A)a.lo;
-        if (a.hi == a.hi && v > (A)a.hi) v = (A)a.hi;
+        if (v < (A)a.lo) v = (A)a.lo; /* absent bounds are -inf / +inf */
+        if (v > (A)a.hi) v = (A)a.hi;
+        if (a.lo != a.lo || a.hi != a.hi) v = (A)NAN; /* a NaN bound: NaN everywhere (PyTorch) */
       } else if (a.kind == KG_EW_TRI) {
         int64_t col = i % a.cols, row = (i / a.cols) % a.rows;
         bool keep = a.op ? col - row <= a.k : col - row >= a.k;

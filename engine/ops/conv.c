@@ -58,19 +58,27 @@ static kg_status conv_check(const char *op, const kg_tensor *x, const kg_tensor 
     return kg_error(KG_ERR_SHAPE, op, "bias %s must be [%lld] (the output channels)", KG_SHAPE(b, s1), (long long)Cout);
   shape[0] = x->shape[0];
   shape[1] = Cout;
+  int64_t ext[2], big[2] = {0, 0}; /* the dilated kernel; transposed: (in - 1) stride + ext */
   for (int i = 0; i < 2; i++) {
-    int64_t in = x->shape[2 + i], k = w->shape[2 + i], ext = (int64_t)p->dilation[i] * (k - 1) + 1;
+    /* 64-bit size arithmetic that cannot wrap: sizes <= 2^59, stride/padding/dilation < 2^31 */
+    int64_t in = x->shape[2 + i], k = w->shape[2 + i];
+    if (!kg_size_mul(p->dilation[i], k ? k - 1 : 0, &ext[i]) || !kg_size_add(ext[i], 1, &ext[i]) ||
+        (transposed && (!kg_size_mul(in ? in - 1 : 0, p->stride[i], &big[i]) || !kg_size_add(big[i], ext[i], &big[i]))))
+      return kg_error(KG_ERR_VALUE, op, "x %s, weight %s: the output size in dim %d would pass 2^59", KG_SHAPE(x, s1),
+                      KG_SHAPE(w, s2), 3 + i);
+  }
+  for (int i = 0; i < 2; i++) {
+    int64_t in = x->shape[2 + i];
     if (!transposed) {
-      if (in + 2 * p->padding[i] < ext) {
+      if (in + 2 * (int64_t)p->padding[i] < ext[i]) {
         return kg_error(KG_ERR_SHAPE, op,
                         "x %s, weight %s: the dilated kernel (%lldx%lld) is larger than the padded input (%lldx%lld)",
-                        KG_SHAPE(x, s1), KG_SHAPE(w, s2), (long long)(p->dilation[0] * (w->shape[2] - 1) + 1),
-                        (long long)(p->dilation[1] * (w->shape[3] - 1) + 1), (long long)(x->shape[2] + 2 * p->padding[0]),
-                        (long long)(x->shape[3] + 2 * p->padding[1]));
+                        KG_SHAPE(x, s1), KG_SHAPE(w, s2), (long long)ext[0], (long long)ext[1], (long long)(x->shape[2] + 2 * (int64_t)p->padding[0]),
+                        (long long)(x->shape[3] + 2 * (int64_t)p->padding[1]));
       }
-      shape[2 + i] = (in + 2 * p->padding[i] - ext) / p->stride[i] + 1;
+      shape[2 + i] = (in + 2 * (int64_t)p->padding[i] - ext[i]) / p->stride[i] + 1;
     } else {
-      shape[2 + i] = (in - 1) * p->stride[i] - 2 * p->padding[i] + ext + p->output_padding[i];
+      shape[2 + i] = big[i] - 2 * (int64_t)p->padding[i] + p->output_padding[i];
       if (shape[2 + i] < 1 || in < 1)
         return kg_error(KG_ERR_SHAPE, op, "x %s, weight %s: the output would be empty (size %lld in dim %d)",
                         KG_SHAPE(x, s1), KG_SHAPE(w, s2), (long long)shape[2 + i], 3 + i);

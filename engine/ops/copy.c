@@ -16,6 +16,7 @@ static kg_status check_copy(const kg_tensor *dst, const kg_tensor *src) {
 kg_status kg_copy_(kg_tensor *dst, const kg_tensor *src) {
   KG_TRY(kg_check_inplace("copy_", dst));
   KG_TRY(check_copy(dst, src));
+  KG_TRY(kg_check_overlap("copy_", dst, 1, &src, true));
   kg_tensor_bump_version(dst);
   if (kg_device_eq(dst->device, src->device) || dst->device.type == KG_DEV_META || src->device.type == KG_DEV_META)
     return kg_op_dispatch(KG_OP_COPY, 1, &dst, 1, &src, NULL);

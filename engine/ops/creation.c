@@ -5,6 +5,8 @@
 
 kg_status kg_fill_(kg_tensor *t, double value) {
   KG_TRY(kg_check_inplace("fill_", t));
+  KG_TRY(kg_check_overlap("fill_", t, 0, NULL, true));
+  KG_TRY(kg_check_value_fits("fill_", value, t->dtype));
   kg_fill_params p = {value};
   kg_tensor_bump_version(t);
   return kg_op_dispatch(KG_OP_FILL, 1, &t, 0, NULL, &p);
@@ -17,6 +19,7 @@ kg_status kg_full(kg_tensor **out, int ndim, const int64_t *shape, double value,
 kg_status kg_full_named(kg_tensor **out, int ndim, const int64_t *shape, double value, kg_dtype dt, kg_device dev,
                         const char *op) {
   kg_tensor *t;
+  KG_TRY(kg_check_value_fits(op, value, dt));
   KG_TRY(kg_tensor_empty_op(&t, ndim, shape, dt, dev, op));
   kg_fill_params p = {value};
   kg_status s = kg_op_dispatch(KG_OP_FILL, 1, &t, 0, NULL, &p);
@@ -33,7 +36,7 @@ kg_status kg_arange(kg_tensor **out, double start, double end, double step, kg_d
                     end, step);
   double n = ceil((end - start) / step);
   if (n < 0) n = 0;
-  if (n > 1e15) return kg_error(KG_ERR_VALUE, "arange", "%g elements is too many", n);
+  if (n > (double)KG_SIZE_MAX) return kg_error(KG_ERR_VALUE, "arange", "%g elements is too many (more than 2^59)", n);
   int64_t len = (int64_t)n;
   kg_tensor *t;
   KG_TRY(kg_tensor_empty_op(&t, 1, &len, dt, dev, "arange"));

@@ -4,6 +4,7 @@
 #include "../core/internal.h"
 
 #include <math.h>
+#include <stdio.h>
 
 /* output dtype of a unary op */
 static kg_dtype unary_dtype(kg_op op, kg_dtype in) {
@@ -16,31 +17,43 @@ static bool is_compare(kg_op op) { return op >= KG_OP_EQ && op <= KG_OP_GE; }
 
 kg_status kg_unary(kg_tensor **out, kg_op op, const kg_tensor *x) {
   if (kg_op_info[op].kind != KG_KIND_UNARY) return kg_error(KG_ERR_VALUE, kg_op_info[op].name, "not a unary op");
+  if (x->dtype == KG_BOOL && (op == KG_OP_NEG || op == KG_OP_ABS || op == KG_OP_RELU)) /* PyTorch refuses these too */
+    return kg_error(KG_ERR_TYPE, kg_op_info[op].name, "not supported for a bool tensor%s", op == KG_OP_NEG ?
+                    "; to invert a mask use logical_not()" : "; convert it first (e.g. :long() or :float())");
   KG_TRY(kg_new_like(out, x, x->ndim, x->shape, unary_dtype(op, x->dtype)));
   kg_status s = kg_op_run(op, 1, out, 1, &x, NULL, 0);
   if (s) kg_tensor_release(*out);
   return s;
 }
 
-static kg_status binary_shape(kg_op op, const kg_tensor *a, const kg_tensor *b, int *nd, int64_t *shape) {
+static kg_status binary_shape(const char *name, const kg_tensor *a, const kg_tensor *b, int *nd, int64_t *shape) {
   char x[KG_SHAPE_STR_MAX], y[KG_SHAPE_STR_MAX];
   const kg_tensor *ts[2] = {a, b};
-  KG_TRY(kg_check_same_device(kg_op_info[op].name, 2, ts));
+  KG_TRY(kg_check_same_device(name, 2, ts));
   if (!kg_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, nd, shape))
-    return kg_error(KG_ERR_SHAPE, kg_op_info[op].name, "shapes %s and %s cannot be broadcast", KG_SHAPE(a, x),
+    return kg_error(KG_ERR_SHAPE, name, "shapes %s and %s cannot be broadcast", KG_SHAPE(a, x),
                     KG_SHAPE(b, y));
   return KG_OK;
+}
+
+/* Two bool operands, as PyTorch: add is logical or and mul logical and (a bool result: the store
+ * is != 0), maximum / minimum and comparisons stay bool, div gives floats; sub and pow have no
+ * bool meaning and are refused. */
+static kg_status check_bool_operands(kg_op op, kg_dtype dt) {
+  if (dt != KG_BOOL || (op != KG_OP_SUB && op != KG_OP_POW)) return KG_OK;
+  return kg_error(KG_ERR_TYPE, kg_op_info[op].name, "not supported for two bool tensors%s",
+                  op == KG_OP_SUB ? "; for a mask difference use logical_xor (a ~= b) or convert with :long()" : "");
 }
 
 kg_status kg_binary(kg_tensor **out, kg_op op, const kg_tensor *a, const kg_tensor *b) {
   if (kg_op_info[op].kind != KG_KIND_BINARY) return kg_error(KG_ERR_VALUE, kg_op_info[op].name, "not a binary op");
   int nd;
   int64_t shape[KG_MAX_DIMS];
-  KG_TRY(binary_shape(op, a, b, &nd, shape));
+  KG_TRY(binary_shape(kg_op_info[op].name, a, b, &nd, shape));
   kg_dtype dt = kg_dtype_promote(a->dtype, b->dtype);
+  KG_TRY(check_bool_operands(op, dt));
   if (is_compare(op)) dt = KG_BOOL;
   else if ((op == KG_OP_DIV || op == KG_OP_POW) && !kg_dtype_info[dt].is_float) dt = op == KG_OP_DIV ? KG_F32 : dt;
-  else if (dt == KG_BOOL && op != KG_OP_MAXIMUM && op != KG_OP_MINIMUM && op != KG_OP_MUL) dt = KG_U8;
   KG_TRY(kg_new_like(out, a, nd, shape, dt));
   const kg_tensor *in[2] = {a, b};
   kg_status s = kg_op_run(op, 1, out, 2, in, NULL, 0);
@@ -52,7 +65,11 @@ kg_status kg_binary_scalar(kg_tensor **out, kg_op op, const kg_tensor *a, double
   /* a number takes the tensor's dtype, unless it needs a float and the tensor is integral */
   kg_dtype dt = a->dtype;
   if (!kg_dtype_info[dt].is_float && (v != floor(v) || !isfinite(v))) dt = KG_F32;
-  if (dt == KG_BOOL && v != 0 && v != 1) dt = KG_I64;
+  if (dt == KG_BOOL) dt = KG_I64; /* a number with a bool tensor is an integer (PyTorch: b + 1 is [2, 1]) */
+  if (!kg_value_fits(v, dt)) dt = dt == KG_U8 && kg_value_fits(v, KG_I64) ? KG_I64 : KG_F32;
+  if (op == KG_OP_POW && !scalar_first && !kg_dtype_info[dt].is_float && v < 0) /* PyTorch refuses it too */
+    return kg_error(KG_ERR_VALUE, "pow", "an integer tensor (%s) to a negative integer power (%g) is not allowed; "
+                    "convert it to floats first (e.g. t:double() ^ %g)", kg_dtype_info[a->dtype].name, v, v);
   kg_tensor *s;
   KG_TRY(kg_scalar(&s, v, dt, a->device));
   kg_status st = scalar_first ? kg_binary(out, op, s, a) : kg_binary(out, op, a, s);
@@ -64,12 +81,16 @@ kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b) {
   int nd;
   int64_t shape[KG_MAX_DIMS];
   char x[KG_SHAPE_STR_MAX], y[KG_SHAPE_STR_MAX];
-  KG_TRY(kg_check_inplace(kg_op_info[op].name, a));
-  KG_TRY(binary_shape(op, a, b, &nd, shape));
+  char name[32]; /* errors name the call the user made: add_, mul_, ... */
+  snprintf(name, sizeof name, "%s_", kg_op_info[op].name);
+  KG_TRY(kg_check_inplace(name, a));
+  KG_TRY(binary_shape(name, a, b, &nd, shape));
+  KG_TRY(kg_check_overlap(name, a, 1, &b, true));
+  KG_TRY(check_bool_operands(op, kg_dtype_promote(a->dtype, b->dtype)));
   bool fits = nd == a->ndim;
   for (int i = 0; fits && i < nd; i++) fits = shape[i] == a->shape[i];
   if (!fits)
-    return kg_error(KG_ERR_SHAPE, kg_op_info[op].name, "in-place result %s would not fit the destination %s",
+    return kg_error(KG_ERR_SHAPE, name, "in-place result %s would not fit the destination %s",
                     kg_shape_str(y, nd, shape), KG_SHAPE(a, x));
   kg_tensor_bump_version(a);
   const kg_tensor *in[2] = {a, b};
@@ -77,9 +98,13 @@ kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b) {
 }
 
 kg_status kg_clamp(kg_tensor **out, const kg_tensor *x, double lo, double hi) {
-  if (!isnan(lo) && !isnan(hi) && lo > hi)
-    return kg_error(KG_ERR_VALUE, "clamp", "min %g is greater than max %g", lo, hi);
-  KG_TRY(kg_new_like(out, x, x->ndim, x->shape, x->dtype));
+  if (lo > hi) return kg_error(KG_ERR_VALUE, "clamp", "min %g is greater than max %g", lo, hi);
+  /* an integer tensor clamped to a fractional or NaN bound gives floats, as a number would */
+  kg_dtype dt = x->dtype;
+  if (!kg_dtype_info[dt].is_float && ((isfinite(lo) && lo != floor(lo)) || (isfinite(hi) && hi != floor(hi)) ||
+                                      isnan(lo) || isnan(hi)))
+    dt = KG_F32;
+  KG_TRY(kg_new_like(out, x, x->ndim, x->shape, dt));
   kg_clamp_params p = {lo, hi};
   kg_status s = kg_op_run(KG_OP_CLAMP, 1, out, 1, &x, &p, sizeof p);
   if (s) kg_tensor_release(*out);

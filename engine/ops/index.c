@@ -26,7 +26,7 @@ static kg_status check_index_dtype(const char *op, const kg_tensor *idx) {
 
 static kg_status bad_dim(const char *op, int dim, const kg_tensor *x) {
   char a[KG_SHAPE_STR_MAX];
-  return kg_error(KG_ERR_VALUE, op, "dim %d out of range for %s", dim, KG_SHAPE(x, a));
+  return kg_error(KG_ERR_VALUE, op, "dim %lld out of range for %s", kg_pos1(dim), KG_SHAPE(x, a));
 }
 
 /* ---- cat and stack ---------------------------------------------------------------------- */
@@ -49,7 +49,9 @@ kg_status kg_cat(kg_tensor **out, int n, const kg_tensor *const *xs, int dim) {
     if (!fits)
       return kg_error(KG_ERR_SHAPE, "cat", "tensor %d %s does not match tensor 1 %s outside dim %d", i + 1,
                       KG_SHAPE(x, a), KG_SHAPE(x0, b), d + 1);
-    shape[d] += x->shape[d];
+    if (!kg_size_add(shape[d], x->shape[d], &shape[d]))
+      return kg_error(KG_ERR_VALUE, "cat", "the sizes along dim %d add up to more than 2^59 (tensor %d %s)", d + 1,
+                      i + 1, KG_SHAPE(x, a));
     dt = kg_dtype_promote(dt, x->dtype);
   }
   KG_TRY(kg_new_like(out, x0, x0->ndim, shape, dt));
@@ -101,8 +103,12 @@ kg_status kg_pad(kg_tensor **out, const kg_tensor *x, int npad, const int64_t *p
   for (int i = 0; i < npad; i++) p.pad[i] = pad[i];
   for (int i = 0; i < npad / 2; i++) {
     int d = x->ndim - 1 - i;
-    shape[d] += pad[2 * i] + pad[2 * i + 1];
-    if (shape[d] < 0 || -pad[2 * i] > x->shape[d] || -pad[2 * i + 1] > x->shape[d])
+    int64_t both;
+    if (__builtin_add_overflow(pad[2 * i], pad[2 * i + 1], &both) || __builtin_add_overflow(shape[d], both, &shape[d]) ||
+        shape[d] > KG_SIZE_MAX)
+      return kg_error(KG_ERR_VALUE, "pad", "pads %lld, %lld of dim %d of %s make it larger than 2^59",
+                      (long long)pad[2 * i], (long long)pad[2 * i + 1], d + 1, KG_SHAPE(x, a));
+    if (shape[d] < 0 || pad[2 * i] < -x->shape[d] || pad[2 * i + 1] < -x->shape[d])
       return kg_error(KG_ERR_SHAPE, "pad", "pads %lld, %lld crop dim %d of %s (size %lld) below zero",
                       (long long)pad[2 * i], (long long)pad[2 * i + 1], d + 1, KG_SHAPE(x, a),
                       (long long)x->shape[d]);
@@ -254,16 +260,12 @@ kg_status kg_grad_embedding(kg_node *n, kg_tensor *const *dout, kg_tensor **din)
 /* ---- in-place accumulation (used by the backward passes above) ------------------------------ */
 
 static kg_status check_dst(const char *op, const kg_tensor *dst, const kg_tensor *idx, const kg_tensor *src) {
-  char a[KG_SHAPE_STR_MAX];
   KG_TRY(kg_check_inplace(op, dst));
   KG_TRY(check_index_dtype(op, idx));
   const kg_tensor *ts[3] = {dst, idx, src};
   KG_TRY(kg_check_same_device(op, 3, ts));
-  for (int j = 0; j < dst->ndim; j++)
-    if (dst->stride[j] == 0 && dst->shape[j] > 1)
-      return kg_error(KG_ERR_VALUE, op, "destination %s is broadcast (expanded); it cannot be written in place",
-                      KG_SHAPE(dst, a));
-  return KG_OK;
+  /* the rows of src land at other positions than they are read from: no sharing at all */
+  return kg_check_overlap(op, dst, 2, ts + 1, false);
 }
 
 /* dst[.., idx[c], ..] += src[c] along dim for every c in idx's shape */
@@ -313,6 +315,7 @@ kg_status kg_index_add_(kg_tensor *dst, int dim, const kg_tensor *idx, const kg_
 
 /* each slice along dim repeated n times in place: unsqueeze after dim, expand, merge */
 kg_status kg_repeat_interleave(kg_tensor **out, const kg_tensor *x, int64_t n, int dim) {
+  char a[KG_SHAPE_STR_MAX];
   int d = dim;
   if (x->ndim == 0 || x->ndim >= KG_MAX_DIMS || !kg_wrap_dim(&d, x->ndim)) return bad_dim("repeat_interleave", dim, x);
   if (n < 0) return kg_error(KG_ERR_VALUE, "repeat_interleave", "repeats %lld must be >= 0", (long long)n);
@@ -320,8 +323,12 @@ kg_status kg_repeat_interleave(kg_tensor **out, const kg_tensor *x, int64_t n, i
   for (int j = 0, k = 0; j < x->ndim; j++) {
     big[k++] = x->shape[j];
     if (j == d) big[k++] = n;
-    shape[j] = x->shape[j] * (j == d ? n : 1);
+    shape[j] = x->shape[j];
+    if (j == d && !kg_size_mul(x->shape[j], n, &shape[j]))
+      return kg_error(KG_ERR_VALUE, "repeat_interleave", "%lld repeats of dim %d of %s make more than 2^59 elements",
+                      (long long)n, d + 1, KG_SHAPE(x, a));
   }
+  KG_TRY(kg_check_shape("repeat_interleave", x->ndim + 1, big));
   kg_tensor *u, *e;
   KG_TRY(kg_unsqueeze(&u, x, d + 1));
   kg_status s = kg_expand(&e, u, x->ndim + 1, big);

@@ -94,7 +94,9 @@ kg_status kg_sgd_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *momen
   if (p->step < 1) return kg_error(KG_ERR_VALUE, op, "step must be >= 1, got %lld", (long long)p->step);
   if (momentum_buf) KG_TRY(check_like(op, param, momentum_buf, "momentum_buf"));
   KG_TRY(kg_check_inplace(op, param));
+  KG_TRY(kg_check_overlap(op, param, 1, &grad, true));
   if (momentum_buf) KG_TRY(kg_check_inplace(op, momentum_buf));
+  if (momentum_buf) KG_TRY(kg_check_overlap(op, momentum_buf, 2, (const kg_tensor *[]){grad, param}, false));
   kg_tensor_bump_version(param);
   if (momentum_buf && p->momentum > 0) kg_tensor_bump_version(momentum_buf);
   kg_tensor *out[2] = {param, p->momentum > 0 ? momentum_buf : NULL};
@@ -122,6 +124,9 @@ kg_status kg_adam_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *m, k
   KG_TRY(kg_check_inplace(op, param));
   KG_TRY(kg_check_inplace(op, m));
   KG_TRY(kg_check_inplace(op, v));
+  KG_TRY(kg_check_overlap(op, param, 1, &grad, true));
+  KG_TRY(kg_check_overlap(op, m, 1, &grad, false));
+  KG_TRY(kg_check_overlap(op, v, 1, &grad, false));
   kg_tensor_bump_version(param);
   kg_tensor_bump_version(m);
   kg_tensor_bump_version(v);

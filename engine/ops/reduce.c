@@ -90,7 +90,7 @@ static kg_status check_dim(const char *op, const kg_tensor *x, int *dim) {
   char b[KG_SHAPE_STR_MAX];
   int d = *dim;
   if (!kg_wrap_dim(&d, x->ndim ? x->ndim : 1))
-    return kg_error(KG_ERR_VALUE, op, "dim %d out of range for input %s", *dim, KG_SHAPE(x, b));
+    return kg_error(KG_ERR_VALUE, op, "dim %lld out of range for input %s", kg_pos1(*dim), KG_SHAPE(x, b));
   *dim = d;
   return KG_OK;
 }

@@ -12,7 +12,7 @@ static kg_status softmax_like(kg_op op, kg_tensor **out, const kg_tensor *x, int
   KG_TRY(kg_check_float(name, x, "input"));
   int d = dim;
   if (!kg_wrap_dim(&d, x->ndim ? x->ndim : 1))
-    return kg_error(KG_ERR_VALUE, name, "dim %d out of range for input %s", dim, KG_SHAPE(x, b));
+    return kg_error(KG_ERR_VALUE, name, "dim %lld out of range for input %s", kg_pos1(dim), KG_SHAPE(x, b));
   kg_tensor *x1, *y;
   if (x->ndim) x1 = kg_tensor_retain((kg_tensor *)x);
   else KG_TRY(kg_reshape(&x1, x, 1, (int64_t[]){1}));

@@ -15,7 +15,8 @@ static kg_status infer_shape(const char *op, const kg_tensor *x, int ndim, const
   char a[KG_SHAPE_STR_MAX], b[KG_SHAPE_STR_MAX];
   if (ndim < 0 || ndim > KG_MAX_DIMS) return kg_error(KG_ERR_VALUE, op, "%d dims; at most %d are supported", ndim, KG_MAX_DIMS);
   int infer = -1;
-  int64_t known = 1;
+  int64_t known = 1; /* the product of the non-zero sizes, then 0 if any size is */
+  bool zero = false;
   for (int i = 0; i < ndim; i++) {
     shape[i] = in[i];
     if (in[i] == -1) {
@@ -23,16 +24,21 @@ static kg_status infer_shape(const char *op, const kg_tensor *x, int ndim, const
       infer = i;
     } else if (in[i] < 0) {
       return kg_error(KG_ERR_VALUE, op, "negative size in shape %s", kg_shape_str(a, ndim, in));
-    } else {
-      known *= in[i];
+    } else if (!kg_size_mul(known, in[i] ? in[i] : 1, &known)) {
+      /* a wrapped product could match x's count and view far outside its storage */
+      return kg_error(KG_ERR_VALUE, op, "shape %s is too large (more than 2^59 elements)", kg_shape_str(a, ndim, in));
+    } else if (in[i] == 0) {
+      zero = true;
     }
   }
+  if (zero) known = 0;
   int64_t n = kg_numel(x);
   if (infer >= 0) {
     if (known == 0 || n % known)
       return kg_error(KG_ERR_SHAPE, op, "cannot reshape %s (%lld elements) into %s", KG_SHAPE(x, a), (long long)n,
                       kg_shape_str(b, ndim, in));
     shape[infer] = n / known;
+    return kg_check_shape(op, ndim, shape);
   } else if (known != n) {
     return kg_error(KG_ERR_SHAPE, op, "cannot reshape %s (%lld elements) into %s (%lld elements)", KG_SHAPE(x, a),
                     (long long)n, kg_shape_str(b, ndim, in), (long long)known);
@@ -108,8 +114,8 @@ kg_status kg_permute(kg_tensor **out, const kg_tensor *x, const int *perm_in) {
     int d = perm_in[i];
     if (!kg_wrap_dim(&d, x->ndim) || seen[d]) {
       char a[KG_SHAPE_STR_MAX];
-      return kg_error(KG_ERR_VALUE, "permute", "dims must be a permutation of %d dims of %s (bad or repeated dim %d)",
-                      x->ndim, KG_SHAPE(x, a), perm_in[i]);
+      return kg_error(KG_ERR_VALUE, "permute", "dims must be a permutation of %d dims of %s (bad or repeated dim %lld)",
+                      x->ndim, KG_SHAPE(x, a), kg_pos1(perm_in[i]));
     }
     seen[d] = true;
     p.perm[i] = d;
@@ -126,7 +132,8 @@ kg_status kg_transpose(kg_tensor **out, const kg_tensor *x, int d0, int d1) {
   int n = x->ndim;
   if (n == 0) return kg_view(out, x, 0, NULL);
   if (!kg_wrap_dim(&d0, n) || !kg_wrap_dim(&d1, n))
-    return kg_error(KG_ERR_VALUE, "transpose", "dims %d, %d out of range for %s", d0, d1, KG_SHAPE(x, a));
+    return kg_error(KG_ERR_VALUE, "transpose", "dims %lld, %lld out of range for %s", kg_pos1(d0), kg_pos1(d1),
+                    KG_SHAPE(x, a));
   for (int i = 0; i < n; i++) perm[i] = i;
   perm[d0] = d1;
   perm[d1] = d0;
@@ -164,6 +171,7 @@ kg_status kg_expand(kg_tensor **out, const kg_tensor *x, int ndim, const int64_t
                       kg_shape_str(b, ndim, in_shape), j + 1, (long long)x->shape[j]);
     }
   }
+  KG_TRY(kg_check_shape("expand", ndim, shape));
   KG_TRY(kg_tensor_view_raw(out, x, ndim, shape, stride, x->offset));
   return record(KG_OP_EXPAND, *out, x, NULL, 0);
 }
@@ -178,11 +186,12 @@ kg_status kg_narrow(kg_tensor **out, const kg_tensor *x, int dim, int64_t start,
   char a[KG_SHAPE_STR_MAX];
   int d = dim;
   if (!kg_wrap_dim(&d, x->ndim) || x->ndim == 0)
-    return kg_error(KG_ERR_VALUE, "narrow", "dim %d out of range for %s", dim, KG_SHAPE(x, a));
+    return kg_error(KG_ERR_VALUE, "narrow", "dim %lld out of range for %s", kg_pos1(dim), KG_SHAPE(x, a));
+  int64_t given = start;
   if (start < 0) start += x->shape[d];
-  if (start < 0 || length < 0 || start + length > x->shape[d])
-    return kg_error(KG_ERR_VALUE, "narrow", "start %lld + length %lld exceeds size %lld of dim %d of %s",
-                    (long long)start, (long long)length, (long long)x->shape[d], d, KG_SHAPE(x, a));
+  if (start < 0 || start > x->shape[d] || length < 0 || length > x->shape[d] - start)
+    return kg_error(KG_ERR_VALUE, "narrow", "start %lld with length %lld does not fit in size %lld of dim %d of %s",
+                    kg_pos1(given), (long long)length, (long long)x->shape[d], d + 1, KG_SHAPE(x, a));
   int64_t shape[KG_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[d] = length;
@@ -195,11 +204,11 @@ kg_status kg_select(kg_tensor **out, const kg_tensor *x, int dim, int64_t index)
   char a[KG_SHAPE_STR_MAX];
   int d = dim;
   if (x->ndim == 0 || !kg_wrap_dim(&d, x->ndim))
-    return kg_error(KG_ERR_VALUE, "select", "dim %d out of range for %s", dim, KG_SHAPE(x, a));
+    return kg_error(KG_ERR_VALUE, "select", "dim %lld out of range for %s", kg_pos1(dim), KG_SHAPE(x, a));
   int64_t i = index < 0 ? index + x->shape[d] : index;
   if (i < 0 || i >= x->shape[d])
-    return kg_error(KG_ERR_VALUE, "select", "index %lld out of range for dim %d of size %lld in %s", (long long)index, d,
-                    (long long)x->shape[d], KG_SHAPE(x, a));
+    return kg_error(KG_ERR_VALUE, "select", "index %lld out of range for dim %d of size %lld in %s", kg_pos1(index),
+                    d + 1, (long long)x->shape[d], KG_SHAPE(x, a));
   int64_t shape[KG_MAX_DIMS], stride[KG_MAX_DIMS];
   int k = 0;
   for (int j = 0; j < x->ndim; j++)
@@ -238,7 +247,7 @@ kg_status kg_squeeze(kg_tensor **out, const kg_tensor *x, int dim) {
   char a[KG_SHAPE_STR_MAX];
   int d = dim;
   if (dim != KG_ALL_DIMS && !kg_wrap_dim(&d, x->ndim))
-    return kg_error(KG_ERR_VALUE, "squeeze", "dim %d out of range for %s", dim, KG_SHAPE(x, a));
+    return kg_error(KG_ERR_VALUE, "squeeze", "dim %lld out of range for %s", kg_pos1(dim), KG_SHAPE(x, a));
   for (int j = 0; j < x->ndim; j++)
     if (!(x->shape[j] == 1 && (dim == KG_ALL_DIMS || j == d))) shape[k++] = x->shape[j];
   return kg_view(out, x, k, shape);
@@ -249,7 +258,7 @@ kg_status kg_unsqueeze(kg_tensor **out, const kg_tensor *x, int dim) {
   char a[KG_SHAPE_STR_MAX];
   int d = dim < 0 ? dim + x->ndim + 1 : dim;
   if (d < 0 || d > x->ndim || x->ndim >= KG_MAX_DIMS)
-    return kg_error(KG_ERR_VALUE, "unsqueeze", "dim %d out of range for %s", dim, KG_SHAPE(x, a));
+    return kg_error(KG_ERR_VALUE, "unsqueeze", "dim %lld out of range for %s", kg_pos1(dim), KG_SHAPE(x, a));
   for (int j = 0, k = 0; j <= x->ndim; j++) shape[j] = j == d ? 1 : x->shape[k++];
   return kg_view(out, x, x->ndim + 1, shape);
 }

@@ -87,6 +87,8 @@ extern const kg_dtype_facts kg_dtype_info[KG_DTYPE_COUNT];
 bool kg_dtype_from_name(const char *name, kg_dtype *out);
 /* The dtype of a binary op's result (float wins over int, wider wins; bf16+f16 -> f32). */
 kg_dtype kg_dtype_promote(kg_dtype a, kg_dtype b);
+/* true when the number v can be stored in dtype dt without overflow (integers: in range, not NaN) */
+bool kg_value_fits(double v, kg_dtype dt);
 
 /* ---- devices -------------------------------------------------------------------------- */
 

@@ -61,7 +61,7 @@ kg_status kg_flatten(kg_tensor **out, const kg_tensor *x); /* reshape to [numel]
 
 /* ---- elementwise (engine/ops/elementwise.c) --------------------------------------------- */
 
-typedef struct { double lo, hi; } kg_clamp_params; /* NAN = no bound */
+typedef struct { double lo, hi; } kg_clamp_params; /* -INFINITY / INFINITY = no bound; a NaN bound gives NaN */
 /* din = dout * f'(x) for unary op `op` in one pass; x is the op's saved input or output */
 typedef struct { kg_op op; double lo, hi; } kg_unary_backward_params;
 
