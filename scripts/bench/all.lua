@@ -226,7 +226,7 @@ for i, row in ipairs(rows) do
     end
   end
   results[#results + 1] = res
-  collectgarbage()
+  keng.empty_cache()  -- between rows: collect the row's tensors and graphs, trim the pools (cuda's too)
 end
 
 ------------------------------------------------------------------------------------------------
