@@ -8,9 +8,15 @@
  *             dw[c] = Σ dy * xhat, db[c] = Σ dy   (over rows and spatial positions)
  *
  * Compute in float (double for f64) with row sums in double. Forward and dx: one block per row.
- * dw/db: a second kernel, one block per channel reducing in double over its rows (no atomics,
- * deterministic). */
+ * dw/db, reduced in double with no atomics (deterministic):
+ *   S == 1 (layer_norm, rms_norm: x is [N, C] with C contiguous): a column sum in
+ *            reduce_plan.h's two-stage form: a block takes 256 neighbouring channels and a
+ *            range of rows, each thread runs down its channel (every step reads 256
+ *            neighbouring elements), partials per range in double, then a thread per channel
+ *            adds its partials in range order
+ *   S > 1  (group_norm): a block per channel, its threads along the contiguous spatial run. */
 #include "util.cuh"
+#include "reduce_plan.h"
 
 struct norm_plan {
   int64_t rows, M, S, cpg, G;
@@ -125,6 +131,74 @@ __global__ void norm_dwdb_kernel(norm_plan q, const char *g, int gdt, const char
   }
 }
 
+/* S == 1, stage 1: dy and x as [N, C] (N = rows / G); pair u = (channel tile t, row range k);
+ * thread i sums channel c = t * blockDim.x + i over the range, into part[(2k) C + c] (dw) and
+ * part[(2k + 1) C + c] (db), or with one range straight into dw, db */
+template <class T>
+__global__ void norm_dwdb_cols_kernel(norm_plan q, kg_split sp, int64_t tiles, const char *g, int gdt, const char *x,
+                                      int xdt, const char *smean, const char *srstd, int sdt, double *part, char *dw,
+                                      int dwdt, char *db, int dbdt) {
+  int64_t C = q.cpg * q.G, N = q.rows / q.G;
+  for (int64_t u = blockIdx.x; u < tiles * sp.splits; u += gridDim.x) {
+    int64_t k = u / tiles, t = u - k * tiles, c = t * blockDim.x + threadIdx.x, lo, hi;
+    if (c >= C) continue;
+    kg_split_range(sp, N, k, &lo, &hi);
+    int64_t grp = c / q.cpg;
+    double aw = 0, ab = 0;
+    for (int64_t n = lo; n < hi; n++) {
+      int64_t r = n * q.G + grp, off = n * C + c;
+      T mean = smean ? kg_load<T>(smean, sdt, r) : (T)0, rstd = kg_load<T>(srstd, sdt, r);
+      T gv = kg_load<T>(g, gdt, off), xh = (kg_load<T>(x, xdt, off) - mean) * rstd;
+      aw += (double)gv * xh;
+      ab += (double)gv;
+    }
+    if (part) {
+      part[2 * k * C + c] = aw;
+      part[(2 * k + 1) * C + c] = ab;
+    } else {
+      kg_store(dw, dwdt, c, aw);
+      if (db) kg_store(db, dbdt, c, ab);
+    }
+  }
+}
+
+/* S == 1, stage 2: a thread per channel adds its partials in range order */
+__global__ void norm_dwdb_finish_kernel(const double *part, int64_t C, int64_t splits, char *dw, int dwdt, char *db,
+                                        int dbdt) {
+  KG_CUDA_FOR(c, C) {
+    double aw = 0, ab = 0;
+    for (int64_t k = 0; k < splits; k++) {
+      aw += part[2 * k * C + c];
+      ab += part[(2 * k + 1) * C + c];
+    }
+    kg_store(dw, dwdt, c, aw);
+    if (db) kg_store(db, dbdt, c, ab);
+  }
+}
+
+/* dw/db of S == 1 in the two-stage column form */
+static kg_status dwdb_cols(const norm_plan &q, bool f64, const char *gb, int gdt, const char *xb, int xdt,
+                           const char *smb, const char *srb, int sdt, char *dw, int dwdt, char *db, int dbdt, int dev,
+                           const char *op) {
+  cudaStream_t s = kg_cuda_stream(dev);
+  int64_t C = q.cpg * q.G, N = q.rows / q.G, tiles = (C + KG_RED_TILE - 1) / KG_RED_TILE;
+  kg_split sp = kg_split_plan(tiles, N, KG_RED_MIN_CHUNK_COLS);
+  kg_cuda_buf part;
+  if (sp.splits > 1) KG_TRY(part.alloc(sizeof(double) * 2 * (size_t)(C * sp.splits), dev, op));
+  double *pp = (double *)part.p;
+  unsigned grid = kg_red_grid(tiles * sp.splits);
+  if (f64)
+    norm_dwdb_cols_kernel<double><<<grid, KG_RED_TILE, 0, s>>>(q, sp, tiles, gb, gdt, xb, xdt, smb, srb, sdt, pp, dw,
+                                                                dwdt, db, dbdt);
+  else
+    norm_dwdb_cols_kernel<float><<<grid, KG_RED_TILE, 0, s>>>(q, sp, tiles, gb, gdt, xb, xdt, smb, srb, sdt, pp, dw,
+                                                               dwdt, db, dbdt);
+  KG_TRY(kg_cuda_check(op, dev));
+  if (sp.splits == 1) return KG_OK;
+  norm_dwdb_finish_kernel<<<kg_cuda_blocks(C), KG_CUDA_THREADS, 0, s>>>(pp, C, sp.splits, dw, dwdt, db, dbdt);
+  return kg_cuda_check(op, dev);
+}
+
 static const kg_tensor *in_or_null(const kg_op_call *c, int i) { return c->nin > i ? c->in[i] : NULL; }
 
 /* in = {x, w, b}; out = {y, mean, rstd} (centred) or {y, rstd} */
@@ -179,6 +253,9 @@ static kg_status backward(const kg_op_call *c, bool group, bool center) {
       if (db) KG_TRY(kg_cuda_ew("norm_backward", a, db, 0, NULL));
       return KG_OK;
     }
+    if (q.S == 1)
+      return dwdb_cols(q, x->dtype == KG_F64, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype, (char *)kg_data(dw),
+                       dw->dtype, dbb, dbdt, dev, kg_op_info[c->op].name);
     unsigned th = kg_row_threads(q.rows / q.G * q.S);
     if (x->dtype == KG_F64)
       norm_dwdb_kernel<double><<<kg_grid(C), th, 0, s>>>(q, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype,
