@@ -131,16 +131,18 @@ __global__ void norm_dwdb_kernel(norm_plan q, const char *g, int gdt, const char
   }
 }
 
-/* S == 1, stage 1: dy and x as [N, C] (N = rows / G); pair u = (channel tile t, row range k);
- * thread i sums channel c = t * blockDim.x + i over the range, into part[(2k) C + c] (dw) and
- * part[(2k + 1) C + c] (db), or with one range straight into dw, db */
+/* S == 1, stage 1 (KG_RED_TILE threads): dy and x as [N, C] (N = rows / G); pair u = (channel
+ * tile, row range k); each thread sums its channel c over the range into the partials of
+ * "ranges" 2k (dw) and 2k + 1 (db) of reduce_plan.h's thread-per-output layout, or with one
+ * range straight into dw, db */
 template <class T>
 __global__ void norm_dwdb_cols_kernel(norm_plan q, kg_split sp, int64_t tiles, const char *g, int gdt, const char *x,
                                       int xdt, const char *smean, const char *srstd, int sdt, double *part, char *dw,
                                       int dwdt, char *db, int dbdt) {
   int64_t C = q.cpg * q.G, N = q.rows / q.G;
   for (int64_t u = blockIdx.x; u < tiles * sp.splits; u += gridDim.x) {
-    int64_t k = u / tiles, t = u - k * tiles, c = t * blockDim.x + threadIdx.x, lo, hi;
+    int64_t c, k, lo, hi;
+    kg_red_cols_pair(u, tiles, threadIdx.x, &c, &k);
     if (c >= C) continue;
     kg_split_range(sp, N, k, &lo, &hi);
     int64_t grp = c / q.cpg;
@@ -153,8 +155,8 @@ __global__ void norm_dwdb_cols_kernel(norm_plan q, kg_split sp, int64_t tiles, c
       ab += (double)gv;
     }
     if (part) {
-      part[2 * k * C + c] = aw;
-      part[(2 * k + 1) * C + c] = ab;
+      part[kg_red_part(false, sp, C, c, 2 * k)] = aw;
+      part[kg_red_part(false, sp, C, c, 2 * k + 1)] = ab;
     } else {
       kg_store(dw, dwdt, c, aw);
       if (db) kg_store(db, dbdt, c, ab);
@@ -163,13 +165,13 @@ __global__ void norm_dwdb_cols_kernel(norm_plan q, kg_split sp, int64_t tiles, c
 }
 
 /* S == 1, stage 2: a thread per channel adds its partials in range order */
-__global__ void norm_dwdb_finish_kernel(const double *part, int64_t C, int64_t splits, char *dw, int dwdt, char *db,
+__global__ void norm_dwdb_finish_kernel(const double *part, kg_split sp, int64_t C, char *dw, int dwdt, char *db,
                                         int dbdt) {
   KG_CUDA_FOR(c, C) {
     double aw = 0, ab = 0;
-    for (int64_t k = 0; k < splits; k++) {
-      aw += part[2 * k * C + c];
-      ab += part[(2 * k + 1) * C + c];
+    for (int64_t k = 0; k < sp.splits; k++) {
+      aw += part[kg_red_part(false, sp, C, c, 2 * k)];
+      ab += part[kg_red_part(false, sp, C, c, 2 * k + 1)];
     }
     kg_store(dw, dwdt, c, aw);
     if (db) kg_store(db, dbdt, c, ab);
@@ -195,7 +197,7 @@ static kg_status dwdb_cols(const norm_plan &q, bool f64, const char *gb, int gdt
                                                                dwdt, db, dbdt);
   KG_TRY(kg_cuda_check(op, dev));
   if (sp.splits == 1) return KG_OK;
-  norm_dwdb_finish_kernel<<<kg_cuda_blocks(C), KG_CUDA_THREADS, 0, s>>>(pp, C, sp.splits, dw, dwdt, db, dbdt);
+  norm_dwdb_finish_kernel<<<kg_cuda_blocks(C), KG_CUDA_THREADS, 0, s>>>(pp, sp, C, dw, dwdt, db, dbdt);
   return kg_cuda_check(op, dev);
 }
 

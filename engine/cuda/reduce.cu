@@ -35,11 +35,12 @@ __device__ __forceinline__ int64_t plan_offset(int n, const int64_t *shape, cons
   return off;
 }
 
-/* stage 1, block per output: pair u = (output o, range k); the block's sum goes to part[u] or,
- * with one range, straight to out[o] */
+/* stage 1, block per output: pair u = (output o, range k); the block's sum goes to its partial
+ * or, with one range, straight to out[o] */
 template <class S> __global__ void sum_rows_kernel(reduce_plan p, kg_split sp, S *out, double *part) {
   for (int64_t u = blockIdx.x; u < p.nout * sp.splits; u += gridDim.x) {
-    int64_t o = u / sp.splits, k = u - o * sp.splits, lo, hi;
+    int64_t o, k, lo, hi;
+    kg_red_rows_pair(u, sp, &o, &k);
     kg_split_range(sp, p.nred, k, &lo, &hi);
     int64_t base = plan_offset(p.nk, p.kshape, p.kstride, o);
     double acc = 0;
@@ -47,35 +48,34 @@ template <class S> __global__ void sum_rows_kernel(reduce_plan p, kg_split sp, S
       acc += kg_load<double>(p.x, p.xdt, base + plan_offset(p.nr, p.rshape, p.rstride, r));
     acc = kg_block_sum(acc);
     if (threadIdx.x == 0) {
-      if (part) part[u] = acc;
+      if (part) part[kg_red_part(true, sp, p.nout, o, k)] = acc;
       else kg_put(out + o, acc);
     }
   }
 }
 
-/* stage 1, thread per output: pair u = (tile t, range k), neighbouring blocks on neighbouring
- * tiles; thread i of tile t sums output t * blockDim.x + i over the range, into
- * part[k * nout + o] (coalesced) or, with one range, out[o] */
+/* stage 1, thread per output (KG_RED_TILE threads): pair u = (tile, range k), neighbouring
+ * blocks on neighbouring tiles; each thread sums its output o over the range, into its partial
+ * (neighbouring threads, neighbouring slots) or, with one range, out[o] */
 template <class S> __global__ void sum_cols_kernel(reduce_plan p, kg_split sp, int64_t tiles, S *out, double *part) {
   for (int64_t u = blockIdx.x; u < tiles * sp.splits; u += gridDim.x) {
-    int64_t k = u / tiles, t = u - k * tiles, o = t * blockDim.x + threadIdx.x, lo, hi;
+    int64_t o, k, lo, hi;
+    kg_red_cols_pair(u, tiles, threadIdx.x, &o, &k);
     if (o >= p.nout) continue;
     kg_split_range(sp, p.nred, k, &lo, &hi);
     int64_t base = plan_offset(p.nk, p.kshape, p.kstride, o);
     double acc = 0;
     for (int64_t r = lo; r < hi; r++) acc += kg_load<double>(p.x, p.xdt, base + plan_offset(p.nr, p.rshape, p.rstride, r));
-    if (part) part[k * p.nout + o] = acc;
+    if (part) part[kg_red_part(false, sp, p.nout, o, k)] = acc;
     else kg_put(out + o, acc);
   }
 }
 
-/* stage 2: out[o] = the partials of output o (part[o * ostride + k * kstride]) added in k order */
-template <class S>
-__global__ void sum_finish_kernel(const double *part, int64_t nout, int64_t splits, int64_t ostride, int64_t kstride,
-                                  S *out) {
+/* stage 2: out[o] = the partials of output o added in range order */
+template <class S> __global__ void sum_finish_kernel(const double *part, bool rows, kg_split sp, int64_t nout, S *out) {
   KG_CUDA_FOR(o, nout) {
     double acc = 0;
-    for (int64_t k = 0; k < splits; k++) acc += part[o * ostride + k * kstride];
+    for (int64_t k = 0; k < sp.splits; k++) acc += part[kg_red_part(rows, sp, nout, o, k)];
     kg_put(out + o, acc);
   }
 }
@@ -116,8 +116,7 @@ template <class S> static kg_status launch(const reduce_plan &p, S *out, int dev
     sum_cols_kernel<S><<<kg_red_grid(units * sp.splits), KG_RED_TILE, 0, s>>>(p, sp, units, out, pp);
   KG_TRY(kg_cuda_check("sum", dev));
   if (sp.splits == 1) return KG_OK;
-  int64_t ostride = rows ? sp.splits : 1, kstride = rows ? 1 : p.nout;
-  sum_finish_kernel<S><<<kg_cuda_blocks(p.nout), KG_CUDA_THREADS, 0, s>>>(pp, p.nout, sp.splits, ostride, kstride, out);
+  sum_finish_kernel<S><<<kg_cuda_blocks(p.nout), KG_CUDA_THREADS, 0, s>>>(pp, rows, sp, p.nout, out);
   return kg_cuda_check("sum", dev); /* the partials are freed after the kernel, in stream order */
 }
 

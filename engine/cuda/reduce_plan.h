@@ -65,6 +65,25 @@ KG_HD void kg_split_range(kg_split p, int64_t n, int64_t k, int64_t *lo, int64_t
   *hi = *lo + p.chunk < n ? *lo + p.chunk : n;
 }
 
+/* Pair u of a block-per-output launch: output *o, range *k (its partial: kg_red_part). */
+KG_HD void kg_red_rows_pair(int64_t u, kg_split p, int64_t *o, int64_t *k) {
+  *o = u / p.splits;
+  *k = u - *o * p.splits;
+}
+
+/* Pair u of a thread-per-output launch (KG_RED_TILE threads a block), thread i: output *o (idle
+ * when >= nout), range *k. Neighbouring pairs are neighbouring tiles of the same range. */
+KG_HD void kg_red_cols_pair(int64_t u, int64_t tiles, int64_t i, int64_t *o, int64_t *k) {
+  *k = u / tiles;
+  *o = (u - *k * tiles) * KG_RED_TILE + i;
+}
+
+/* Where partial k of output o lives: output-major for block-per-output (one block writes one
+ * partial), range-major for thread-per-output (a block's threads write neighbouring slots). */
+KG_HD int64_t kg_red_part(bool rows, kg_split p, int64_t nout, int64_t o, int64_t k) {
+  return rows ? o * p.splits + k : k * nout + o;
+}
+
 /* blocks for `pairs` (unit, split) pairs: one each, up to KG_RED_MAX_GRID (then they stride) */
 KG_HD unsigned kg_red_grid(int64_t pairs) {
   return (unsigned)(pairs < 1 ? 1 : pairs > KG_RED_MAX_GRID ? KG_RED_MAX_GRID : pairs);

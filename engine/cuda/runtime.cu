@@ -367,10 +367,14 @@ extern "C" kg_status kg_cuda_sync(int device) {
 
 /* Pool usage of a device (kg_memory_get_stats): allocated = bytes in use, cached = reserved
  * but free, peak = high-water mark of bytes in use, graph = reserved for graph allocations. */
+/* whether keng has used the device (its stream exists): stats and trims of an unused device
+ * answer at once instead of creating a CUDA context there (hundreds of MB and ms) */
+static bool in_use(int device) { return valid_device(device) && streams[device] != 0; }
+
 extern "C" kg_memory_stats kg_cuda_memory_stats(int device) {
   kg_memory_stats st = {0, 0, 0, 0};
   cudaMemPool_t pool;
-  if (!valid_device(device) || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return st;
+  if (!in_use(device) || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return st;
   uint64_t used = 0, reserved = 0, peak = 0, graph = 0;
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
@@ -387,7 +391,7 @@ extern "C" kg_memory_stats kg_cuda_memory_stats(int device) {
 /* Hands the pool's free blocks and unused graph memory back to the driver (kg_memory_empty_cache
  * for cuda). Not while capturing: the wait would break the capture. */
 extern "C" void kg_cuda_empty_cache(int device) {
-  if (!valid_device(device) || kg_cuda_capturing(device)) return;
+  if (!in_use(device) || kg_cuda_capturing(device)) return;
   cudaStreamSynchronize(kg_cuda_stream(device));
   trim(device);
 }

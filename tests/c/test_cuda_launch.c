@@ -2,7 +2,9 @@
  *   - the reductions' launch arithmetic (engine/cuda/reduce_plan.h): the ranges of a split
  *     partition the reduced indices exactly (every element summed once, no empty range) for
  *     sizes from 1 to past 2^31, the thread loops inside a range cover it exactly, the grid
- *     strides over every (unit, range) pair once, splits fill the GPU when there is work for it,
+ *     strides over every (unit, range) pair once, both stages of a launch run on the host with
+ *     the kernels' own index helpers give exact sums (each partial slot written and read once),
+ *     splits fill the GPU when there is work for it,
  *     dim merging keeps every element's offset, and the form chosen for the shapes that matter
  *     (full sum, row sum, bias gradient) is the coalesced one;
  *   - a source rule of engine/cuda/<file>.cu: a kernel that draws random numbers reads its Philox key
@@ -93,6 +95,95 @@ static void test_splits(void) {
   /* a bias gradient dy [8192, 4096] -> [4096]: 16 tiles, each split into row ranges */
   kg_split bias = kg_split_plan(4096 / KG_RED_TILE, 8192, KG_RED_MIN_CHUNK_COLS);
   CHECKM(16 * bias.splits >= 1000, "bias grad [8192, 4096]: %lld blocks", (long long)(16 * bias.splits));
+}
+
+/* Both stages of a launch run on the host with the kernels' index arithmetic (blocks and threads
+ * as loops): x[o][r] = o * 7 + r % 5 + 1 summed over r must come out exactly, every partial slot
+ * written once by stage 1 and read once by stage 2. nvals 2 is norm.cu's dw/db form: two
+ * partials per (output, range), at "ranges" 2k and 2k + 1 of the thread-per-output layout. */
+static void check_launch(int64_t nout, int64_t n, bool rows, int nvals) {
+  int64_t units = rows ? nout : (nout + KG_RED_TILE - 1) / KG_RED_TILE;
+  kg_split sp = kg_split_plan(units, n, rows ? KG_RED_MIN_CHUNK_ROWS : KG_RED_MIN_CHUNK_COLS);
+  int64_t pairs = units * sp.splits, slots = nout * sp.splits * nvals;
+  double *part = calloc((size_t)slots, sizeof(double)), *out = calloc((size_t)(nout * nvals), sizeof(double));
+  unsigned char *written = calloc((size_t)slots, 1), *read = calloc((size_t)slots, 1);
+  unsigned grid = kg_red_grid(pairs);
+  bool ok = true;
+  for (unsigned b = 0; b < grid; b++)
+    for (int64_t u = b; u < pairs; u += grid) {
+      if (rows) {
+        int64_t o, k, lo, hi;
+        kg_red_rows_pair(u, sp, &o, &k);
+        if (o < 0 || o >= nout || k < 0 || k >= sp.splits) {
+          ok = false;
+          continue;
+        }
+        kg_split_range(sp, n, k, &lo, &hi);
+        double acc = 0;
+        for (int t = 0; t < 256; t++)
+          for (int64_t r = lo + t; r < hi; r += 256) acc += (double)(o * 7 + r % 5 + 1);
+        if (sp.splits == 1) out[o] = acc;
+        else {
+          int64_t at = kg_red_part(true, sp, nout, o, k);
+          ok = ok && at >= 0 && at < slots && !written[at];
+          if (at >= 0 && at < slots) part[at] = acc, written[at]++;
+        }
+        continue;
+      }
+      for (int i = 0; i < KG_RED_TILE; i++) {
+        int64_t o, k, lo, hi;
+        kg_red_cols_pair(u, units, i, &o, &k);
+        if (o < 0 || k < 0 || k >= sp.splits) ok = false;
+        if (o < 0 || o >= nout || !ok) continue;
+        kg_split_range(sp, n, k, &lo, &hi);
+        double acc = 0;
+        for (int64_t r = lo; r < hi; r++) acc += (double)(o * 7 + r % 5 + 1);
+        for (int j = 0; j < nvals; j++) {
+          if (sp.splits == 1) {
+            out[j * nout + o] = acc;
+            continue;
+          }
+          int64_t at = kg_red_part(false, sp, nout, o, nvals * k + j);
+          ok = ok && at >= 0 && at < slots && !written[at];
+          if (at >= 0 && at < slots) part[at] = acc, written[at]++;
+        }
+      }
+    }
+  if (sp.splits > 1)
+    for (int64_t o = 0; o < nout; o++)
+      for (int j = 0; j < nvals; j++) {
+        double acc = 0;
+        for (int64_t k = 0; k < sp.splits; k++) {
+          int64_t at = kg_red_part(rows, sp, nout, o, nvals * k + j);
+          ok = ok && at >= 0 && at < slots && written[at] && !read[at];
+          if (at >= 0 && at < slots) acc += part[at], read[at]++;
+        }
+        out[j * nout + o] = acc;
+      }
+  int64_t bad = -1;
+  for (int64_t o = 0; o < nout && bad < 0; o++) {
+    double want = 0;
+    for (int64_t r = 0; r < n; r++) want += (double)(o * 7 + r % 5 + 1);
+    for (int j = 0; j < nvals; j++)
+      if (out[j * nout + o] != want) bad = o;
+  }
+  CHECKM(ok && bad < 0, "%s nout %lld n %lld (x%d): %lld ranges; slots ok %d, first wrong output %lld",
+         rows ? "block per output" : "thread per output", (long long)nout, (long long)n, nvals,
+         (long long)sp.splits, ok, (long long)bad);
+  free(part), free(out), free(written), free(read);
+}
+
+static void test_launches(void) {
+  const int64_t nouts[] = {1, 2, 3, 31, 255, 256, 257, 1000};
+  const int64_t ns[] = {0, 1, 255, 256, 257, 2049, 65537, 300000};
+  for (size_t i = 0; i < sizeof nouts / sizeof *nouts; i++)
+    for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+      if (nouts[i] * ns[j] > 3000000) continue;
+      check_launch(nouts[i], ns[j], true, 1);
+      check_launch(nouts[i], ns[j], false, 1);
+      check_launch(nouts[i], ns[j], false, 2);
+    }
+  check_launch(4096, 700, false, 2); /* many tiles, few rows each */
 }
 
 /* ---- the grid ----------------------------------------------------------------------------- */
@@ -256,6 +347,7 @@ static void test_rng_sources(void) {
 
 int main(void) {
   test_splits();
+  test_launches();
   test_grid();
   test_merge();
   test_form();
