@@ -1063,6 +1063,11 @@ static int l_memory_stats(lua_State *L) {
   return 1;
 }
 
+static int l_reset_peak_memory_stats(lua_State *L) {
+  kg_memory_reset_peak(lua_isnoneornil(L, 1) ? KG_CPU : kgl_device(L, 1));
+  return 0;
+}
+
 static int l_empty_cache(lua_State *L) {
   kgl_collect(L);
   return 0;
@@ -1136,6 +1141,7 @@ void kgl_register_core(lua_State *L, int methods, int keng) {
       {"no_grad", l_no_grad, 2},     {"enable_grad", l_enable_grad, 2},
       {"is_grad_enabled", l_is_grad_enabled, 2}, {"set_grad_enabled", l_set_grad_enabled, 2},
       {"ops_report", l_ops_report, 2}, {"ops", l_ops, 2},           {"memory_stats", l_memory_stats, 2},
+      {"reset_peak_memory_stats", l_reset_peak_memory_stats, 2},
       {"empty_cache", l_empty_cache, 2}, {"num_threads", l_num_threads, 2},
       {"set_num_threads", l_set_num_threads, 2}, {"synchronize", l_synchronize, 2},
       {"flop_count", l_flop_count, 2}, {"is_tensor", l_is_tensor, 2},   {"time", l_time, 2},

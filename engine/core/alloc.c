@@ -33,8 +33,8 @@ static struct {
 
 static size_t storage_bytes; /* held by live storages, every device (atomic) */
 
-static const kg_device_memory cuda_memory = {kg_cuda_alloc, kg_cuda_free, kg_cuda_memory_stats, kg_cuda_empty_cache,
-                                             kg_cuda_device_count};
+static const kg_device_memory cuda_memory = {kg_cuda_alloc,       kg_cuda_free,       kg_cuda_memory_stats,
+                                             kg_cuda_empty_cache, kg_cuda_reset_peak, kg_cuda_device_count};
 static const kg_device_memory *device_memory = &cuda_memory;
 
 const kg_device_memory *kg_memory_set_device(const kg_device_memory *m) {
@@ -154,6 +154,17 @@ kg_memory_stats kg_memory_get_stats(kg_device d) {
   s.peak = pool.peak;
   pthread_mutex_unlock(&pool.lock);
   return s;
+}
+
+void kg_memory_reset_peak(kg_device d) {
+  if (d.type == KG_DEV_CUDA) {
+    if (d.index < device_memory->count()) device_memory->reset_peak(d.index);
+    return;
+  }
+  if (d.type != KG_DEV_CPU) return;
+  pthread_mutex_lock(&pool.lock);
+  pool.peak = pool.allocated;
+  pthread_mutex_unlock(&pool.lock);
 }
 
 size_t kg_memory_storage_bytes(void) { return __atomic_load_n(&storage_bytes, __ATOMIC_RELAXED); }

@@ -20,6 +20,7 @@ kg_memory_stats kg_cuda_memory_stats(int device) {
   return (kg_memory_stats){0};
 }
 void kg_cuda_empty_cache(int device) { (void)device; }
+void kg_cuda_reset_peak(int device) { (void)device; }
 void kg_cuda_free(void *p, int device) {
   (void)p;
   (void)device;

@@ -24,6 +24,7 @@ void kg_cuda_free(void *p, int device);
  * the device is being captured). */
 kg_memory_stats kg_cuda_memory_stats(int device);
 void kg_cuda_empty_cache(int device);
+void kg_cuda_reset_peak(int device);
 
 /* Device memory as storages and kg_memory_* see it: by default the CUDA runtime above. A test
  * installs a recording fake in its place to check the accounting without a GPU
@@ -33,6 +34,7 @@ typedef struct {
   void (*free)(void *p, int device);
   kg_memory_stats (*stats)(int device);
   void (*trim)(int device);
+  void (*reset_peak)(int device);
   int (*count)(void);
 } kg_device_memory;
 /* Installs m (NULL: the CUDA runtime); returns the previous one. Not thread-safe: install it

@@ -396,6 +396,15 @@ extern "C" void kg_cuda_empty_cache(int device) {
   trim(device);
 }
 
+/* The pool's high-water mark restarts at its current use (the only reset CUDA allows is to 0). */
+extern "C" void kg_cuda_reset_peak(int device) {
+  cudaMemPool_t pool;
+  if (!in_use(device) || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return;
+  uint64_t zero = 0;
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
+  cudaGetLastError();
+}
+
 /* ---- CUDA Graphs ---------------------------------------------------------------------------- */
 
 __global__ void rng_set_kernel(uint64_t *buf, uint64_t seed, uint64_t offset) {

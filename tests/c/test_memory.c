@@ -69,8 +69,12 @@ static void fake_trim(int device) {
   (void)device;
   fake.trims++;
 }
+static void fake_reset_peak(int device) {
+  (void)device;
+  fake.peak = fake.live;
+}
 static int fake_count(void) { return 1; }
-static const kg_device_memory fake_device = {fake_alloc, fake_free, fake_stats, fake_trim, fake_count};
+static const kg_device_memory fake_device = {fake_alloc, fake_free, fake_stats, fake_trim, fake_reset_peak, fake_count};
 
 static const kg_device CUDA0 = {KG_DEV_CUDA, 0};
 
@@ -221,7 +225,9 @@ static void binding_checks(void) {
       "t = nil\n"
       "local trims = fake('trims')\n"
       "keng.empty_cache()\n"
-      "assert(fake('trims') == trims + 1 and fake('live') == 0, 'empty_cache did not collect and trim the device')");
+      "assert(fake('trims') == trims + 1 and fake('live') == 0, 'empty_cache did not collect and trim the device')\n"
+      "keng.reset_peak_memory_stats('cuda')\n"
+      "assert(keng.memory_stats('cuda').peak == 0, 'reset_peak_memory_stats did not reach the device')");
   lua_close(L);
 }
 

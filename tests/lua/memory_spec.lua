@@ -37,6 +37,22 @@ describe("keng.memory_stats", function()
   end)
 end)
 
+describe("keng.reset_peak_memory_stats", function()
+  it("restarts the peak at what is allocated now", function()
+    settle()
+    local t = keng.empty({4 * MiB}, {dtype = "u8"})
+    t = nil
+    settle()
+    local s = keng.memory_stats()
+    assert.is_true(s.peak >= s.allocated + 4 * MiB)
+    keng.reset_peak_memory_stats()
+    s = keng.memory_stats("cpu")
+    assert.are.equal(s.allocated, s.peak)
+    keng.reset_peak_memory_stats("meta") -- nothing to reset
+    H.raises(function() keng.reset_peak_memory_stats("tpu") end, "unknown device 'tpu'")
+  end)
+end)
+
 describe("keng.empty_cache", function()
   it("collects dead tensors and gives the cached blocks back", function()
     settle()

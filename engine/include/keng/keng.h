@@ -181,6 +181,8 @@ kg_memory_stats kg_memory_get_stats(kg_device d);
 /* Returns cached blocks to the system (cuda: the pool's free memory and unused graph memory;
  * waits for the device's queue). */
 void kg_memory_empty_cache(kg_device d);
+/* Restarts the device's peak at what is allocated now (to measure one phase, one benchmark row). */
+void kg_memory_reset_peak(kg_device d);
 /* kg_memory_empty_cache for the cpu and every cuda device. */
 void kg_memory_empty_caches(void);
 /* Bytes held by live storages on every device: what a collection of dead tensors can free. */
