@@ -18,10 +18,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifndef KG_HD /* as keng/scalar.h defines it */
 #ifdef __CUDACC__
 #define KG_HD __host__ __device__ __forceinline__
 #else
 #define KG_HD static inline
+#endif
 #endif
 
 /* Blocks to aim for: 8 resident 256-thread blocks on each of an H100/H200's 132 SMs is ~1056. */
