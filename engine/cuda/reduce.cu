@@ -65,9 +65,12 @@ template <class S> __global__ void sum_cols_kernel(reduce_plan p, kg_split sp, i
     kg_split_range(sp, p.nred, k, &lo, &hi);
     int64_t base = plan_offset(p.nk, p.kshape, p.kstride, o);
     double acc = 0;
-    for (int64_t r = lo; r < hi; r++) acc += kg_load<double>(p.x, p.xdt, base + plan_offset(p.nr, p.rshape, p.rstride, r));
-    if (part) part[kg_red_part(false, sp, p.nout, o, k)] = acc;
-    else kg_put(out + o, acc);
+    for (int64_t r = lo; r < hi; r++)
+      acc += kg_load<double>(p.x, p.xdt, base + plan_offset(p.nr, p.rshape, p.rstride, r));
+    if (part)
+      part[kg_red_part(false, sp, p.nout, o, k)] = acc;
+    else
+      kg_put(out + o, acc);
   }
 }
 

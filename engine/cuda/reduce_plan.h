@@ -52,7 +52,7 @@ KG_HD kg_split kg_split_plan(int64_t units, int64_t n, int64_t min_chunk) {
   if (units <= 0 || n <= 0) return p;
   if (min_chunk < 1) min_chunk = 1;
   int64_t want = (KG_RED_TARGET_BLOCKS + units - 1) / units; /* ranges to reach the target */
-  int64_t most = n / min_chunk;                               /* ranges of at least min_chunk */
+  int64_t most = n / min_chunk;                              /* ranges of at least min_chunk */
   int64_t s = want < most ? want : most;
   if (s > KG_RED_MAX_SPLITS) s = KG_RED_MAX_SPLITS;
   if (s < 1) s = 1;

@@ -338,10 +338,15 @@ static void test_rng_sources(void) {
   CHECKM(random >= 4, "found %d random kernels (random_kernel, dropout, multinomial's two)", random);
   /* the rule catches the defect it is for, and passes the form it asks for */
   int n = 0;
-  CHECKM(check_rng_file("", "__global__ void draw(const double *w, uint64_t seed, uint64_t offset) "
-                            "{ kg_philox_word(seed, offset, 0); }", &n, false) == 1, "%s", "a by-value key passed");
-  CHECKM(check_rng_file("", "template <class T> __global__ void d(T *y, kg_cuda_rng rng) { uint64_t seed, offset; "
-                            "kg_rng_load(rng, seed, offset); y[0] = kg_philox_word(seed, offset, 0); }", &n, false) == 0,
+  CHECKM(check_rng_file("",
+                        "__global__ void draw(const double *w, uint64_t seed, uint64_t offset) "
+                        "{ kg_philox_word(seed, offset, 0); }",
+                        &n, false) == 1,
+         "%s", "a by-value key passed");
+  CHECKM(check_rng_file("",
+                        "template <class T> __global__ void d(T *y, kg_cuda_rng rng) { uint64_t seed, offset; "
+                        "kg_rng_load(rng, seed, offset); y[0] = kg_philox_word(seed, offset, 0); }",
+                        &n, false) == 0,
          "%s", "a kg_cuda_rng key refused");
 }
 

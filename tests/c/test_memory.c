@@ -129,7 +129,8 @@ static void engine_checks(void) {
   kg_status r = kg_storage_new(&b, 2 * GiB, CUDA0);
   CHECKM(r == KG_ERR_OOM, "status %d", (int)r);
   const char *m = kg_last_error();
-  CHECKM(strstr(m, "asked 2147483648 bytes (2.0 GiB) on cuda:0") && strstr(m, "the pool holds 3.0 GiB in tensors and 3.0 MiB cached, CUDA graphs hold 5.0 MiB") &&
+  CHECKM(strstr(m, "asked 2147483648 bytes (2.0 GiB) on cuda:0") &&
+             strstr(m, "the pool holds 3.0 GiB in tensors and 3.0 MiB cached, CUDA graphs hold 5.0 MiB") &&
              strstr(m, "(fake)"),
          "message: %s", m);
   kg_storage_release(a);
@@ -203,7 +204,8 @@ static void binding_checks(void) {
       "collectgarbage(); collectgarbage(); fake('peak', 0)\n"
       "for i = 1, 64 do local t = fake_tensor(256 << 20) end\n"
       "local peak = fake('peak')\n"
-      "assert(peak <= 4 * (256 << 20), ('the fake held %.1f GiB at once: the collector never ran'):format(peak / 2^30))\n"
+      "assert(peak <= 4 * (256 << 20),\n"
+      "  ('the fake held %.1f GiB at once: the collector never ran'):format(peak / 2^30))\n"
       "assert(fake('refusals') == 0)");
 
   /* an allocation that does not fit: collect, trim, retry once; then the OOM message */
@@ -218,7 +220,8 @@ static void binding_checks(void) {
       "assert(fake('trims') == trims + 1, 'the retry did not trim the device pool')\n"
       "local ok, err = pcall(fake_tensor, 600 << 20)\n"
       "assert(not ok and fake('refusals') == 3, 'a second failure is raised after one retry')\n"
-      "assert(err:find('asked 629145600 bytes (600.0 MiB) on cuda:0; the pool holds 600.0 MiB in tensors', 1, true), err)\n"
+      "assert(err:find('asked 629145600 bytes (600.0 MiB) on cuda:0; the pool holds 600.0 MiB in tensors',\n"
+      "  1, true), err)\n"
       "b = nil");
 
   run(L, "keng.memory_stats and keng.empty_cache reach the device",
