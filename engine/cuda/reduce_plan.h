@@ -86,6 +86,13 @@ KG_HD int64_t kg_red_part(bool rows, kg_split p, int64_t nout, int64_t o, int64_
   return rows ? o * p.splits + k : k * nout + o;
 }
 
+/* Partial j (0 or 1) of output o, range k, for a reduction that keeps two sums (norm.cu's dw
+ * and db): block-per-output keeps one output-major array per sum, thread-per-output interleaves
+ * them as ranges 2k and 2k + 1. 2 * nout * splits slots in all. */
+KG_HD int64_t kg_red_part2(bool rows, kg_split p, int64_t nout, int64_t o, int64_t k, int j) {
+  return rows ? j * nout * p.splits + kg_red_part(true, p, nout, o, k) : kg_red_part(false, p, nout, o, 2 * k + j);
+}
+
 /* blocks for `pairs` (unit, split) pairs: one each, up to KG_RED_MAX_GRID (then they stride) */
 KG_HD unsigned kg_red_grid(int64_t pairs) {
   return (unsigned)(pairs < 1 ? 1 : pairs > KG_RED_MAX_GRID ? KG_RED_MAX_GRID : pairs);

@@ -99,8 +99,8 @@ static void test_splits(void) {
 
 /* Both stages of a launch run on the host with the kernels' index arithmetic (blocks and threads
  * as loops): x[o][r] = o * 7 + r % 5 + 1 summed over r must come out exactly, every partial slot
- * written once by stage 1 and read once by stage 2. nvals 2 is norm.cu's dw/db form: two
- * partials per (output, range), at "ranges" 2k and 2k + 1 of the thread-per-output layout. */
+ * written once by stage 1 and read once by stage 2. nvals 2 is norm.cu's dw/db: two sums per
+ * (output, range), placed by kg_red_part2. */
 static void check_launch(int64_t nout, int64_t n, bool rows, int nvals) {
   int64_t units = rows ? nout : (nout + KG_RED_TILE - 1) / KG_RED_TILE;
   kg_split sp = kg_split_plan(units, n, rows ? KG_RED_MIN_CHUNK_ROWS : KG_RED_MIN_CHUNK_COLS);
@@ -122,9 +122,12 @@ static void check_launch(int64_t nout, int64_t n, bool rows, int nvals) {
         double acc = 0;
         for (int t = 0; t < 256; t++)
           for (int64_t r = lo + t; r < hi; r += 256) acc += (double)(o * 7 + r % 5 + 1);
-        if (sp.splits == 1) out[o] = acc;
-        else {
-          int64_t at = kg_red_part(true, sp, nout, o, k);
+        for (int j = 0; j < nvals; j++) {
+          if (sp.splits == 1) {
+            out[j * nout + o] = acc;
+            continue;
+          }
+          int64_t at = nvals == 2 ? kg_red_part2(true, sp, nout, o, k, j) : kg_red_part(true, sp, nout, o, k);
           ok = ok && at >= 0 && at < slots && !written[at];
           if (at >= 0 && at < slots) part[at] = acc, written[at]++;
         }
@@ -143,7 +146,7 @@ static void check_launch(int64_t nout, int64_t n, bool rows, int nvals) {
             out[j * nout + o] = acc;
             continue;
           }
-          int64_t at = kg_red_part(false, sp, nout, o, nvals * k + j);
+          int64_t at = nvals == 2 ? kg_red_part2(false, sp, nout, o, k, j) : kg_red_part(false, sp, nout, o, k);
           ok = ok && at >= 0 && at < slots && !written[at];
           if (at >= 0 && at < slots) part[at] = acc, written[at]++;
         }
@@ -154,7 +157,7 @@ static void check_launch(int64_t nout, int64_t n, bool rows, int nvals) {
       for (int j = 0; j < nvals; j++) {
         double acc = 0;
         for (int64_t k = 0; k < sp.splits; k++) {
-          int64_t at = kg_red_part(rows, sp, nout, o, nvals * k + j);
+          int64_t at = nvals == 2 ? kg_red_part2(rows, sp, nout, o, k, j) : kg_red_part(rows, sp, nout, o, k);
           ok = ok && at >= 0 && at < slots && written[at] && !read[at];
           if (at >= 0 && at < slots) acc += part[at], read[at]++;
         }
@@ -180,6 +183,7 @@ static void test_launches(void) {
     for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
       if (nouts[i] * ns[j] > 3000000) continue;
       check_launch(nouts[i], ns[j], true, 1);
+      check_launch(nouts[i], ns[j], true, 2);
       check_launch(nouts[i], ns[j], false, 1);
       check_launch(nouts[i], ns[j], false, 2);
     }
