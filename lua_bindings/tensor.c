@@ -63,25 +63,36 @@ kg_tensor *kgl_to_tensor(lua_State *L, int idx, const kg_tensor *like, kg_tensor
   return *owned;
 }
 
-/* The Lua collector does not see tensor memory: the allocator reports bytes, and every
- * binding call steps the collector in proportion (about one step per 32 MiB). */
+/* The Lua collector does not see tensor memory, host or device: the allocator reports the
+ * bytes of every new storage, and every binding call steps the collector once they pass a
+ * threshold. One step with that much debt runs a whole cycle (Lua's heap is small beside the
+ * tensors), so the threshold bounds the garbage: 1/16 of what live storages hold, at least
+ * 32 MiB (small programs collect often) and at most 1 GiB (a 7B model's 17 GB of weights must
+ * not let gigabytes of dead activations pile up; at ~0.1 ms a cycle, a step that allocates
+ * 10 GB spends about a millisecond collecting). */
 static size_t pending_bytes;
+static size_t gc_threshold = (size_t)32 << 20;
 static void alloc_hook(size_t n, void *ud) {
   (void)ud;
-  pending_bytes += n;
+  __atomic_add_fetch(&pending_bytes, n, __ATOMIC_RELAXED);
+}
+static void gc_pace(void) {
+  size_t t = kg_memory_storage_bytes() / 16, lo = (size_t)32 << 20, hi = (size_t)1 << 30;
+  gc_threshold = t < lo ? lo : t > hi ? hi : t;
 }
 void kgl_gc_step(lua_State *L) {
-  if (pending_bytes > ((size_t)32 << 20)) {
-    size_t kb = pending_bytes >> 10;
-    pending_bytes = 0;
+  if (__atomic_load_n(&pending_bytes, __ATOMIC_RELAXED) > gc_threshold) {
+    size_t kb = __atomic_exchange_n(&pending_bytes, 0, __ATOMIC_RELAXED) >> 10;
     lua_gc(L, LUA_GCSTEP, (int)(kb > 1 << 20 ? 1 << 20 : kb));
+    gc_pace();
   }
 }
 void kgl_collect(lua_State *L) {
   lua_gc(L, LUA_GCCOLLECT);
   lua_gc(L, LUA_GCCOLLECT); /* finalizers of the first pass free tensors */
-  kg_memory_empty_cache(KG_CPU);
+  kg_memory_empty_caches();
   pending_bytes = 0;
+  gc_pace();
 }
 
 /* ---- argument helpers ------------------------------------------------------------------- */
@@ -1098,14 +1109,21 @@ static int l_ops(lua_State *L) {
 static int l_memory_stats(lua_State *L) {
   kg_device d = lua_isnoneornil(L, 1) ? KG_CPU : kgl_device(L, 1);
   kg_memory_stats s = kg_memory_get_stats(d);
-  lua_createtable(L, 0, 3);
+  lua_createtable(L, 0, 4);
   lua_pushinteger(L, (lua_Integer)s.allocated);
   lua_setfield(L, -2, "allocated");
   lua_pushinteger(L, (lua_Integer)s.cached);
   lua_setfield(L, -2, "cached");
   lua_pushinteger(L, (lua_Integer)s.peak);
   lua_setfield(L, -2, "peak");
+  lua_pushinteger(L, (lua_Integer)s.graph);
+  lua_setfield(L, -2, "graph");
   return 1;
+}
+
+static int l_reset_peak_memory_stats(lua_State *L) {
+  kg_memory_reset_peak(lua_isnoneornil(L, 1) ? KG_CPU : kgl_device(L, 1));
+  return 0;
 }
 
 static int l_empty_cache(lua_State *L) {
@@ -1181,6 +1199,7 @@ void kgl_register_core(lua_State *L, int methods, int keng) {
       {"no_grad", l_no_grad, 2},     {"enable_grad", l_enable_grad, 2},
       {"is_grad_enabled", l_is_grad_enabled, 2}, {"set_grad_enabled", l_set_grad_enabled, 2},
       {"ops_report", l_ops_report, 2}, {"ops", l_ops, 2},           {"memory_stats", l_memory_stats, 2},
+      {"reset_peak_memory_stats", l_reset_peak_memory_stats, 2},
       {"empty_cache", l_empty_cache, 2}, {"num_threads", l_num_threads, 2},
       {"set_num_threads", l_set_num_threads, 2}, {"synchronize", l_synchronize, 2},
       {"flop_count", l_flop_count, 2}, {"is_tensor", l_is_tensor, 2},   {"time", l_time, 2},

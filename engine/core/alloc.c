@@ -1,8 +1,14 @@
-/* alloc.c — CPU memory: a caching pool of 64-byte aligned blocks, and storage objects.
+/* alloc.c — CPU memory: a caching pool of 64-byte aligned blocks, and storage objects on every
+ * device, with the accounting the Lua collector needs.
  *
  * Blocks are rounded up to a size class (64-byte steps up to 4 KiB, then four classes per
  * power of two, at most 25% slack) and kept on a free list per class when released, so a
  * training loop that allocates the same shapes every step stops calling malloc after step 1.
+ *
+ * Device storages come from the device memory table (the CUDA runtime's stream-ordered pool,
+ * or a test's fake). Every new storage, host or device, is reported to the alloc hook: Lua sees
+ * a tensor as a small userdata, so without the report a loop that makes gigabytes of device
+ * temporaries would never wake the collector (docs/cuda.md, "Memory accounting").
  */
 #include "internal.h"
 
@@ -24,6 +30,18 @@ static struct {
   void (*hook)(size_t, void *);
   void *hook_ud;
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t storage_bytes; /* held by live storages, every device (atomic) */
+
+static const kg_device_memory cuda_memory = {kg_cuda_alloc,       kg_cuda_free,       kg_cuda_memory_stats,
+                                             kg_cuda_empty_cache, kg_cuda_reset_peak, kg_cuda_device_count};
+static const kg_device_memory *device_memory = &cuda_memory;
+
+const kg_device_memory *kg_memory_set_device(const kg_device_memory *m) {
+  const kg_device_memory *old = device_memory;
+  device_memory = m ? m : &cuda_memory;
+  return old;
+}
 
 static size_t physical_memory(void) {
   static size_t mem;
@@ -81,7 +99,6 @@ void *kg_cpu_alloc(size_t nbytes, size_t *rounded) {
   pool.allocated += *rounded;
   if (pool.allocated > pool.peak) pool.peak = pool.allocated;
   pthread_mutex_unlock(&pool.lock);
-  if (pool.hook) pool.hook(*rounded, pool.hook_ud);
   return p;
 }
 
@@ -104,6 +121,10 @@ void kg_cpu_free(void *p, size_t rounded) {
 }
 
 void kg_memory_empty_cache(kg_device d) {
+  if (d.type == KG_DEV_CUDA) {
+    if (d.index < device_memory->count()) device_memory->trim(d.index);
+    return;
+  }
   if (d.type != KG_DEV_CPU) return;
   pthread_mutex_lock(&pool.lock);
   for (int c = 0; c < NCLASSES; c++) {
@@ -118,8 +139,14 @@ void kg_memory_empty_cache(kg_device d) {
   pthread_mutex_unlock(&pool.lock);
 }
 
+void kg_memory_empty_caches(void) {
+  kg_memory_empty_cache(KG_CPU);
+  for (int i = 0, n = device_memory->count(); i < n; i++) kg_memory_empty_cache((kg_device){KG_DEV_CUDA, (int8_t)i});
+}
+
 kg_memory_stats kg_memory_get_stats(kg_device d) {
   kg_memory_stats s = {0};
+  if (d.type == KG_DEV_CUDA) return d.index < device_memory->count() ? device_memory->stats(d.index) : s;
   if (d.type != KG_DEV_CPU) return s;
   pthread_mutex_lock(&pool.lock);
   s.allocated = pool.allocated;
@@ -129,10 +156,43 @@ kg_memory_stats kg_memory_get_stats(kg_device d) {
   return s;
 }
 
+void kg_memory_reset_peak(kg_device d) {
+  if (d.type == KG_DEV_CUDA) {
+    if (d.index < device_memory->count()) device_memory->reset_peak(d.index);
+    return;
+  }
+  if (d.type != KG_DEV_CPU) return;
+  pthread_mutex_lock(&pool.lock);
+  pool.peak = pool.allocated;
+  pthread_mutex_unlock(&pool.lock);
+}
+
+size_t kg_memory_storage_bytes(void) { return __atomic_load_n(&storage_bytes, __ATOMIC_RELAXED); }
+
 /* ---- storage ------------------------------------------------------------------------------- */
 
 static void release_cpu(kg_storage *s) { kg_cpu_free(s->data, (size_t)(uintptr_t)s->owner); }
-static void release_cuda(kg_storage *s) { kg_cuda_free(s->data, s->device.index); }
+static void release_cuda(kg_storage *s) { device_memory->free(s->data, s->device.index); }
+
+/* "1.5 GiB" */
+static const char *human(char buf[32], size_t n) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  snprintf(buf, 32, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+  return buf;
+}
+
+/* the out-of-memory message: what was asked, and what the device's allocator holds */
+static kg_status oom(size_t nbytes, kg_device dev, const char *why) {
+  kg_memory_stats st = kg_memory_get_stats(dev);
+  char d[16], a[32], h[32], c[32], gh[32], g[64] = "";
+  kg_device_name(dev, d);
+  if (dev.type == KG_DEV_CUDA) snprintf(g, sizeof g, ", CUDA graphs hold %s", human(gh, st.graph));
+  return kg_error(KG_ERR_OOM, "alloc", "out of memory: asked %zu bytes (%s) on %s; the pool holds %s in tensors and %s "
+                  "cached%s (%s)", nbytes, human(a, nbytes), d, human(h, st.allocated), human(c, st.cached), g, why);
+}
 
 kg_status kg_storage_new(kg_storage **out, size_t nbytes, kg_device dev) {
   kg_storage *s = calloc(1, sizeof *s);
@@ -145,23 +205,24 @@ kg_status kg_storage_new(kg_storage **out, size_t nbytes, kg_device dev) {
     s->data = kg_cpu_alloc(nbytes, &rounded);
     if (!s->data) {
       free(s);
-      kg_memory_stats st = kg_memory_get_stats(KG_CPU);
-      return kg_error(KG_ERR_OOM, "alloc", "out of memory: asked %zu bytes on cpu, pool holds %zu (%zu cached)",
-                      nbytes, st.allocated, st.cached);
+      return oom(nbytes, dev, "the C library's allocator refused");
     }
     s->owner = (void *)(uintptr_t)rounded;
     s->release = release_cpu;
   } else if (dev.type == KG_DEV_CUDA) {
-    s->data = kg_cuda_malloc(nbytes ? nbytes : 1, dev.index);
-    if (!s->data) {
+    kg_status st = device_memory->alloc(&s->data, nbytes ? nbytes : 1, dev.index);
+    if (st != KG_OK) {
       free(s);
-      kg_memory_stats st = kg_memory_get_stats(dev);
+      if (st != KG_ERR_OOM) return st; /* no such device: its own message */
       char e[1024];
       snprintf(e, sizeof e, "%s", kg_last_error());
-      return kg_error(KG_ERR_OOM, "alloc", "out of memory: asked %zu bytes on cuda:%d, pool holds %zu (%s)", nbytes,
-                      dev.index, st.allocated, e);
+      return oom(nbytes, dev, e);
     }
     s->release = release_cuda;
+  }
+  if (s->data) {
+    __atomic_add_fetch(&storage_bytes, nbytes, __ATOMIC_RELAXED);
+    if (pool.hook) pool.hook(nbytes, pool.hook_ud);
   }
   *out = s;
   return KG_OK;
@@ -174,6 +235,8 @@ kg_storage *kg_storage_retain(kg_storage *s) {
 
 void kg_storage_release(kg_storage *s) {
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  if (s->release == release_cpu || s->release == release_cuda)
+    __atomic_sub_fetch(&storage_bytes, s->nbytes, __ATOMIC_RELAXED);
   if (s->release) s->release(s);
   free(s);
 }

@@ -9,6 +9,18 @@ void *kg_cuda_malloc(size_t nbytes, int device) {
   kg_error(KG_ERR_DEVICE, "cuda", "keng was built without CUDA");
   return NULL;
 }
+kg_status kg_cuda_alloc(void **out, size_t nbytes, int device) {
+  (void)nbytes;
+  (void)device;
+  *out = NULL;
+  return kg_error(KG_ERR_DEVICE, "cuda", "keng was built without CUDA");
+}
+kg_memory_stats kg_cuda_memory_stats(int device) {
+  (void)device;
+  return (kg_memory_stats){0};
+}
+void kg_cuda_empty_cache(int device) { (void)device; }
+void kg_cuda_reset_peak(int device) { (void)device; }
 void kg_cuda_free(void *p, int device) {
   (void)p;
   (void)device;

@@ -14,8 +14,32 @@ void *kg_cpu_alloc(size_t nbytes, size_t *rounded);
 void kg_cpu_free(void *p, size_t rounded);
 
 /* CUDA runtime entry points (engine/cuda/runtime.cu, or stubs when built without CUDA). */
-void *kg_cuda_malloc(size_t nbytes, int device);
+void *kg_cuda_malloc(size_t nbytes, int device); /* NULL on failure (kg_last_error says why) */
+/* As kg_cuda_malloc, with the reason: KG_ERR_OOM when the pool is exhausted even after giving
+ * its free and unused graph memory back to the driver, KG_ERR_DEVICE for no such device. */
+kg_status kg_cuda_alloc(void **out, size_t nbytes, int device);
 void kg_cuda_free(void *p, int device);
+/* The device's pool: used / free / peak-used bytes and graph memory; trim gives free pool and
+ * unused graph memory back to the driver (after waiting for the device's queue; skipped while
+ * the device is being captured). */
+kg_memory_stats kg_cuda_memory_stats(int device);
+void kg_cuda_empty_cache(int device);
+void kg_cuda_reset_peak(int device);
+
+/* Device memory as storages and kg_memory_* see it: by default the CUDA runtime above. A test
+ * installs a recording fake in its place to check the accounting without a GPU
+ * (tests/c/test_memory.c). */
+typedef struct {
+  kg_status (*alloc)(void **out, size_t nbytes, int device);
+  void (*free)(void *p, int device);
+  kg_memory_stats (*stats)(int device);
+  void (*trim)(int device);
+  void (*reset_peak)(int device);
+  int (*count)(void);
+} kg_device_memory;
+/* Installs m (NULL: the CUDA runtime); returns the previous one. Not thread-safe: install it
+ * before any device storage exists. */
+const kg_device_memory *kg_memory_set_device(const kg_device_memory *m);
 /* Copies n bytes between any two of cpu and cuda memory, ordered on the compute stream. */
 kg_status kg_cuda_memcpy(void *dst, kg_device ddev, const void *src, kg_device sdev, size_t n);
 kg_status kg_cuda_sync(int device);

@@ -8,9 +8,16 @@
  *             dw[c] = Σ dy * xhat, db[c] = Σ dy   (over rows and spatial positions)
  *
  * Compute in float (double for f64) with row sums in double. Forward and dx: one block per row.
- * dw/db: a second kernel, one block per channel reducing in double over its rows (no atomics,
- * deterministic). */
+ * dw/db, reduced in double with no atomics (deterministic), in reduce_plan.h's two-stage forms
+ * (the count of ranges per channel chosen to fill the GPU; partials in double, then a thread
+ * per channel adds its partials in range order):
+ *   S == 1 (layer_norm, rms_norm: x is [N, C] with C contiguous): thread per channel, a block
+ *            takes 256 neighbouring channels and a range of rows, each thread runs down its
+ *            channel (every step reads 256 neighbouring elements)
+ *   S > 1  (group_norm): block per channel and range, its threads along the contiguous
+ *            spatial run. */
 #include "util.cuh"
+#include "reduce_plan.h"
 
 struct norm_plan {
   int64_t rows, M, S, cpg, G;
@@ -101,16 +108,35 @@ __global__ void norm_dx_kernel(norm_plan q, const char *g, int gdt, const char *
   }
 }
 
-/* block per channel c: dw[c] = Σ dy * xhat, db[c] = Σ dy over (batch of its group rows, spatial) */
+/* dw[c] = Σ dy * xhat, db[c] = Σ dy over the rows of channel c's group and its spatial run, in
+ * reduce_plan.h's two forms. Each (channel, range) pair's two sums go to partials
+ * (kg_red_part2) or, with one range, straight into dw and db. */
+__device__ __forceinline__ void dwdb_put(double aw, double ab, bool rows, kg_split sp, int64_t C, int64_t c, int64_t k,
+                                         double *part, char *dw, int dwdt, char *db, int dbdt) {
+  if (part) {
+    part[kg_red_part2(rows, sp, C, c, k, 0)] = aw;
+    part[kg_red_part2(rows, sp, C, c, k, 1)] = ab;
+  } else {
+    kg_store(dw, dwdt, c, aw);
+    if (db) kg_store(db, dbdt, c, ab);
+  }
+}
+
+/* S > 1 (group_norm), block per output: pair u = (channel c, range k of its N·S elements, taken
+ * as (batch b, spatial s) with s fastest: threads along the contiguous spatial run) */
 template <class T>
-__global__ void norm_dwdb_kernel(norm_plan q, const char *g, int gdt, const char *x, int xdt, const char *smean,
-                                 const char *srstd, int sdt, char *dw, int dwdt, char *db, int dbdt) {
+__global__ void norm_dwdb_kernel(norm_plan q, kg_split sp, const char *g, int gdt, const char *x, int xdt,
+                                 const char *smean, const char *srstd, int sdt, double *part, char *dw, int dwdt,
+                                 char *db, int dbdt) {
   int64_t C = q.cpg * q.G, count = q.rows / q.G * q.S;
-  for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
-    int64_t grp = c / q.cpg, k = c % q.cpg;
+  for (int64_t u = blockIdx.x; u < C * sp.splits; u += gridDim.x) {
+    int64_t c, k, lo, hi;
+    kg_red_rows_pair(u, sp, &c, &k);
+    kg_split_range(sp, count, k, &lo, &hi);
+    int64_t grp = c / q.cpg, kc = c % q.cpg;
     double aw = 0, ab = 0;
-    for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
-      int64_t b = e / q.S, s = e - b * q.S, r = b * q.G + grp, off = r * q.M + k * q.S + s;
+    for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+      int64_t b = e / q.S, s = e - b * q.S, r = b * q.G + grp, off = r * q.M + kc * q.S + s;
       T mean = smean ? kg_load<T>(smean, sdt, r) : (T)0, rstd = kg_load<T>(srstd, sdt, r);
       T gv = kg_load<T>(g, gdt, off), xh = (kg_load<T>(x, xdt, off) - mean) * rstd;
       aw += (double)gv * xh;
@@ -118,11 +144,77 @@ __global__ void norm_dwdb_kernel(norm_plan q, const char *g, int gdt, const char
     }
     aw = kg_block_sum(aw);
     ab = kg_block_sum(ab);
-    if (threadIdx.x == 0) {
-      kg_store(dw, dwdt, c, aw);
-      if (db) kg_store(db, dbdt, c, ab);
-    }
+    if (threadIdx.x == 0) dwdb_put(aw, ab, true, sp, C, c, k, part, dw, dwdt, db, dbdt);
   }
+}
+
+/* S == 1 (layer_norm, rms_norm), thread per output (KG_RED_TILE threads): dy and x as [N, C]
+ * (N = rows / G); pair u = (channel tile, row range k); each thread runs down its channel c */
+template <class T>
+__global__ void norm_dwdb_cols_kernel(norm_plan q, kg_split sp, int64_t tiles, const char *g, int gdt, const char *x,
+                                      int xdt, const char *smean, const char *srstd, int sdt, double *part, char *dw,
+                                      int dwdt, char *db, int dbdt) {
+  int64_t C = q.cpg * q.G, N = q.rows / q.G;
+  for (int64_t u = blockIdx.x; u < tiles * sp.splits; u += gridDim.x) {
+    int64_t c, k, lo, hi;
+    kg_red_cols_pair(u, tiles, threadIdx.x, &c, &k);
+    if (c >= C) continue;
+    kg_split_range(sp, N, k, &lo, &hi);
+    int64_t grp = c / q.cpg;
+    double aw = 0, ab = 0;
+    for (int64_t n = lo; n < hi; n++) {
+      int64_t r = n * q.G + grp, off = n * C + c;
+      T mean = smean ? kg_load<T>(smean, sdt, r) : (T)0, rstd = kg_load<T>(srstd, sdt, r);
+      T gv = kg_load<T>(g, gdt, off), xh = (kg_load<T>(x, xdt, off) - mean) * rstd;
+      aw += (double)gv * xh;
+      ab += (double)gv;
+    }
+    dwdb_put(aw, ab, false, sp, C, c, k, part, dw, dwdt, db, dbdt);
+  }
+}
+
+/* stage 2: a thread per channel adds its partials in range order */
+__global__ void norm_dwdb_finish_kernel(const double *part, bool rows, kg_split sp, int64_t C, char *dw, int dwdt,
+                                        char *db, int dbdt) {
+  KG_CUDA_FOR(c, C) {
+    double aw = 0, ab = 0;
+    for (int64_t k = 0; k < sp.splits; k++) {
+      aw += part[kg_red_part2(rows, sp, C, c, k, 0)];
+      ab += part[kg_red_part2(rows, sp, C, c, k, 1)];
+    }
+    kg_store(dw, dwdt, c, aw);
+    if (db) kg_store(db, dbdt, c, ab);
+  }
+}
+
+/* dw/db: thread per channel for S == 1 (channels along memory), block per channel otherwise */
+static kg_status dwdb(const norm_plan &q, bool f64, const char *gb, int gdt, const char *xb, int xdt, const char *smb,
+                      const char *srb, int sdt, char *dw, int dwdt, char *db, int dbdt, int dev, const char *op) {
+  cudaStream_t s = kg_cuda_stream(dev);
+  bool rows = q.S > 1;
+  int64_t C = q.cpg * q.G, n = q.rows / q.G * q.S, units = rows ? C : (C + KG_RED_TILE - 1) / KG_RED_TILE;
+  kg_split sp = kg_split_plan(units, n, rows ? KG_RED_MIN_CHUNK_ROWS : KG_RED_MIN_CHUNK_COLS);
+  kg_cuda_buf part;
+  if (sp.splits > 1) KG_TRY(part.alloc(sizeof(double) * 2 * (size_t)(C * sp.splits), dev, op));
+  double *pp = (double *)part.p;
+  unsigned grid = kg_red_grid(units * sp.splits);
+  if (rows) {
+    unsigned th = kg_row_threads(sp.chunk);
+    if (f64)
+      norm_dwdb_kernel<double><<<grid, th, 0, s>>>(q, sp, gb, gdt, xb, xdt, smb, srb, sdt, pp, dw, dwdt, db, dbdt);
+    else
+      norm_dwdb_kernel<float><<<grid, th, 0, s>>>(q, sp, gb, gdt, xb, xdt, smb, srb, sdt, pp, dw, dwdt, db, dbdt);
+  } else if (f64) {
+    norm_dwdb_cols_kernel<double><<<grid, KG_RED_TILE, 0, s>>>(q, sp, units, gb, gdt, xb, xdt, smb, srb, sdt, pp, dw,
+                                                                dwdt, db, dbdt);
+  } else {
+    norm_dwdb_cols_kernel<float><<<grid, KG_RED_TILE, 0, s>>>(q, sp, units, gb, gdt, xb, xdt, smb, srb, sdt, pp, dw,
+                                                               dwdt, db, dbdt);
+  }
+  KG_TRY(kg_cuda_check(op, dev));
+  if (sp.splits == 1) return KG_OK;
+  norm_dwdb_finish_kernel<<<kg_cuda_blocks(C), KG_CUDA_THREADS, 0, s>>>(pp, rows, sp, C, dw, dwdt, db, dbdt);
+  return kg_cuda_check(op, dev); /* the partials are freed after the kernel, in stream order */
 }
 
 static const kg_tensor *in_or_null(const kg_op_call *c, int i) { return c->nin > i ? c->in[i] : NULL; }
@@ -179,14 +271,8 @@ static kg_status backward(const kg_op_call *c, bool group, bool center) {
       if (db) KG_TRY(kg_cuda_ew("norm_backward", a, db, 0, NULL));
       return KG_OK;
     }
-    unsigned th = kg_row_threads(q.rows / q.G * q.S);
-    if (x->dtype == KG_F64)
-      norm_dwdb_kernel<double><<<kg_grid(C), th, 0, s>>>(q, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype,
-                                                         (char *)kg_data(dw), dw->dtype, dbb, dbdt);
-    else
-      norm_dwdb_kernel<float><<<kg_grid(C), th, 0, s>>>(q, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype,
-                                                        (char *)kg_data(dw), dw->dtype, dbb, dbdt);
-    KG_TRY(kg_cuda_check(kg_op_info[c->op].name, dev));
+    return dwdb(q, x->dtype == KG_F64, gb, g->dtype, xb, x->dtype, smb, srb, sr->dtype, (char *)kg_data(dw),
+                dw->dtype, dbb, dbdt, dev, kg_op_info[c->op].name);
   }
   return KG_OK;
 }

@@ -9,7 +9,13 @@
  * they can differ from the CPU's sequential sums in the last bits: a draw landing within an ulp
  * of a category boundary may pick the neighbour. Invalid rows (negative / non-finite entries, a
  * zero sum, too few non-zero categories) are flagged on the device and raised with the CPU's
- * message after a sync. */
+ * message after a sync.
+ *
+ * Every kernel here takes its Philox key as a kg_cuda_rng and reads it with kg_rng_load, never
+ * as a plain (seed, offset): under CUDA Graph capture the key lives in device memory that each
+ * replay rewrites, so a replayed dropout or sampling step draws new numbers (a key passed by
+ * value would be baked into the graph and every replay would reuse the captured uniforms;
+ * tests/lua/random_spec.lua checks this file's kernels for it). */
 #include "util.cuh"
 
 template <class T> __global__ void dropout_kernel(const char *x, int xdt, char *y, int ydt, uint8_t *mask, int64_t n,
@@ -51,8 +57,10 @@ extern "C" kg_status kg_cuda_dropout(const kg_op_call *c) {
 
 /* block per row: validates, and writes running sums (replacement) or keys (no replacement) */
 __global__ void multinomial_prep_kernel(const char *pr, int pdt, int64_t B, int64_t V, int64_t n, bool replacement,
-                                        uint64_t seed, uint64_t offset, double *work, long long *flag) {
+                                        kg_cuda_rng rng, double *work, long long *flag) {
   __shared__ double chunk_tot[SCAN_THREADS];
+  uint64_t seed, offset;
+  kg_rng_load(rng, seed, offset);
   for (int64_t b = blockIdx.x; b < B; b += gridDim.x) {
     __syncthreads(); /* chunk_tot of the previous row is read */
     const int64_t base = b * V;
@@ -101,8 +109,10 @@ __global__ void multinomial_prep_kernel(const char *pr, int pdt, int64_t B, int6
 }
 
 /* thread per sample: the first category whose running sum exceeds u * total */
-__global__ void multinomial_draw_kernel(const double *cum, int64_t B, int64_t V, int64_t n, uint64_t seed,
-                                        uint64_t offset, int64_t *out) {
+__global__ void multinomial_draw_kernel(const double *cum, int64_t B, int64_t V, int64_t n, kg_cuda_rng rng,
+                                        int64_t *out) {
+  uint64_t seed, offset;
+  kg_rng_load(rng, seed, offset);
   KG_CUDA_FOR(e, B * n) {
     int64_t b = e / n;
     const double *w = cum + b * V;
@@ -131,9 +141,10 @@ extern "C" kg_status kg_cuda_multinomial(const kg_op_call *c) {
   kg_tensor *work = NULL;
   int64_t wshape[2] = {B, V};
   KG_TRY(kg_tensor_empty(&work, 2, wshape, KG_F64, o->device));
+  kg_cuda_rng rng = kg_cuda_rng_key(p->rng, dev); /* read on the device while captured */
   multinomial_prep_kernel<<<kg_grid(B), SCAN_THREADS, 0, s>>>((const char *)kg_data(pr), pr->dtype, B, V, n,
-                                                              p->replacement, p->rng.seed, p->rng.offset,
-                                                              (double *)kg_data(work), (long long *)flag.p);
+                                                              p->replacement, rng, (double *)kg_data(work),
+                                                              (long long *)flag.p);
   kg_status st = kg_cuda_check("multinomial", dev);
   long long f[3] = {KG_NO_ERROR, KG_NO_ERROR, KG_NO_ERROR};
   if (!st) st = kg_flag_read(&flag, 3, f, "multinomial");
@@ -158,7 +169,7 @@ extern "C" kg_status kg_cuda_multinomial(const kg_op_call *c) {
   }
   if (!st && p->replacement) {
     multinomial_draw_kernel<<<kg_cuda_blocks(B * n), KG_CUDA_THREADS, 0, s>>>(
-        (const double *)kg_data(work), B, V, n, p->rng.seed, p->rng.offset, (int64_t *)kg_data(o));
+        (const double *)kg_data(work), B, V, n, rng, (int64_t *)kg_data(o));
     st = kg_cuda_check("multinomial", dev);
   } else if (!st) { /* the n smallest keys of each row, in increasing order */
     kg_tensor ov = *o; /* o viewed as [B, n] */

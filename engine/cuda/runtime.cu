@@ -1,8 +1,15 @@
 /* runtime.cu — the CUDA runtime entry points of internal.h: device queries, one compute stream
- * per device, memory from the stream-ordered pool (cudaMallocAsync, release threshold set high
- * so freed blocks stay cached), copies between cpu and cuda ordered on that stream (through a
+ * per device, memory from the stream-ordered pool (cudaMallocAsync), copies between cpu and
+ * cuda ordered on that stream (through a
  * small ring of pinned staging buffers), sync, the launch check that KENG_SYNC=1 makes
  * synchronous, and CUDA Graph capture / replay.
+ *
+ * Pool release policy: the release threshold is kept high, so a training step's freed blocks
+ * stay cached across the syncs of every step (re-mapping them from the driver each step would
+ * cost more than the step's kernels); the pool shrinks at chosen points instead: on an
+ * allocation failure (wait, trim, retry once), and on kg_cuda_empty_cache (keng.empty_cache(),
+ * called by the benchmark between rows), which also trims the memory CUDA graphs hold but no
+ * longer use (cudaDeviceGraphMemTrim).
  *
  * With no driver or no GPU every query answers "none" (false / 0) and nothing else is called.
  *
@@ -99,7 +106,7 @@ cudaStream_t kg_cuda_stream(int device) {
   if (!streams[device]) {
     cudaMemPool_t pool;
     if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
-      uint64_t keep = UINT64_MAX; /* never hand freed memory back to the driver on sync */
+      uint64_t keep = UINT64_MAX; /* no release on sync: trimmed by kg_cuda_empty_cache (above) */
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
     }
     cudaStream_t ns = 0;
@@ -125,37 +132,45 @@ kg_status kg_cuda_check(const char *op, int device) {
 
 static bool valid_device(int device) { return device >= 0 && device < kg_cuda_device_count(); }
 
-extern "C" void *kg_cuda_malloc(size_t nbytes, int device) {
-  if (!valid_device(device)) {
-    kg_error(KG_ERR_DEVICE, "cuda", "cuda:%d is not available (%d device(s))", device, kg_cuda_device_count());
-    return NULL;
-  }
+/* gives the device's free pool memory and its unused graph memory back to the driver (the
+ * caller waited for the stream, so the pool's frees have landed) */
+static void trim(int device) {
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+  cudaDeviceGraphMemTrim(device);
+  cudaGetLastError();
+}
+
+extern "C" kg_status kg_cuda_alloc(void **out, size_t nbytes, int device) {
+  *out = NULL;
+  if (!valid_device(device))
+    return kg_error(KG_ERR_DEVICE, "cuda", "cuda:%d is not available (%d device(s))", device, kg_cuda_device_count());
   cudaStream_t s = kg_cuda_stream(device);
   void *p = NULL;
   cudaError_t e = cudaMallocAsync(&p, nbytes, s);
   capture *c = captures[device];
   if (c) { /* a graph allocation: no trim-and-retry (that would synchronise) */
-    if (e != cudaSuccess) {
-      kg_cuda_err(e, "cuda", "cudaMallocAsync during CUDA graph capture");
-      return NULL;
-    }
+    KG_TRY(kg_cuda_err(e, "cuda", "cudaMallocAsync during CUDA graph capture"));
     pthread_mutex_lock(&lock);
     c->allocs.insert(p);
     pthread_mutex_unlock(&lock);
-    return p;
+    *out = p;
+    return KG_OK;
   }
   if (e == cudaErrorMemoryAllocation) { /* give cached blocks back and try once more */
     cudaGetLastError();
-    cudaMemPool_t pool;
     cudaStreamSynchronize(s);
-    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+    trim(device);
     e = cudaMallocAsync(&p, nbytes, s);
   }
-  if (e != cudaSuccess) {
-    kg_cuda_err(e, "cuda", "cudaMallocAsync");
-    return NULL;
-  }
-  return p;
+  KG_TRY(kg_cuda_err(e, "cuda", "cudaMallocAsync"));
+  *out = p;
+  return KG_OK;
+}
+
+extern "C" void *kg_cuda_malloc(size_t nbytes, int device) {
+  void *p = NULL;
+  return kg_cuda_alloc(&p, nbytes, device) == KG_OK ? p : NULL;
 }
 
 extern "C" void kg_cuda_free(void *p, int device) {
@@ -350,29 +365,43 @@ extern "C" kg_status kg_cuda_sync(int device) {
   return check_deferred(device);
 }
 
-/* Pool usage of a device (for kg_memory_get_stats once alloc.c asks for it): allocated = bytes
- * in use, cached = reserved but free, peak = high-water mark of reserved bytes. */
+/* Pool usage of a device (kg_memory_get_stats): allocated = bytes in use, cached = reserved
+ * but free, peak = high-water mark of bytes in use, graph = reserved for graph allocations. */
+/* whether keng has used the device (its stream exists): stats and trims of an unused device
+ * answer at once instead of creating a CUDA context there (hundreds of MB and ms) */
+static bool in_use(int device) { return valid_device(device) && streams[device] != 0; }
+
 extern "C" kg_memory_stats kg_cuda_memory_stats(int device) {
-  kg_memory_stats st = {0, 0, 0};
+  kg_memory_stats st = {0, 0, 0, 0};
   cudaMemPool_t pool;
-  if (!valid_device(device) || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return st;
-  uint64_t used = 0, reserved = 0, peak = 0;
+  if (!in_use(device) || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return st;
+  uint64_t used = 0, reserved = 0, peak = 0, graph = 0;
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
-  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &peak);
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak);
+  cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrReservedMemCurrent, &graph);
   cudaGetLastError();
   st.allocated = (size_t)used;
   st.cached = (size_t)(reserved > used ? reserved - used : 0);
   st.peak = (size_t)peak;
+  st.graph = (size_t)graph;
   return st;
 }
 
-/* Hands the pool's free blocks back to the driver (kg_memory_empty_cache for cuda). */
+/* Hands the pool's free blocks and unused graph memory back to the driver (kg_memory_empty_cache
+ * for cuda). Not while capturing: the wait would break the capture. */
 extern "C" void kg_cuda_empty_cache(int device) {
-  cudaMemPool_t pool;
-  if (!valid_device(device) || kg_cuda_capturing(device)) return;
+  if (!in_use(device) || kg_cuda_capturing(device)) return;
   cudaStreamSynchronize(kg_cuda_stream(device));
-  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+  trim(device);
+}
+
+/* The pool's high-water mark restarts at its current use (the only reset CUDA allows is to 0). */
+extern "C" void kg_cuda_reset_peak(int device) {
+  cudaMemPool_t pool;
+  if (!in_use(device) || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return;
+  uint64_t zero = 0;
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
   cudaGetLastError();
 }
 

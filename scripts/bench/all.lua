@@ -195,7 +195,7 @@ for i, row in ipairs(rows) do
         io.flush()
       end
     end
-    collectgarbage()
+    keng.empty_cache(); keng.reset_peak_memory_stats(device) -- trim the pools (cuda too); peak = this row's
     local ok, r = xpcall(function() return require(fam_file).run(row, ctx) end, function(e)
       return {msg = tostring(e), trace = debug.traceback(nil, 2)}
     end)
@@ -210,6 +210,7 @@ for i, row in ipairs(rows) do
       end
       for k, v in pairs(r) do if res[k] == nil then res[k] = v end end
       res.status = "ok"
+      res.peak_memory_bytes = keng.memory_stats(device).peak
       local pk = peak_tflops(dtype)
       if pk and res.tflops then res.peak_tflops, res.pct_peak = pk, 100 * res.tflops / pk end
       print(string.format("%.2f ms/step (median %.2f, min %.2f, sd %.2f)%s  %.3f TFLOP/s%s", res.mean_ms,

@@ -285,7 +285,7 @@ describe("all.lua smoke (child process)", function()
       assert.is_number(r.batch)
       assert.are.equal("f32", r.dtype)
       if r.status == "ok" then
-        for _, k in ipairs({"mean_ms", "median_ms", "min_ms", "stddev_ms", "steps", "tflops", "threads"}) do
+        for _, k in ipairs({"mean_ms", "median_ms", "min_ms", "stddev_ms", "steps", "tflops", "threads", "peak_memory_bytes"}) do
           assert.is_number(r[k], r.id .. " field " .. k)
         end
         assert.are.equal(2, r.steps)

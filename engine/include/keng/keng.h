@@ -171,15 +171,26 @@ void kg_set_flat(kg_tensor *t, int64_t i, double v);
 
 /* ---- memory --------------------------------------------------------------------------- */
 
+/* What a device's allocator holds (docs/cuda.md, "Memory accounting"). cpu: keng's block pool;
+ * cuda: the device's stream-ordered pool (scratch of running kernels counts as allocated). */
 typedef struct {
   size_t allocated; /* bytes in live tensors */
   size_t cached;    /* bytes held by the pool for reuse */
-  size_t peak;
+  size_t peak;      /* high-water mark of allocated */
+  size_t graph;     /* cuda: bytes reserved for CUDA Graph allocations (freed with their graphs); 0 on cpu */
 } kg_memory_stats;
 kg_memory_stats kg_memory_get_stats(kg_device d);
-/* Returns cached blocks to the system. */
+/* Returns cached blocks to the system (cuda: the pool's free memory and unused graph memory;
+ * waits for the device's queue). */
 void kg_memory_empty_cache(kg_device d);
-/* Called with the byte count of each new allocation (the Lua binding steps its collector). */
+/* Restarts the device's peak at what is allocated now (to measure one phase, one benchmark row). */
+void kg_memory_reset_peak(kg_device d);
+/* kg_memory_empty_cache for the cpu and every cuda device. */
+void kg_memory_empty_caches(void);
+/* Bytes held by live storages on every device: what a collection of dead tensors can free. */
+size_t kg_memory_storage_bytes(void);
+/* Called with the byte count of each new storage on any device (the Lua binding steps its
+ * collector in proportion: Lua sees neither host nor device tensor memory). */
 void kg_memory_set_alloc_hook(void (*hook)(size_t nbytes, void *ud), void *ud);
 
 /* ---- the op table --------------------------------------------------------------------- */
