@@ -15,10 +15,13 @@
  * dq = scale Σ dS·K; pass 2 per (b, kv head, tile of 16 keys) gives dv = Σ Pᵀ dO and
  * dk = Σ dSᵀ (scale q) over the query heads of its group and the queries that can see the tile —
  * every output row is written by one block, so no atomics and the result is deterministic.
- * Head dims up to 256. Correctness first: no tensor cores yet (see docs/cuda.md). The forward
- * first offers the call to cuDNN's fused attention (sdpa_cudnn.cu: bf16/f16, D % 8 == 0 and
- * <= 128, no mask tensor, no window); these kernels run for everything it does not take. */
+ * Head dims up to 256. Correctness first: no tensor cores yet (see docs/cuda.md). Which calls
+ * come here at all is the router's choice (engine/ops/sdpa_route.h: D > 256, and big calls with
+ * tensor-core GEMMs to win with, take the math route of engine ops instead). The forward first
+ * offers the call to cuDNN's fused attention (sdpa_cudnn.cu: the router's cuDNN rule plus layout
+ * and alignment); these kernels run for everything it does not take. */
 #include "util.cuh"
+#include "../ops/sdpa_route.h"
 
 #define WARPS 4
 #define RPW 4               /* query rows per warp (forward, pass 1) */
@@ -313,8 +316,10 @@ static kg_status plan(sdpa_args *a, const kg_tensor *q, const kg_tensor *k, cons
       a->ms[i] = (j < 0 || mask->shape[j] == 1) ? 0 : mask->stride[j];
     }
   }
-  if (a->D > 256)
-    return kg_error(KG_ERR_SHAPE, op, "head dim %lld: the cuda kernel supports D <= 256", (long long)a->D);
+  /* the router sends D > 256 to the math route; reaching here with one is a bug */
+  if (a->D > KG_SDPA_FLASH_MAX_D && a->B * a->H * a->T * a->S > 0)
+    return kg_error(KG_ERR_SHAPE, op, "head dim %lld reached the flash kernel (D <= %d); the router should have sent it "
+                    "to the math route", (long long)a->D, KG_SDPA_FLASH_MAX_D);
   return KG_OK;
 }
 
@@ -356,6 +361,10 @@ extern "C" kg_status kg_cuda_scaled_dot_product_attention(const kg_op_call *c) {
   KG_TRY(plan(&a, q, c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, (const kg_sdpa_params *)c->params, op));
   if (a.B * a.H * a.T == 0) return KG_OK;
   if (a.D == 0) return fill(c->out[1], a.S ? log((double)a.S) : -INFINITY, op); /* all scores 0 */
+  if (a.S == 0) { /* no keys: zeros and lse -inf (any D: the router sends D > 256 here only then) */
+    KG_TRY(fill(c->out[0], 0, op));
+    return fill(c->out[1], -INFINITY, op);
+  }
   bool done = false; /* cuDNN's fused attention first, where it applies (sdpa_cudnn.cu) */
   KG_TRY(kg_cudnn_sdpa_forward(q, c->in[1], c->in[2], a.has_mask ? c->in[3] : NULL, (const kg_sdpa_params *)c->params,
                                c->out[0], c->out[1], &done));
