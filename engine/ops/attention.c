@@ -9,6 +9,7 @@
 #include "sdpa_route.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- scaled dot-product attention -------------------------------------------------------- */
@@ -97,8 +98,8 @@ static kg_status band_mask(kg_tensor **out, sdpa_tmp *m, int64_t T, int64_t S, b
  * bool masks hide, float masks add, a row that sees no key gives zeros). q: [B, H, T, D],
  * k, v: [B, Hkv, S, D]; the G = H / Hkv query heads of a kv head go as one GEMM ([B, Hkv, G·T, D]
  * · [B, Hkv, D, S]), so k and v are never repeated. Scores and softmax in f32 (f64 for f64). */
-static kg_status sdpa_math(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
-                           const kg_tensor *mask, const kg_sdpa_params *p) {
+static kg_status sdpa_math_once(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
+                                const kg_tensor *mask, const kg_sdpa_params *p) {
   const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
   const int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv;
   const kg_dtype ft = q->dtype == KG_F64 ? KG_F64 : KG_F32;
@@ -162,6 +163,40 @@ done:
   return st;
 }
 
+/* the math route over batch chunks of `rows` (no grad: the chunks' scores are freed in turn),
+ * written into one output; mask rows follow when the mask has a batch dim of B */
+static kg_status sdpa_math(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
+                           const kg_tensor *mask, const kg_sdpa_params *p, int64_t rows) {
+  const int64_t B = q->shape[0];
+  if (rows >= B) return sdpa_math_once(out, q, k, v, mask, p);
+  bool mask_b = mask && mask->ndim == 4 && mask->shape[0] == B;
+  KG_TRY(kg_new_like(out, q, 4, q->shape, q->dtype));
+  kg_status s = KG_OK;
+  for (int64_t b0 = 0; s == KG_OK && b0 < B; b0 += rows) {
+    int64_t n = B - b0 < rows ? B - b0 : rows;
+    kg_tensor *qc = NULL, *kc = NULL, *vc = NULL, *mc = NULL, *oc = NULL, *dst = NULL;
+    s = kg_narrow(&qc, q, 0, b0, n);
+    if (!s) s = kg_narrow(&kc, k, 0, b0, n);
+    if (!s) s = kg_narrow(&vc, v, 0, b0, n);
+    if (!s && mask_b) s = kg_narrow(&mc, mask, 0, b0, n);
+    if (!s) s = sdpa_math_once(&oc, qc, kc, vc, mask_b ? mc : mask, p);
+    if (!s) s = kg_narrow(&dst, *out, 0, b0, n);
+    if (!s) s = kg_copy_(dst, oc);
+    kg_tensor *all[6] = {qc, kc, vc, mc, oc, dst};
+    kg_release_all(6, all);
+  }
+  if (s) kg_tensor_release(*out);
+  return s;
+}
+
+/* bytes of f32 scores per chunk of the math route without grad: KENG_SDPA_MATH_CHUNK (a test
+ * knob) or KG_SDPA_MATH_CHUNK_BYTES */
+static int64_t math_chunk_bytes(void) {
+  const char *e = getenv("KENG_SDPA_MATH_CHUNK");
+  long long v = e ? atoll(e) : 0;
+  return v > 0 ? (int64_t)v : KG_SDPA_MATH_CHUNK_BYTES;
+}
+
 /* ---- the router ---------------------------------------------------------------------------- */
 
 /* the router's view of a call (engine/ops/sdpa_route.h) */
@@ -189,7 +224,9 @@ kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const
   kg_sdpa_desc d = sdpa_desc(q, k, v, mask, &prm);
   kg_sdpa_route route = kg_sdpa_route_of(&d, NULL);
   kg_sdpa_stat_add(5, route);
-  if (route == KG_SDPA_ROUTE_MATH) return sdpa_math(out, q, k, v, mask, &prm);
+  if (route == KG_SDPA_ROUTE_MATH)
+    return sdpa_math(out, q, k, v, mask, &prm,
+                     kg_sdpa_math_rows(d.B, d.H, d.T, d.S, d.requires_grad, math_chunk_bytes()));
   /* out: [B, H, T, D]; lse: [B, H, T] logsumexp of each score row, saved for backward */
   kg_tensor *o[2] = {NULL, NULL};
   KG_TRY(kg_new_like(&o[0], q, 4, q->shape, q->dtype));

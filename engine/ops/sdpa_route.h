@@ -20,9 +20,11 @@
  *   3. cuDNN takes it (kg_sdpa_cudnn_rule) -> CUDNN
  *   4. D > 256 -> MATH (nothing else on the GPU takes it: the SD VAE's one 512-wide head)
  *   5. big enough (T·S >= KG_SDPA_MATH_MIN_TS) with tensor-core GEMMs available (bf16/f16, or f32
- *      under allow_tf32) and a score tensor within KG_SDPA_MATH_MAX_BYTES (3x that under grad:
- *      scores, probabilities and the softmax output are kept) -> MATH
- *   6. else FLASH (decode steps, small or f64 calls, f32 without TF32).
+ *      under allow_tf32), and under grad the kept tensors (3 f32 score-sized ones: scores,
+ *      probabilities, softmax output) within KG_SDPA_MATH_GRAD_BYTES -> MATH. Without grad the
+ *      math route runs the batch in chunks whose f32 scores fit KG_SDPA_MATH_CHUNK_BYTES
+ *      (kg_sdpa_math_rows), so any size goes.
+ *   6. else FLASH (decode steps, small or f64 calls, f32 without TF32, huge calls under grad).
  * A window >= S is no window (kg_sdpa_window): its band holds every key of every row. */
 #ifndef KENG_SDPA_ROUTE_H
 #define KENG_SDPA_ROUTE_H
@@ -62,9 +64,10 @@ static inline const char *kg_sdpa_route_name(kg_sdpa_route r) {
   return (unsigned)r < 4 ? names[r] : "?";
 }
 
-#define KG_SDPA_FLASH_MAX_D 256            /* engine/cuda/attention.cu's register tiles (MR <= 8) */
-#define KG_SDPA_MATH_MIN_TS 4096           /* below, one fused launch beats ~8 composed ones */
-#define KG_SDPA_MATH_MAX_BYTES (1ll << 30) /* one f32 score tensor [B, H, T, S] */
+#define KG_SDPA_FLASH_MAX_D 256              /* engine/cuda/attention.cu's register tiles (MR <= 8) */
+#define KG_SDPA_MATH_MIN_TS 4096             /* below, one fused launch beats ~8 composed ones */
+#define KG_SDPA_MATH_CHUNK_BYTES (1ll << 30) /* f32 scores of one batch chunk, without grad */
+#define KG_SDPA_MATH_GRAD_BYTES (4ll << 30)  /* what the math route keeps for backward */
 
 /* everything the route depends on; dtype is a kg_dtype (KG_F32 ... from keng.h) */
 typedef struct {
@@ -132,13 +135,23 @@ static inline kg_sdpa_route kg_sdpa_route_of(const kg_sdpa_desc *d, kg_sdpa_reas
     route = KG_SDPA_ROUTE_MATH;
   else {
     double scores = (double)d->B * (double)d->H * (double)d->T * (double)d->S;
-    double bytes = 4.0 * scores * (d->requires_grad ? 3 : 1);
     bool tensor_cores = d->is_half || (d->is_f32 && d->allow_tf32);
     bool big = (double)d->T * (double)d->S >= KG_SDPA_MATH_MIN_TS;
-    route = tensor_cores && big && bytes <= (double)KG_SDPA_MATH_MAX_BYTES ? KG_SDPA_ROUTE_MATH : KG_SDPA_ROUTE_FLASH;
+    bool fits = !d->requires_grad || 3 * 4.0 * scores <= (double)KG_SDPA_MATH_GRAD_BYTES;
+    route = tensor_cores && big && fits ? KG_SDPA_ROUTE_MATH : KG_SDPA_ROUTE_FLASH;
   }
   if (why) *why = r;
   return route;
+}
+
+/* batch rows per chunk of the math route: all B under grad (every chunk's tensors would be kept
+ * anyway), else as many as keep the f32 scores [rows, H, T, S] within chunk_bytes (at least 1) */
+static inline int64_t kg_sdpa_math_rows(int64_t B, int64_t H, int64_t T, int64_t S, bool requires_grad,
+                                        int64_t chunk_bytes) {
+  double per_row = 4.0 * (double)H * (double)T * (double)S;
+  if (requires_grad || per_row <= 0) return B;
+  double rows = (double)chunk_bytes / per_row;
+  return rows >= (double)B ? B : rows < 1 ? 1 : (int64_t)rows;
 }
 
 /* the GPU's compute capability and the cuDNN version the router reads (engine/cuda/sdpa_cudnn.cu;

@@ -10,15 +10,17 @@
 #include <stdio.h>
 
 static int failures;
-#define CHECK(cond)                                                    \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                      \
-    }                                                                  \
+#define CHECK(cond)                                                                                                    \
+  do {                                                                                                                 \
+    if (!(cond)) {                                                                                                     \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                         \
+      failures++;                                                                                                      \
+    }                                                                                                                  \
   } while (0)
 
-static void set4(int64_t *st, int64_t a, int64_t b, int64_t c, int64_t d) { st[0] = a, st[1] = b, st[2] = c, st[3] = d; }
+static void set4(int64_t *st, int64_t a, int64_t b, int64_t c, int64_t d) {
+  st[0] = a, st[1] = b, st[2] = c, st[3] = d;
+}
 
 /* a bf16 call cuDNN takes: B 2, H 8, Hkv 2 (GQA), T 16, S 32, D 64, contiguous, causal, on an
  * H100/H200 (sm_90) with cuDNN 9.6 */
@@ -288,15 +290,32 @@ static void test_router(void) {
   CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
   d.T = 4096 / 512;
   CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
-  /* the score tensor's size caps it: B·H·T·S·4 bytes <= 1 GiB, three times that under grad */
+  /* under grad the kept tensors cap it: 3 · B·H·T·S·4 bytes <= 4 GiB (the chunks of a no-grad
+   * call are freed in turn, so without grad any size goes) */
   d = f32(call());
-  d.allow_tf32 = true, d.causal = false, d.D = 40;
-  d.B = 2, d.H = 8, d.Hkv = 8, d.T = d.S = 4096; /* exactly 1 GiB of f32 scores */
+  d.allow_tf32 = true, d.causal = false, d.D = 40, d.requires_grad = true;
+  d.B = 2, d.H = 8, d.Hkv = 8, d.T = d.S = 4096; /* 1 GiB of f32 scores, 3 GiB kept */
   CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.B = 3; /* 4.5 GiB kept */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.requires_grad = false, d.B = 26; /* SD predict's UNet self-attention with guidance: 13 GiB */
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = f32(call()); /* BERT fit (B 32) and predict (B 256) at T = 512 */
+  d.allow_tf32 = true, d.causal = false, d.D = 64, d.H = d.Hkv = 12, d.T = d.S = 512, d.B = 32;
   d.requires_grad = true;
-  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
-  d.requires_grad = false, d.B = 3;
-  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.requires_grad = false, d.B = 256;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+
+  /* the chunks of a no-grad math call: as many batch rows as keep f32 scores within the cap */
+  int64_t GiB = 1ll << 30;
+  CHECK(kg_sdpa_math_rows(26, 8, 4096, 4096, false, GiB) == 2); /* 512 MiB per row */
+  CHECK(kg_sdpa_math_rows(26, 8, 4096, 4096, true, GiB) == 26); /* grad: one piece */
+  CHECK(kg_sdpa_math_rows(256, 12, 512, 512, false, GiB) == 85);
+  CHECK(kg_sdpa_math_rows(4, 1, 2, 2, false, GiB) == 4);         /* small: one piece */
+  CHECK(kg_sdpa_math_rows(13, 16, 8192, 8192, false, GiB) == 1); /* one row over the cap: still 1 */
+  CHECK(kg_sdpa_math_rows(5, 2, 3, 4, false, 2 * 2 * 3 * 4 * 4) == 2);
+  CHECK(kg_sdpa_math_rows(0, 2, 3, 4, false, GiB) == 0);
   /* f64 on the GPU: the flash kernel (no tensor cores to win with), math only past D 256 */
   d = call(), d.dtype = KG_F64, d.is_half = false, d.allow_tf32 = true;
   CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_FLASH && why == KG_SDPA_DTYPE);

@@ -368,6 +368,53 @@ describe("scaled_dot_product_attention: the math route", function()
   end)
 end)
 
+describe("scaled_dot_product_attention: the math route in batch chunks (child process)", function()
+  local function sh_quote(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
+  local function keng_bin()
+    local env = os.getenv("KENG_BIN")
+    if env and env ~= "" then return env end
+    local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
+    local self = p:read("a"):gsub("%s+$", "")
+    p:close()
+    return self:match("keng$") and self or nil
+  end
+
+  it("splits a no-grad call into chunks of KENG_SDPA_MATH_CHUNK bytes of scores, same values", function()
+    local bin = keng_bin()
+    assert.truthy(bin, "no keng binary (set KENG_BIN)")
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local keng = require "keng"
+keng.manual_seed(3)
+local q, k, v = keng.randn({5, 2, 3, 4}), keng.randn({5, 1, 6, 4}), keng.randn({5, 1, 6, 4})
+local bm = keng.rand({5, 1, 3, 6}):gt(0.3)
+local fm = keng.randn({3, 6})
+local worst = 0
+for _, o in ipairs({{causal = true}, {mask = bm}, {mask = fm, window = 2}}) do
+  local a = keng.scaled_dot_product_attention(q, k, v, o)
+  keng.backends.sdpa_math = true
+  local b = keng.scaled_dot_product_attention(q, k, v, o)
+  keng.backends.sdpa_math = false
+  worst = math.max(worst, (a - b):abs():max():item())
+end
+io.stdout:write("worst ", worst, "\n")
+]])
+    f:close()
+    -- 2 heads · 3 · 6 · 4 bytes = 144 per batch row: 300 bytes hold 2 rows, so B 5 goes as 2, 2, 1
+    local p = io.popen("KENG_SDPA_MATH_CHUNK=300 KENG_DEBUG=1 " .. sh_quote(bin) .. " " .. sh_quote(script) .. " 2>&1")
+    local out = p:read("a")
+    p:close()
+    os.remove(script)
+    local worst = tonumber(out:match("worst (%S+)"))
+    assert.truthy(worst, out)
+    assert.is_true(worst < 1e-5, out)
+    local chunks = {}
+    for b in out:gmatch("matmul%s+f32%[(%d),1,6,4%] f32%[%d,1,4,6%]") do chunks[#chunks + 1] = tonumber(b) end
+    assert.are.same({2, 2, 1, 2, 2, 1, 2, 2, 1}, chunks)
+  end)
+end)
+
 describe("scaled_dot_product_attention: scale and window edge cases", function()
   keng.manual_seed(13)
 
