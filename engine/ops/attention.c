@@ -60,7 +60,7 @@ typedef struct {
   int n;
 } sdpa_tmp;
 
-static void keep(sdpa_tmp *m, kg_tensor *t) { m->t[m->n++] = t; /* at most ~30 per call */ }
+static void keep(sdpa_tmp *m, kg_tensor *t) { m->t[m->n++] = t; /* at most ~20 per call */ }
 
 /* allowed [T, S] bool of the causal / window band: key j is visible to query i when
  * j - i <= off (causal) and j - i > off - window (window), off = S - T */
@@ -105,21 +105,30 @@ static kg_status sdpa_math_once(kg_tensor **out, const kg_tensor *q, const kg_te
   const kg_dtype ft = q->dtype == KG_F64 ? KG_F64 : KG_F32;
   const kg_device dev = q->device;
   sdpa_tmp m = {{0}, 0};
-  kg_tensor *t, *s, *allowed = NULL, *vis = NULL;
+  kg_tensor *t, *kt, *s = NULL, *allowed = NULL, *vis = NULL, *zero = NULL;
   kg_status st;
   int64_t qg[4] = {B, Hkv, G * T, D}, full[4] = {B, H, T, S}, grp[4] = {B, Hkv, G * T, S}, o4[4] = {B, H, T, D};
+  /* small tensors (views, masks, scalars) are kept until the end; the score-sized chain s is
+   * released link by link (autograd holds what its backward needs), so without grad at most two
+   * score-sized tensors live at once */
 #define STEP(call, var)                                                                                          \
   do {                                                                                                           \
     if ((st = (call)) != KG_OK) goto done;                                                                       \
     keep(&m, var);                                                                                               \
   } while (0)
+#define CHAIN(call)                                                                                              \
+  do {                                                                                                           \
+    kg_tensor *n_ = NULL;                                                                                        \
+    if ((st = (call)) != KG_OK) goto done;                                                                       \
+    kg_tensor_release(s);                                                                                        \
+    s = n_;                                                                                                      \
+  } while (0)
   STEP(kg_reshape(&t, q, 4, qg), t);
-  kg_tensor *kt;
   STEP(kg_transpose(&kt, k, 2, 3), kt);
-  STEP(kg_matmul(&s, t, kt), s); /* [B, Hkv, G·T, S] */
-  STEP(kg_view(&s, s, 4, full), s);
-  if (s->dtype != ft) STEP(kg_to(&s, s, ft, dev), s);
-  STEP(kg_binary_scalar(&s, KG_OP_MUL, s, p->scale, false), s);
+  if ((st = kg_matmul(&s, t, kt)) != KG_OK) goto done; /* [B, Hkv, G·T, S] */
+  CHAIN(kg_view(&n_, s, 4, full));
+  if (s->dtype != ft) CHAIN(kg_to(&n_, s, ft, dev));
+  CHAIN(kg_binary_scalar(&n_, KG_OP_MUL, s, p->scale, false));
   if (p->causal || p->window > 0) {
     if ((st = band_mask(&allowed, &m, T, S, p->causal, p->window, dev)) != KG_OK) goto done;
   }
@@ -127,16 +136,16 @@ static kg_status sdpa_math_once(kg_tensor **out, const kg_tensor *q, const kg_te
     if (allowed) STEP(kg_binary(&allowed, KG_OP_MUL, allowed, mask), allowed);
     else allowed = (kg_tensor *)mask;
   } else if (mask) {
-    STEP(kg_binary(&s, KG_OP_ADD, s, mask), s);
+    CHAIN(kg_binary(&n_, KG_OP_ADD, s, mask));
     kg_tensor *finite; /* a -inf in an additive mask hides the key too */
     STEP(kg_binary_scalar(&finite, KG_OP_GT, mask, -INFINITY, false), finite);
     if (allowed) STEP(kg_binary(&allowed, KG_OP_MUL, allowed, finite), allowed);
     else allowed = finite;
   }
   if (allowed) {
-    kg_tensor *ninf, *cnt, *zero;
+    kg_tensor *ninf, *cnt;
     STEP(kg_scalar(&ninf, -INFINITY, s->dtype, dev), ninf);
-    STEP(kg_where(&s, allowed, s, ninf), s);
+    CHAIN(kg_where(&n_, allowed, s, ninf));
     /* rows that see no key: softmax would give 0/0, so they take zeros, before (a finite row,
      * no NaN in the backward) and after it */
     if (allowed->ndim < 2) { /* a 0-d or [S] mask: count over [T, S] */
@@ -147,18 +156,18 @@ static kg_status sdpa_math_once(kg_tensor **out, const kg_tensor *q, const kg_te
     STEP(kg_sum(&cnt, cnt, 1u << (cnt->ndim - 1), true), cnt);
     STEP(kg_binary_scalar(&vis, KG_OP_GT, cnt, 0, false), vis);
     STEP(kg_scalar(&zero, 0, s->dtype, dev), zero);
-    STEP(kg_where(&s, vis, s, zero), s);
-    STEP(kg_softmax(&s, s, -1), s);
-    STEP(kg_where(&s, vis, s, zero), s);
-  } else {
-    STEP(kg_softmax(&s, s, -1), s);
+    CHAIN(kg_where(&n_, vis, s, zero));
   }
-  if (s->dtype != v->dtype) STEP(kg_to(&s, s, v->dtype, dev), s);
-  STEP(kg_reshape(&s, s, 4, grp), s);
+  CHAIN(kg_softmax(&n_, s, -1));
+  if (vis) CHAIN(kg_where(&n_, vis, s, zero));
+  if (s->dtype != v->dtype) CHAIN(kg_to(&n_, s, v->dtype, dev));
+  CHAIN(kg_reshape(&n_, s, 4, grp));
   STEP(kg_matmul(&t, s, v), t); /* [B, Hkv, G·T, D] */
   st = kg_reshape(out, t, 4, o4);
 #undef STEP
+#undef CHAIN
 done:
+  kg_tensor_release(s);
   kg_release_all(m.n, m.t);
   return st;
 }
