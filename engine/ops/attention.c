@@ -218,7 +218,8 @@ static kg_sdpa_desc sdpa_desc(const kg_tensor *q, const kg_tensor *k, const kg_t
   d.B = q->shape[0], d.H = q->shape[1], d.T = q->shape[2], d.D = q->shape[3], d.Hkv = k->shape[1], d.S = k->shape[2];
   d.mask = !mask ? KG_SDPA_MASK_NONE : mask->dtype == KG_BOOL ? KG_SDPA_MASK_BOOL : KG_SDPA_MASK_ADDITIVE;
   d.causal = p->causal, d.window = p->window, d.scale = p->scale;
-  d.requires_grad = kg_grad_enabled() && (kg_requires_grad(q) || kg_requires_grad(k) || kg_requires_grad(v));
+  d.mask_grad = kg_grad_enabled() && mask && kg_requires_grad(mask);
+  d.requires_grad = d.mask_grad || (kg_grad_enabled() && (kg_requires_grad(q) || kg_requires_grad(k) || kg_requires_grad(v)));
   d.allow_tf32 = kg_allow_tf32(), d.cudnn_enabled = kg_cudnn_sdpa(), d.force_math = kg_sdpa_math();
   if (d.cuda) kg_cuda_sdpa_caps(q->device.index, &d.sm, &d.cudnn_version);
   return d;

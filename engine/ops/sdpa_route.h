@@ -14,8 +14,9 @@
  *          so autograd comes from those ops; f32 GEMMs run as TF32 under keng.backends.allow_tf32
  * Rules, first match wins (docs/cuda.md has them as a table):
  *   0. an empty call (a zero B, H, T, S or D) -> CPU / FLASH: the fused kernels fill the outputs
- *   1. a non-finite scale, dropout, or keng.backends.sdpa_math -> MATH (the fused kernels assume a
- *      finite scale and draw no dropout mask; MATH propagates NaN as PyTorch does)
+ *   1. a non-finite scale, dropout, a float mask that needs a gradient, or keng.backends.sdpa_math
+ *      -> MATH (the fused kernels assume a finite scale, draw no dropout mask and pass no gradient
+ *      to the mask; MATH propagates NaN as PyTorch does and differentiates the mask)
  *   2. cpu -> CPU
  *   3. cuDNN takes it (kg_sdpa_cudnn_rule) -> CUDNN
  *   4. D > 256 -> MATH (nothing else on the GPU takes it: the SD VAE's one 512-wide head)
@@ -81,6 +82,7 @@ typedef struct {
   double scale;   /* as resolved (1/sqrt(D) for 0) */
   double dropout;
   bool requires_grad, allow_tf32;
+  bool mask_grad;     /* the mask needs a gradient (a learned bias) */
   bool cudnn_enabled; /* keng.backends.cudnn_sdpa and a build with cuDNN */
   bool force_math;    /* keng.backends.sdpa_math */
   int sm;             /* compute capability major*10 + minor, 0 unknown */
@@ -125,7 +127,7 @@ static inline kg_sdpa_route kg_sdpa_route_of(const kg_sdpa_desc *d, kg_sdpa_reas
   bool empty = d->B <= 0 || d->H <= 0 || d->T <= 0 || d->S <= 0 || d->D <= 0;
   if (empty)
     route = d->cuda ? KG_SDPA_ROUTE_FLASH : KG_SDPA_ROUTE_CPU; /* nothing to compute */
-  else if (!isfinite(d->scale) || d->dropout > 0 || d->force_math)
+  else if (!isfinite(d->scale) || d->dropout > 0 || d->mask_grad || d->force_math)
     route = KG_SDPA_ROUTE_MATH;
   else if (!d->cuda)
     route = KG_SDPA_ROUTE_CPU;

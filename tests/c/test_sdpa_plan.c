@@ -235,6 +235,10 @@ static void test_router(void) {
   CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
   d = call(), d.force_math = true, d.cuda = false;
   CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = call(), d.mask = KG_SDPA_MASK_ADDITIVE, d.mask_grad = d.requires_grad = true, d.cuda = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH); /* a learned bias gets its gradient */
+  d.mask_grad = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_CPU);
   /* rule 0: nothing to compute goes to the kernels that fill empty outputs, whatever the scale */
   d = call(), d.S = 0, d.scale = NAN;
   CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);

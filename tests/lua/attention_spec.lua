@@ -438,6 +438,17 @@ describe("scaled_dot_product_attention: scale and window edge cases", function()
     end
   end)
 
+  it("differentiates a float mask that needs a gradient (a learned bias) on the default route", function()
+    local q, k, v = H.leaf({1, 2, 3, 4}), H.leaf({1, 1, 5, 4}), H.leaf({1, 1, 5, 4})
+    local bias = H.leaf({2, 3, 5})
+    H.gradcheck(function(a, b, c, m) return sdpa(a, b, c, {mask = m, causal = true}) end, {q, k, v, bias})
+    local q2 = H.leaf({1, 2, 3, 4}):detach()                        -- only the bias needs one
+    bias.grad = nil
+    sdpa(q2, k:detach(), v:detach(), {mask = bias}):sum():backward()
+    assert.truthy(bias.grad)
+    H.close(bias.grad:sum(-1), keng.zeros({2, 3}, {dtype = "f64"}), 1e-12, "softmax rows: the bias gradient sums to 0")
+  end)
+
   it("treats a window >= S as no window (Mistral passes 4096 at T = 128)", function()
     local q, k, v = keng.randn({1, 2, 6, 4}), keng.randn({1, 2, 6, 4}), keng.randn({1, 2, 6, 4})
     local plain = sdpa(q, k, v, {causal = true})
