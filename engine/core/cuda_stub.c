@@ -40,7 +40,7 @@ bool kg_cuda_capturing(int device) {
   (void)device;
   return false;
 }
-void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version) {
+void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem) {
   (void)device;
-  *sm = 0, *cudnn_version = 0;
+  *sm = 0, *cudnn_version = 0, *smem = 0;
 }

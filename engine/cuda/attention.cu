@@ -30,6 +30,9 @@
 #define KPW 4               /* keys per warp (pass 2) */
 #define KB (WARPS * KPW)    /* keys per block (pass 2) */
 #define QT 32               /* queries per tile (pass 2) */
+/* the router sizes shared memory with the same tiles (engine/ops/sdpa_route.h) */
+static_assert(BQ == KG_SDPA_FLASH_BQ && KT == KG_SDPA_FLASH_KT && KB == KG_SDPA_FLASH_KB && QT == KG_SDPA_FLASH_QT,
+              "flash tiles out of step with sdpa_route.h");
 
 struct sdpa_args {
   int64_t B, H, Hkv, T, S, D, off, window;
@@ -377,7 +380,7 @@ extern "C" kg_status kg_cuda_scaled_dot_product_attention(const kg_op_call *c) {
   unsigned grid = (unsigned)(a.B * a.H * ((a.T + BQ - 1) / BQ));
 #define FWD(FT, S)                                                                                    \
   {                                                                                                   \
-    size_t smem = sizeof(FT) * (size_t)(BQ * a.D + KT * (a.D + 1) + KT * a.D);                        \
+    size_t smem = (size_t)kg_sdpa_flash_smem_fwd(sizeof(FT), a.D);                                    \
     SDPA_LAUNCH(sdpa_fwd_kernel, FT, S, grid, smem, s, a);                                            \
   }
   SDPA_DTYPES(op, q->dtype, FWD)
@@ -412,9 +415,9 @@ extern "C" kg_status kg_cuda_sdpa_backward(const kg_op_call *c) {
 #define BWD(FT, S)                                                                                    \
   {                                                                                                   \
     sdpa_delta_kernel<FT, S><<<kg_grid((nrow + 7) / 8), 256, 0, s>>>(a, (FT *)delta.p);              \
-    size_t smem1 = sizeof(FT) * (size_t)(2 * BQ * a.D + 2 * KT * (a.D + 1));                          \
+    size_t smem1 = (size_t)kg_sdpa_flash_smem_dq(sizeof(FT), a.D);                                    \
     SDPA_LAUNCH(sdpa_dq_kernel, FT, S, g1, smem1, s, a);                                              \
-    size_t smem2 = sizeof(FT) * (size_t)(2 * KB * a.D + 2 * QT * (a.D + 1) + 2 * QT);                 \
+    size_t smem2 = (size_t)kg_sdpa_flash_smem_dkv(sizeof(FT), a.D);                                   \
     SDPA_LAUNCH(sdpa_dkv_kernel, FT, S, g2, smem2, s, a);                                             \
   }
   SDPA_DTYPES(op, q->dtype, BWD)

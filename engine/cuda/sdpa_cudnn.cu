@@ -29,26 +29,31 @@
 /* reason a call is not taken; 0 in the stats counts "no plan may be built during a capture" */
 static void fallback(int reason) { kg_sdpa_stat_add(4, reason); }
 
-/* the compute capability of a device (major*10 + minor, read once; 0 when it cannot be read) */
-static int device_sm(int dev) {
-  static int sm[16]; /* 0 = not read yet; a racing second read stores the same value */
-  if (dev < 0 || dev >= 16) return 0;
-  if (!sm[dev]) {
-    int major = 0, minor = 0;
+/* the compute capability (major*10 + minor) and the opt-in shared memory per block of a device,
+ * read once; zeros when they cannot be read */
+static void device_caps(int dev, int *sm, int64_t *smem) {
+  static int cc[16], shm[16]; /* 0 = not read yet; a racing second read stores the same values */
+  *sm = 0, *smem = 0;
+  if (dev < 0 || dev >= 16) return;
+  if (!cc[dev]) {
+    int major = 0, minor = 0, optin = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
       cudaGetLastError();
-      return 0;
+      return;
     }
-    sm[dev] = major * 10 + minor;
+    shm[dev] = optin;
+    cc[dev] = major * 10 + minor;
   }
-  return sm[dev];
+  *sm = cc[dev], *smem = shm[dev];
 }
 
 #ifndef KENG_HAVE_CUDNN
 
-extern "C" void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version) {
-  *sm = device_sm(device), *cudnn_version = 0; /* no cuDNN: the router never picks it */
+extern "C" void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem) {
+  device_caps(device, sm, smem);
+  *cudnn_version = 0; /* no cuDNN: the router never picks it */
 }
 
 extern "C" kg_status kg_cudnn_sdpa_forward(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
@@ -65,8 +70,9 @@ extern "C" kg_status kg_cudnn_sdpa_forward(const kg_tensor *q, const kg_tensor *
 typedef cudnnBackendDescriptor_t bdesc;
 
 /* the loaded library's version, which is what decides what its engines take */
-extern "C" void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version) {
-  *sm = device_sm(device), *cudnn_version = (int)cudnnGetVersion();
+extern "C" void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem) {
+  device_caps(device, sm, smem);
+  *cudnn_version = (int)cudnnGetVersion();
 }
 
 /* ---- descriptors: a small arena that frees everything it made ------------------------------ */
@@ -324,7 +330,8 @@ extern "C" kg_status kg_cudnn_sdpa_forward(const kg_tensor *q, const kg_tensor *
   strides4(c.qs, q->stride), strides4(c.ks, k->stride), strides4(c.vs, v->stride), strides4(c.os, out->stride);
   c.qp = (uintptr_t)kg_data(q), c.kp = (uintptr_t)kg_data(k), c.vp = (uintptr_t)kg_data(v), c.op = (uintptr_t)kg_data(out);
   c.elem = kg_elem_size(q);
-  kg_cuda_sdpa_caps(c.dev, &c.sm, &c.cudnn_version);
+  int64_t smem = 0;
+  kg_cuda_sdpa_caps(c.dev, &c.sm, &c.cudnn_version, &smem);
   kg_sdpa_reason why = kg_sdpa_check(&c, kg_cudnn_sdpa());
   if (why == KG_SDPA_OK && (!kg_is_contiguous(lse) || lse->dtype != KG_F32)) why = KG_SDPA_LAYOUT;
   if (why == KG_SDPA_OK && (c.dev < 0 || c.dev >= MAX_DEV)) why = KG_SDPA_OFF;

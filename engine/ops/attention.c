@@ -214,14 +214,14 @@ static kg_sdpa_desc sdpa_desc(const kg_tensor *q, const kg_tensor *k, const kg_t
   kg_sdpa_desc d;
   memset(&d, 0, sizeof d);
   d.cuda = q->device.type == KG_DEV_CUDA, d.dtype = q->dtype;
-  d.is_half = q->dtype == KG_BF16 || q->dtype == KG_F16, d.is_f32 = q->dtype == KG_F32;
+  d.is_half = q->dtype == KG_BF16 || q->dtype == KG_F16, d.is_f32 = q->dtype == KG_F32, d.is_f64 = q->dtype == KG_F64;
   d.B = q->shape[0], d.H = q->shape[1], d.T = q->shape[2], d.D = q->shape[3], d.Hkv = k->shape[1], d.S = k->shape[2];
   d.mask = !mask ? KG_SDPA_MASK_NONE : mask->dtype == KG_BOOL ? KG_SDPA_MASK_BOOL : KG_SDPA_MASK_ADDITIVE;
   d.causal = p->causal, d.window = p->window, d.scale = p->scale;
   d.mask_grad = kg_grad_enabled() && mask && kg_requires_grad(mask);
   d.requires_grad = d.mask_grad || (kg_grad_enabled() && (kg_requires_grad(q) || kg_requires_grad(k) || kg_requires_grad(v)));
   d.allow_tf32 = kg_allow_tf32(), d.cudnn_enabled = kg_cudnn_sdpa(), d.force_math = kg_sdpa_math();
-  if (d.cuda) kg_cuda_sdpa_caps(q->device.index, &d.sm, &d.cudnn_version);
+  if (d.cuda) kg_cuda_sdpa_caps(q->device.index, &d.sm, &d.cudnn_version, &d.smem);
   return d;
 }
 

@@ -19,7 +19,9 @@
  *      to the mask; MATH propagates NaN as PyTorch does and differentiates the mask)
  *   2. cpu -> CPU
  *   3. cuDNN takes it (kg_sdpa_cudnn_rule) -> CUDNN
- *   4. D > 256 -> MATH (nothing else on the GPU takes it: the SD VAE's one 512-wide head)
+ *   4. D > 256, or the flash kernel's shared memory for this D and dtype (forward, and the backward
+ *      passes under grad) over the device's per-block limit -> MATH (nothing else on the GPU takes
+ *      it: the SD VAE's one 512-wide head; f64 at D 256 on sm_80, f64 past D 130 on sm_86/89)
  *   5. big enough (T·S >= KG_SDPA_MATH_MIN_TS) with tensor-core GEMMs available (bf16/f16, or f32
  *      under allow_tf32), and under grad the kept tensors (3 f32 score-sized ones: scores,
  *      probabilities, softmax output) within KG_SDPA_MATH_GRAD_BYTES -> MATH. Without grad the
@@ -74,7 +76,7 @@ static inline const char *kg_sdpa_route_name(kg_sdpa_route r) {
 typedef struct {
   bool cuda;
   int dtype;
-  bool is_half, is_f32; /* dtype is bf16 / f16; dtype is f32 */
+  bool is_half, is_f32, is_f64; /* dtype is bf16 / f16; f32; f64 */
   int64_t B, H, Hkv, T, S, D;
   kg_sdpa_mask_kind mask;
   bool causal;
@@ -87,6 +89,7 @@ typedef struct {
   bool force_math;    /* keng.backends.sdpa_math */
   int sm;             /* compute capability major*10 + minor, 0 unknown */
   int cudnn_version;  /* cudnnGetVersion() (9.1.2 = 90102), 0 none */
+  int64_t smem;       /* shared memory a block may opt in to (bytes), 0 unknown (48 KiB assumed) */
 } kg_sdpa_desc;
 
 /* the window that matters: w >= S shows every row all its keys (row T-1's band starts at S - w) */
@@ -119,6 +122,29 @@ static inline kg_sdpa_reason kg_sdpa_cudnn_rule(const kg_sdpa_desc *d) {
   return KG_SDPA_OK;
 }
 
+/* The flash kernel's tiles (engine/cuda/attention.cu static_asserts its own against these) and
+ * the dynamic shared memory of its three kernels for head dim D, FT bytes per compute element
+ * (4: f32/bf16/f16, 8: f64). */
+#define KG_SDPA_FLASH_BQ 16 /* queries per block (forward, dq pass) */
+#define KG_SDPA_FLASH_KT 32 /* keys per tile (forward, dq pass) */
+#define KG_SDPA_FLASH_KB 16 /* keys per block (dk/dv pass) */
+#define KG_SDPA_FLASH_QT 32 /* queries per tile (dk/dv pass) */
+static inline int64_t kg_sdpa_flash_smem_fwd(int64_t ft, int64_t D) {
+  return ft * (KG_SDPA_FLASH_BQ * D + KG_SDPA_FLASH_KT * (D + 1) + KG_SDPA_FLASH_KT * D);
+}
+static inline int64_t kg_sdpa_flash_smem_dq(int64_t ft, int64_t D) {
+  return ft * (2 * KG_SDPA_FLASH_BQ * D + 2 * KG_SDPA_FLASH_KT * (D + 1));
+}
+static inline int64_t kg_sdpa_flash_smem_dkv(int64_t ft, int64_t D) {
+  return ft * (2 * KG_SDPA_FLASH_KB * D + 2 * KG_SDPA_FLASH_QT * (D + 1) + 2 * KG_SDPA_FLASH_QT);
+}
+/* whether the flash kernel can run the call on this device (and its backward, under grad) */
+static inline bool kg_sdpa_flash_fits(const kg_sdpa_desc *d) {
+  int64_t ft = d->is_f64 ? 8 : 4, limit = d->smem > 0 ? d->smem : 48 * 1024;
+  if (d->D > KG_SDPA_FLASH_MAX_D || kg_sdpa_flash_smem_fwd(ft, d->D) > limit) return false;
+  return !d->requires_grad || (kg_sdpa_flash_smem_dq(ft, d->D) <= limit && kg_sdpa_flash_smem_dkv(ft, d->D) <= limit);
+}
+
 /* the route of a call; *why (may be NULL) says why cuDNN did not take it (KG_SDPA_OK if it did,
  * or if cuDNN was never asked: cpu, or rule 1) */
 static inline kg_sdpa_route kg_sdpa_route_of(const kg_sdpa_desc *d, kg_sdpa_reason *why) {
@@ -133,7 +159,7 @@ static inline kg_sdpa_route kg_sdpa_route_of(const kg_sdpa_desc *d, kg_sdpa_reas
     route = KG_SDPA_ROUTE_CPU;
   else if ((r = kg_sdpa_cudnn_rule(d)) == KG_SDPA_OK)
     route = KG_SDPA_ROUTE_CUDNN;
-  else if (d->D > KG_SDPA_FLASH_MAX_D)
+  else if (!kg_sdpa_flash_fits(d))
     route = KG_SDPA_ROUTE_MATH;
   else {
     double scores = (double)d->B * (double)d->H * (double)d->T * (double)d->S;
@@ -156,12 +182,13 @@ static inline int64_t kg_sdpa_math_rows(int64_t B, int64_t H, int64_t T, int64_t
   return rows >= (double)B ? B : rows < 1 ? 1 : (int64_t)rows;
 }
 
-/* the GPU's compute capability and the cuDNN version the router reads (engine/cuda/sdpa_cudnn.cu;
+/* the GPU's compute capability, the cuDNN version and the opt-in shared memory per block the
+ * router reads (engine/cuda/sdpa_cudnn.cu;
  * zeros in a build without CUDA: engine/core/cuda_stub.c) */
 #ifdef __cplusplus
 extern "C" {
 #endif
-void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version);
+void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem);
 #ifdef __cplusplus
 }
 #endif

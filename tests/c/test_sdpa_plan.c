@@ -205,6 +205,7 @@ static kg_sdpa_desc call(void) {
   d.cuda = true, d.dtype = KG_BF16, d.is_half = true;
   d.B = 1, d.H = 16, d.Hkv = 16, d.T = 128, d.S = 128, d.D = 256;
   d.causal = true, d.scale = 0.0625, d.cudnn_enabled = true, d.sm = 90, d.cudnn_version = 90600;
+  d.smem = 232448; /* 227 KiB a block may opt in to on sm_90 */
   return d;
 }
 static kg_sdpa_desc f32(kg_sdpa_desc d) {
@@ -281,6 +282,32 @@ static void test_router(void) {
   d.D = 256, d.mask = KG_SDPA_MASK_BOOL, d.T = 1; /* 256 itself is still the flash kernel's */
   CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
 
+  /* rule 4 also: the flash kernel's shared memory. f64 at D 256 needs 160 KiB forward and 193 KiB
+   * for the dk/dv pass: sm_90 (227 KiB) runs both, sm_80 (163 KiB) the forward only, sm_86
+   * (99 KiB) neither — the math route takes what the flash kernel cannot */
+  CHECK(kg_sdpa_flash_smem_fwd(8, 256) == 164096 && kg_sdpa_flash_smem_dkv(8, 256) == 197632);
+  CHECK(kg_sdpa_flash_smem_dq(4, 64) == 4 * (2 * 16 * 64 + 2 * 32 * 65));
+  d = call(), d.dtype = KG_F64, d.is_half = false, d.is_f64 = true, d.requires_grad = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.sm = 80, d.smem = 166912;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.requires_grad = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.sm = 86, d.smem = 101376;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.D = 128; /* f64 D 128 on sm_86: 80 KiB forward, 96 KiB backward */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.requires_grad = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.D = 136;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = f32(call()), d.T = 1, d.D = 256, d.requires_grad = true, d.smem = 101376; /* f32: 97 KiB, fits */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.smem = 0; /* unknown: the 48 KiB every GPU has */
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.D = 64;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+
   /* rule 5: f32 goes to the math route only under TF32 and when big enough (BERT: B 8, H 12,
    * T = S = 512, D 64) */
   d = f32(call());
@@ -321,7 +348,7 @@ static void test_router(void) {
   CHECK(kg_sdpa_math_rows(5, 2, 3, 4, false, 2 * 2 * 3 * 4 * 4) == 2);
   CHECK(kg_sdpa_math_rows(0, 2, 3, 4, false, GiB) == 0);
   /* f64 on the GPU: the flash kernel (no tensor cores to win with), math only past D 256 */
-  d = call(), d.dtype = KG_F64, d.is_half = false, d.allow_tf32 = true;
+  d = call(), d.dtype = KG_F64, d.is_half = false, d.is_f64 = true, d.allow_tf32 = true;
   CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_FLASH && why == KG_SDPA_DTYPE);
   d.D = 300;
   CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
