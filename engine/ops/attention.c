@@ -123,11 +123,19 @@ static kg_status sdpa_math_once(kg_tensor **out, const kg_tensor *q, const kg_te
     kg_tensor_release(s);                                                                                        \
     s = n_;                                                                                                      \
   } while (0)
-  STEP(kg_reshape(&t, q, 4, qg), t);
-  STEP(kg_transpose(&kt, k, 2, 3), kt);
+  /* bf16/f16: q and k go to f32 first, so the scores are f32 from the GEMM on (as in the fused
+   * kernels and cuDNN's graph, not rounded to the io dtype); P goes back to it for P·V */
+  const kg_tensor *qf = q, *kf = k;
+  if (q->dtype != ft) {
+    kg_tensor *a, *b;
+    STEP(kg_to(&a, q, ft, dev), a);
+    STEP(kg_to(&b, k, ft, dev), b);
+    qf = a, kf = b;
+  }
+  STEP(kg_reshape(&t, qf, 4, qg), t);
+  STEP(kg_transpose(&kt, kf, 2, 3), kt);
   if ((st = kg_matmul(&s, t, kt)) != KG_OK) goto done; /* [B, Hkv, G·T, S] */
   CHAIN(kg_view(&n_, s, 4, full));
-  if (s->dtype != ft) CHAIN(kg_to(&n_, s, ft, dev));
   CHAIN(kg_binary_scalar(&n_, KG_OP_MUL, s, p->scale, false));
   if (p->causal || p->window > 0) {
     if ((st = band_mask(&allowed, &m, T, S, p->causal, p->window, dev)) != KG_OK) goto done;
