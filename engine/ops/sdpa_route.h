@@ -22,8 +22,9 @@
  *   4. D > 256, or the flash kernel's shared memory for this D and dtype (forward, and the backward
  *      passes under grad) over the device's per-block limit -> MATH (nothing else on the GPU takes
  *      it: the SD VAE's one 512-wide head; f64 at D 256 on sm_80, f64 past D 130 on sm_86/89)
- *   5. big enough (T·S >= KG_SDPA_MATH_MIN_TS) with fast GEMMs to win with (bf16/f16: P·V on tensor
- *      cores, Q·Kᵀ from f32 copies — TF32 under allow_tf32, SGEMM else; f32 only under allow_tf32), and under grad the kept tensors (3 f32 score-sized ones: scores,
+ *   5. big enough (T·S >= KG_SDPA_MATH_MIN_TS) with fast GEMMs to win with (bf16/f16: P·V on
+ *      tensor cores, Q·Kᵀ from f32 copies — TF32 under allow_tf32, SGEMM else; f32 only under
+ *      allow_tf32), and under grad the kept tensors (3 f32 score-sized ones: scores,
  *      probabilities, softmax output) within KG_SDPA_MATH_GRAD_BYTES -> MATH. Without grad the
  *      math route runs the batch in chunks whose f32 scores fit KG_SDPA_MATH_CHUNK_BYTES
  *      (kg_sdpa_math_rows), so any size goes.
