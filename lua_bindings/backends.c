@@ -4,7 +4,8 @@
  *   keng.backends.allow_tf32 = true      -- TF32 for f32 matmul / conv on cuda (default false)
  *   keng.backends.cudnn_sdpa = false     -- attention always on keng's flash kernel (default true:
  *                                        -- cuDNN's fused attention where it applies)
- *   keng.backends.cudnn_sdpa_stats       -- read-only counters of that path (a fresh table)
+ *   keng.backends.cudnn_sdpa_stats       -- read-only counters of that path and of every route (a fresh table)
+ *   keng.backends.sdpa_math = true       -- every attention call through the math route (default false)
  *
  *   local g = keng.cuda.graph(fn, {warmup = 2, device = "cuda:0"})
  *   local loss = g(x, y)   -- calls 1..warmup: fn(x, y) eagerly; the next call captures fn into a
@@ -33,7 +34,9 @@
  * kg_sdpa_reason; slot 0: no plan could be made right then — during a CUDA Graph capture, or no
  * memory for cuDNN's workspace) */
 static const char *const sdpa_reasons[] = {"other", "off", "dtype", "head_dim", "mask", "window", "causal_t_gt_s",
-                                           "layout", "align", "empty"};
+                                           "layout", "align", "empty", "arch"};
+/* the routes of engine/ops/sdpa_route.h, in kg_sdpa_route order */
+static const char *const sdpa_routes[] = {"cpu", "cudnn", "flash", "math"};
 
 /* keng.backends.cudnn_sdpa_stats: {cudnn = calls cuDNN ran, plans = plans built, build_failures =,
  * exec_failures =, fallback = calls left to keng's flash kernel, reasons = {dtype = n, ...}} */
@@ -57,6 +60,12 @@ static void push_sdpa_stats(lua_State *L) {
     total += st.fallback[i];
   }
   lua_setfield(L, -2, "reasons");
+  lua_createtable(L, 0, 4);
+  for (int i = 0; i < 4; i++) {
+    lua_pushinteger(L, (lua_Integer)st.routes[i]);
+    lua_setfield(L, -2, sdpa_routes[i]);
+  }
+  lua_setfield(L, -2, "routes");
   lua_pushinteger(L, (lua_Integer)total);
   lua_setfield(L, -2, "fallback");
 }
@@ -71,6 +80,10 @@ static int backends_index(lua_State *L) {
     lua_pushboolean(L, kg_cudnn_sdpa());
     return 1;
   }
+  if (strcmp(k, "sdpa_math") == 0) {
+    lua_pushboolean(L, kg_sdpa_math());
+    return 1;
+  }
   if (strcmp(k, "cudnn_sdpa_stats") == 0) {
     push_sdpa_stats(L);
     return 1;
@@ -80,16 +93,17 @@ static int backends_index(lua_State *L) {
 
 static int backends_newindex(lua_State *L) {
   const char *k = luaL_checkstring(L, 2);
-  bool tf32 = strcmp(k, "allow_tf32") == 0, sdpa = strcmp(k, "cudnn_sdpa") == 0;
-  if (tf32 || sdpa) {
+  bool tf32 = strcmp(k, "allow_tf32") == 0, sdpa = strcmp(k, "cudnn_sdpa") == 0, math = strcmp(k, "sdpa_math") == 0;
+  if (tf32 || sdpa || math) {
     if (!lua_isboolean(L, 3))
       return luaL_error(L, "keng.backends.%s must be a boolean, got %s", k, luaL_typename(L, 3));
     if (tf32) kg_set_allow_tf32(lua_toboolean(L, 3));
+    else if (math) kg_set_sdpa_math(lua_toboolean(L, 3));
     else kg_set_cudnn_sdpa(lua_toboolean(L, 3));
     return 0;
   }
   if (strcmp(k, "cudnn_sdpa_stats") == 0) return luaL_error(L, "keng.backends.cudnn_sdpa_stats is read-only");
-  return luaL_error(L, "keng.backends has no setting '%s' (known: allow_tf32, cudnn_sdpa, cudnn_sdpa_stats)", k);
+  return luaL_error(L, "keng.backends has no setting '%s' (known: allow_tf32, cudnn_sdpa, cudnn_sdpa_stats, sdpa_math)", k);
 }
 
 /* ---- keng.cuda.graph ---------------------------------------------------------------------------- */

@@ -11,6 +11,11 @@ static int cudnn_sdpa = 1; /* read by engine/cuda/sdpa_cudnn.cu at each attentio
 void kg_set_cudnn_sdpa(bool on) { __atomic_store_n(&cudnn_sdpa, on ? 1 : 0, __ATOMIC_RELAXED); }
 bool kg_cudnn_sdpa(void) { return __atomic_load_n(&cudnn_sdpa, __ATOMIC_RELAXED) != 0; }
 
+static int sdpa_math; /* read by engine/ops/attention.c's router at each call */
+
+void kg_set_sdpa_math(bool on) { __atomic_store_n(&sdpa_math, on ? 1 : 0, __ATOMIC_RELAXED); }
+bool kg_sdpa_math(void) { return __atomic_load_n(&sdpa_math, __ATOMIC_RELAXED) != 0; }
+
 static kg_sdpa_stats sdpa_stats;
 
 void kg_sdpa_stat_add(int field, int reason) {
@@ -18,6 +23,7 @@ void kg_sdpa_stat_add(int field, int reason) {
                 : field == 1 ? &sdpa_stats.plans_built
                 : field == 2 ? &sdpa_stats.build_failures
                 : field == 3 ? &sdpa_stats.exec_failures
+                : field == 5 ? &sdpa_stats.routes[reason >= 0 && reason < 4 ? reason : 0]
                              : &sdpa_stats.fallback[reason >= 0 && reason < 16 ? reason : 0];
   __atomic_add_fetch(c, 1, __ATOMIC_RELAXED);
 }
@@ -28,4 +34,5 @@ void kg_sdpa_stats_get(kg_sdpa_stats *out) {
   out->build_failures = __atomic_load_n(&sdpa_stats.build_failures, __ATOMIC_RELAXED);
   out->exec_failures = __atomic_load_n(&sdpa_stats.exec_failures, __ATOMIC_RELAXED);
   for (int i = 0; i < 16; i++) out->fallback[i] = __atomic_load_n(&sdpa_stats.fallback[i], __ATOMIC_RELAXED);
+  for (int i = 0; i < 4; i++) out->routes[i] = __atomic_load_n(&sdpa_stats.routes[i], __ATOMIC_RELAXED);
 }

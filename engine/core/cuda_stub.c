@@ -1,5 +1,6 @@
 /* cuda_stub.c — the CUDA runtime entry points when keng is built without CUDA. */
 #include "internal.h"
+#include "../ops/sdpa_route.h"
 
 bool kg_cuda_available(void) { return false; }
 int kg_cuda_device_count(void) { return 0; }
@@ -50,4 +51,8 @@ void kg_cuda_graph_free(kg_cuda_graph *g) { (void)g; }
 bool kg_cuda_capturing(int device) {
   (void)device;
   return false;
+}
+void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem) {
+  (void)device;
+  *sm = 0, *cudnn_version = 0, *smem = 0;
 }

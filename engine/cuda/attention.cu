@@ -15,10 +15,13 @@
  * dq = scale Σ dS·K; pass 2 per (b, kv head, tile of 16 keys) gives dv = Σ Pᵀ dO and
  * dk = Σ dSᵀ (scale q) over the query heads of its group and the queries that can see the tile —
  * every output row is written by one block, so no atomics and the result is deterministic.
- * Head dims up to 256. Correctness first: no tensor cores yet (see docs/cuda.md). The forward
- * first offers the call to cuDNN's fused attention (sdpa_cudnn.cu: bf16/f16, D % 8 == 0 and
- * <= 128, no mask tensor, no window); these kernels run for everything it does not take. */
+ * Head dims up to 256. Correctness first: no tensor cores yet (see docs/cuda.md). Which calls
+ * come here at all is the router's choice (engine/ops/sdpa_route.h: D > 256, and big calls with
+ * tensor-core GEMMs to win with, take the math route of engine ops instead). The forward first
+ * offers the call to cuDNN's fused attention (sdpa_cudnn.cu: the router's cuDNN rule plus layout
+ * and alignment); these kernels run for everything it does not take. */
 #include "util.cuh"
+#include "../ops/sdpa_route.h"
 
 #define WARPS 4
 #define RPW 4               /* query rows per warp (forward, pass 1) */
@@ -27,6 +30,9 @@
 #define KPW 4               /* keys per warp (pass 2) */
 #define KB (WARPS * KPW)    /* keys per block (pass 2) */
 #define QT 32               /* queries per tile (pass 2) */
+/* the router sizes shared memory with the same tiles (engine/ops/sdpa_route.h) */
+static_assert(BQ == KG_SDPA_FLASH_BQ && KT == KG_SDPA_FLASH_KT && KB == KG_SDPA_FLASH_KB && QT == KG_SDPA_FLASH_QT,
+              "flash tiles out of step with sdpa_route.h");
 
 struct sdpa_args {
   int64_t B, H, Hkv, T, S, D, off, window;
@@ -313,8 +319,10 @@ static kg_status plan(sdpa_args *a, const kg_tensor *q, const kg_tensor *k, cons
       a->ms[i] = (j < 0 || mask->shape[j] == 1) ? 0 : mask->stride[j];
     }
   }
-  if (a->D > 256)
-    return kg_error(KG_ERR_SHAPE, op, "head dim %lld: the cuda kernel supports D <= 256", (long long)a->D);
+  /* the router sends D > 256 to the math route; reaching here with one is a bug */
+  if (a->D > KG_SDPA_FLASH_MAX_D && a->B * a->H * a->T * a->S > 0)
+    return kg_error(KG_ERR_SHAPE, op, "head dim %lld reached the flash kernel (D <= %d); the router should have sent it "
+                    "to the math route", (long long)a->D, KG_SDPA_FLASH_MAX_D);
   return KG_OK;
 }
 
@@ -356,6 +364,10 @@ extern "C" kg_status kg_cuda_scaled_dot_product_attention(const kg_op_call *c) {
   KG_TRY(plan(&a, q, c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, (const kg_sdpa_params *)c->params, op));
   if (a.B * a.H * a.T == 0) return KG_OK;
   if (a.D == 0) return fill(c->out[1], a.S ? log((double)a.S) : -INFINITY, op); /* all scores 0 */
+  if (a.S == 0) { /* no keys: zeros and lse -inf (any D: the router sends D > 256 here only then) */
+    KG_TRY(fill(c->out[0], 0, op));
+    return fill(c->out[1], -INFINITY, op);
+  }
   bool done = false; /* cuDNN's fused attention first, where it applies (sdpa_cudnn.cu) */
   KG_TRY(kg_cudnn_sdpa_forward(q, c->in[1], c->in[2], a.has_mask ? c->in[3] : NULL, (const kg_sdpa_params *)c->params,
                                c->out[0], c->out[1], &done));
@@ -368,7 +380,7 @@ extern "C" kg_status kg_cuda_scaled_dot_product_attention(const kg_op_call *c) {
   unsigned grid = (unsigned)(a.B * a.H * ((a.T + BQ - 1) / BQ));
 #define FWD(FT, S)                                                                                    \
   {                                                                                                   \
-    size_t smem = sizeof(FT) * (size_t)(BQ * a.D + KT * (a.D + 1) + KT * a.D);                        \
+    size_t smem = (size_t)kg_sdpa_flash_smem_fwd(sizeof(FT), a.D);                                    \
     SDPA_LAUNCH(sdpa_fwd_kernel, FT, S, grid, smem, s, a);                                            \
   }
   SDPA_DTYPES(op, q->dtype, FWD)
@@ -403,9 +415,9 @@ extern "C" kg_status kg_cuda_sdpa_backward(const kg_op_call *c) {
 #define BWD(FT, S)                                                                                    \
   {                                                                                                   \
     sdpa_delta_kernel<FT, S><<<kg_grid((nrow + 7) / 8), 256, 0, s>>>(a, (FT *)delta.p);              \
-    size_t smem1 = sizeof(FT) * (size_t)(2 * BQ * a.D + 2 * KT * (a.D + 1));                          \
+    size_t smem1 = (size_t)kg_sdpa_flash_smem_dq(sizeof(FT), a.D);                                    \
     SDPA_LAUNCH(sdpa_dq_kernel, FT, S, g1, smem1, s, a);                                              \
-    size_t smem2 = sizeof(FT) * (size_t)(2 * KB * a.D + 2 * QT * (a.D + 1) + 2 * QT);                 \
+    size_t smem2 = (size_t)kg_sdpa_flash_smem_dkv(sizeof(FT), a.D);                                   \
     SDPA_LAUNCH(sdpa_dkv_kernel, FT, S, g2, smem2, s, a);                                             \
   }
   SDPA_DTYPES(op, q->dtype, BWD)

@@ -10,8 +10,10 @@
  * operand is f64 in the backward, else dy's) by the copy kernel; cuDNN computes in f32 for
  * f32/bf16/f16 (f32 without TF32 — CUDNN_FMA_MATH — unless keng.backends.allow_tf32 is set, then
  * CUDNN_TENSOR_OP_MATH) and f64 for f64.
- * The algorithm is cuDNN's first heuristic choice (cudnnGet*Algorithm_v7) that succeeds, chosen
- * once per (primitive, shapes, dtype, device) and cached. Bias add and db are plain kernels
+ * The algorithm is cuDNN's first heuristic choice (cudnnGet*Algorithm_v7) whose workspace fits
+ * KG_CONV_WORKSPACE_CAP (1 GiB) and can be allocated and whose launch succeeds (the fallback
+ * order is conv_algo.h's, tested on the CPU), chosen once per (primitive, shapes, dtype, TF32,
+ * device) and cached; a cached choice that later fails (memory) is searched again. Bias add and db are plain kernels
  * (db sums in double). Built without cuDNN (not found by CMake) the conv ops raise an error;
  * interpolate works either way. */
 #include "util.cuh"
@@ -103,6 +105,8 @@ static kg_status bias_grad(const char *op, const kg_tensor *dy, kg_tensor *db) {
 #ifdef KENG_HAVE_CUDNN
 #include <cudnn.h>
 
+#include "conv_algo.h"
+
 static cudnnHandle_t handles[16];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -121,22 +125,8 @@ static kg_status get_handle(int dev, const char *op, cudnnHandle_t *out) {
 
 enum { PRIM_FWD, PRIM_BWD_DATA, PRIM_BWD_FILTER };
 
-/* the algorithm cache: key = primitive, device, dtype and the whole geometry */
-struct algo_key {
-  int prim, dev, dt, tf32, groups, pad[2], stride[2], dil[2];
-  int64_t im[4], col[4], w[4];
-};
-struct algo_entry {
-  algo_key key;
-  int algo;
-  size_t ws;
-  bool used;
-};
-#define ALGO_CACHE 128
-static algo_entry cache[ALGO_CACHE];
-static int cache_next;
-
-static bool key_eq(const algo_key *a, const algo_key *b) { return memcmp(a, b, sizeof *a) == 0; }
+/* the algorithm chosen per (primitive, device, dtype, TF32, geometry): conv_algo.h */
+static kg_conv_cache cache;
 
 struct conv_descs {
   cudnnTensorDescriptor_t im, col;
@@ -183,58 +173,69 @@ static kg_status make_descs(conv_descs *d, const char *op, kg_dtype dt, bool tf3
   return KG_OK;
 }
 
-/* the cached (or newly chosen) algorithm of a primitive and its workspace size */
-static kg_status choose(const char *op, cudnnHandle_t h, const conv_descs *d, const algo_key *key, int *algo,
-                        size_t *ws) {
-  pthread_mutex_lock(&lock);
-  for (int i = 0; i < ALGO_CACHE; i++)
-    if (cache[i].used && key_eq(&cache[i].key, key)) {
-      *algo = cache[i].algo, *ws = cache[i].ws;
-      pthread_mutex_unlock(&lock);
-      return KG_OK;
-    }
-  pthread_mutex_unlock(&lock);
-  int n = 0, found = -1;
+/* cuDNN's heuristic list for the primitive, best first, each with its workspace (conv_algo.h) */
+static kg_status candidates(const char *op, cudnnHandle_t h, const conv_descs *d, int prim, kg_conv_candidate *c,
+                            int *n) {
   size_t size = 0;
-  if (key->prim == PRIM_FWD) {
+  *n = 0;
+  if (prim == PRIM_FWD) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(h, d->im, d->w, d->conv, d->col, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                     &n, perf));
-    for (int i = 0; i < n && found < 0; i++)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-          cudnnGetConvolutionForwardWorkspaceSize(h, d->im, d->w, d->conv, d->col, perf[i].algo, &size) ==
-              CUDNN_STATUS_SUCCESS)
-        found = (int)perf[i].algo;
-  } else if (key->prim == PRIM_BWD_DATA) {
+                                                     n, perf));
+    for (int i = 0; i < *n; i++) {
+      c[i].algo = (int)perf[i].algo;
+      c[i].ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
+                cudnnGetConvolutionForwardWorkspaceSize(h, d->im, d->w, d->conv, d->col, perf[i].algo, &size) ==
+                    CUDNN_STATUS_SUCCESS;
+      c[i].workspace = c[i].ok ? (int64_t)size : 0;
+    }
+  } else if (prim == PRIM_BWD_DATA) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d->w, d->col, d->conv, d->im,
-                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
-    for (int i = 0; i < n && found < 0; i++)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-          cudnnGetConvolutionBackwardDataWorkspaceSize(h, d->w, d->col, d->conv, d->im, perf[i].algo, &size) ==
-              CUDNN_STATUS_SUCCESS)
-        found = (int)perf[i].algo;
+                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, n, perf));
+    for (int i = 0; i < *n; i++) {
+      c[i].algo = (int)perf[i].algo;
+      c[i].ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
+                cudnnGetConvolutionBackwardDataWorkspaceSize(h, d->w, d->col, d->conv, d->im, perf[i].algo, &size) ==
+                    CUDNN_STATUS_SUCCESS;
+      c[i].workspace = c[i].ok ? (int64_t)size : 0;
+    }
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CUDNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d->im, d->col, d->conv, d->w,
-                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
-    for (int i = 0; i < n && found < 0; i++)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-          cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d->im, d->col, d->conv, d->w, perf[i].algo, &size) ==
-              CUDNN_STATUS_SUCCESS)
-        found = (int)perf[i].algo;
+                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, n, perf));
+    for (int i = 0; i < *n; i++) {
+      c[i].algo = (int)perf[i].algo;
+      c[i].ok = perf[i].status == CUDNN_STATUS_SUCCESS &&
+                cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d->im, d->col, d->conv, d->w, perf[i].algo, &size) ==
+                    CUDNN_STATUS_SUCCESS;
+      c[i].workspace = c[i].ok ? (int64_t)size : 0;
+    }
   }
-  if (found < 0) return kg_error(KG_ERR_DEVICE, op, "cuDNN offers no algorithm for this convolution");
-  pthread_mutex_lock(&lock);
-  algo_entry *e = &cache[cache_next];
-  cache_next = (cache_next + 1) % ALGO_CACHE;
-  e->key = *key, e->algo = found, e->ws = size, e->used = true;
-  pthread_mutex_unlock(&lock);
-  *algo = found, *ws = size;
   return KG_OK;
 }
 
-/* runs one primitive: im, col, w dense device buffers of dtype dt (the output one written) */
+/* one launch of a primitive with algorithm `algo` and `work` bytes of workspace at `wp` */
+static cudnnStatus_t launch(cudnnHandle_t h, const conv_descs *d, int prim, kg_dtype dt, int algo, void *wp,
+                            size_t work, void *im, void *col, void *w) {
+  float f1 = 1, f0 = 0;
+  double d1 = 1, d0 = 0;
+  const void *one = dt == KG_F64 ? (const void *)&d1 : (const void *)&f1;
+  const void *zero = dt == KG_F64 ? (const void *)&d0 : (const void *)&f0;
+  if (prim == PRIM_FWD)
+    return cudnnConvolutionForward(h, one, d->im, im, d->w, w, d->conv, (cudnnConvolutionFwdAlgo_t)algo, wp, work,
+                                   zero, d->col, col);
+  if (prim == PRIM_BWD_DATA)
+    return cudnnConvolutionBackwardData(h, one, d->w, w, d->col, col, d->conv, (cudnnConvolutionBwdDataAlgo_t)algo, wp,
+                                        work, zero, d->im, im);
+  return cudnnConvolutionBackwardFilter(h, one, d->im, im, d->col, col, d->conv,
+                                        (cudnnConvolutionBwdFilterAlgo_t)algo, wp, work, zero, d->w, w);
+}
+
+/* runs one primitive: im, col, w dense device buffers of dtype dt (the output one written).
+ * The cached algorithm of the shape first; when there is none, or its workspace cannot be had,
+ * or its launch fails, cuDNN's heuristic list under the workspace cap with the fallbacks of
+ * conv_algo.h, and the one that ran becomes the shape's choice. */
 static kg_status run_prim(const char *op, int prim, int dev, kg_dtype dt, const int64_t *ims, const int64_t *cols,
                           const int64_t *ws_, const kg_conv2d_params *p, void *im, void *col, void *w) {
   cudnnHandle_t h = NULL;
@@ -242,32 +243,55 @@ static kg_status run_prim(const char *op, int prim, int dev, kg_dtype dt, const 
   conv_descs d;
   bool tf32 = dt == KG_F32 && kg_allow_tf32();
   kg_status s = make_descs(&d, op, dt, tf32, ims, cols, ws_, p);
-  algo_key key;
+  if (s) {
+    destroy(&d);
+    return s;
+  }
+  kg_conv_key key;
   memset(&key, 0, sizeof key);
   key.prim = prim, key.dev = dev, key.dt = dt, key.tf32 = tf32, key.groups = p->groups;
   for (int i = 0; i < 2; i++) key.pad[i] = p->padding[i], key.stride[i] = p->stride[i], key.dil[i] = p->dilation[i];
   for (int i = 0; i < 4; i++) key.im[i] = ims[i], key.col[i] = cols[i], key.w[i] = ws_[i];
-  int algo = 0;
-  size_t wsize = 0;
-  if (!s) s = choose(op, h, &d, &key, &algo, &wsize);
-  kg_cuda_buf work;
-  if (!s && wsize) s = work.alloc(wsize, dev, op);
-  if (!s) {
-    float f1 = 1, f0 = 0;
-    double d1 = 1, d0 = 0;
-    const void *one = dt == KG_F64 ? (const void *)&d1 : (const void *)&f1;
-    const void *zero = dt == KG_F64 ? (const void *)&d0 : (const void *)&f0;
-    cudnnStatus_t st;
-    if (prim == PRIM_FWD)
-      st = cudnnConvolutionForward(h, one, d.im, im, d.w, w, d.conv, (cudnnConvolutionFwdAlgo_t)algo, work.p, wsize,
-                                   zero, d.col, col);
-    else if (prim == PRIM_BWD_DATA)
-      st = cudnnConvolutionBackwardData(h, one, d.w, w, d.col, col, d.conv, (cudnnConvolutionBwdDataAlgo_t)algo, work.p,
-                                        wsize, zero, d.im, im);
-    else
-      st = cudnnConvolutionBackwardFilter(h, one, d.im, im, d.col, col, d.conv, (cudnnConvolutionBwdFilterAlgo_t)algo,
-                                          work.p, wsize, zero, d.w, w);
-    if (st != CUDNN_STATUS_SUCCESS) s = kg_error(KG_ERR_DEVICE, op, "cuDNN convolution: %s", cudnnGetErrorString(st));
+  pthread_mutex_lock(&lock);
+  kg_conv_entry *e = kg_conv_cache_find(&cache, &key);
+  kg_conv_candidate cached = {e ? e->algo : -1, e ? e->workspace : 0, e != NULL};
+  pthread_mutex_unlock(&lock);
+  int64_t cap = KG_CONV_WORKSPACE_CAP;
+  bool done = false;
+  cudnnStatus_t last = CUDNN_STATUS_SUCCESS;
+  if (cached.ok) { /* the usual case: one allocation, one launch */
+    kg_cuda_buf work;
+    if (work.alloc((size_t)cached.workspace, dev, op) != KG_OK) cap = kg_conv_cap_after(&cached, cap, true);
+    else if ((last = launch(h, &d, prim, dt, cached.algo, work.p, (size_t)cached.workspace, im, col, w)) ==
+             CUDNN_STATUS_SUCCESS)
+      done = true;
+  }
+  if (!done) {
+    kg_conv_candidate c[16];
+    int n = 0;
+    s = candidates(op, h, &d, prim, c, &n);
+    for (int i = s ? -1 : kg_conv_pick(c, n, 0, cap); i >= 0; i = kg_conv_pick(c, n, i + 1, cap)) {
+      if (cached.ok && c[i].algo == cached.algo && c[i].workspace == cached.workspace) continue; /* failed above */
+      kg_cuda_buf work;
+      if (work.alloc((size_t)c[i].workspace, dev, op) != KG_OK) {
+        cap = kg_conv_cap_after(&c[i], cap, true);
+        continue;
+      }
+      last = launch(h, &d, prim, dt, c[i].algo, work.p, (size_t)c[i].workspace, im, col, w);
+      if (last == CUDNN_STATUS_SUCCESS) {
+        pthread_mutex_lock(&lock);
+        kg_conv_cache_put(&cache, &key, c[i].algo, c[i].workspace);
+        pthread_mutex_unlock(&lock);
+        done = true;
+        break;
+      }
+      cudaGetLastError();
+      cap = kg_conv_cap_after(&c[i], cap, last == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED);
+    }
+    if (!s && !done)
+      s = last != CUDNN_STATUS_SUCCESS
+              ? kg_error(KG_ERR_DEVICE, op, "cuDNN convolution: %s", cudnnGetErrorString(last))
+              : kg_error(KG_ERR_OOM, op, "no cuDNN algorithm for this convolution fits the free device memory");
   }
   destroy(&d);
   if (!s) s = kg_cuda_check(op, dev);

@@ -15,7 +15,11 @@
  * sdpa_plan.h. Anything unsupported, any failed build or launch: *done = false, and the caller runs
  * the flash kernel — silently, counted in kg_sdpa_stats (keng.backends.cudnn_sdpa_stats).
  * Plans are never built during a CUDA Graph capture (a cached one is launched there as usual).
- * Backward stays on keng's kernel (it recomputes P from q, k and this lse). */
+ * Backward stays on keng's kernel (it recomputes P from q, k and this lse).
+ * Intermediate types follow cudnn-frontend's composite SDPA (its flash-attention node and
+ * composite softmax): S, the scaled and masked scores, max, exp, sum and the stats in f32 (the
+ * graph's intermediate type), and P = E / Z set to the io dtype before the second matmul — the
+ * frontend does the same ("bmm2 aType as i/o type", a requirement of the backend's engines). */
 #include "util.cuh"
 #include "sdpa_plan.h"
 
@@ -25,7 +29,32 @@
 /* reason a call is not taken; 0 in the stats counts "no plan may be built during a capture" */
 static void fallback(int reason) { kg_sdpa_stat_add(4, reason); }
 
+/* the compute capability (major*10 + minor) and the opt-in shared memory per block of a device,
+ * read once; zeros when they cannot be read */
+static void device_caps(int dev, int *sm, int64_t *smem) {
+  static int cc[16], shm[16]; /* 0 = not read yet; a racing second read stores the same values */
+  *sm = 0, *smem = 0;
+  if (dev < 0 || dev >= 16) return;
+  if (!cc[dev]) {
+    int major = 0, minor = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    shm[dev] = optin;
+    cc[dev] = major * 10 + minor;
+  }
+  *sm = cc[dev], *smem = shm[dev];
+}
+
 #ifndef KENG_HAVE_CUDNN
+
+extern "C" void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem) {
+  device_caps(device, sm, smem);
+  *cudnn_version = 0; /* no cuDNN: the router never picks it */
+}
 
 extern "C" kg_status kg_cudnn_sdpa_forward(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
                                            const kg_tensor *mask, const kg_sdpa_params *p, kg_tensor *out,
@@ -39,6 +68,12 @@ extern "C" kg_status kg_cudnn_sdpa_forward(const kg_tensor *q, const kg_tensor *
 #include <cudnn.h>
 
 typedef cudnnBackendDescriptor_t bdesc;
+
+/* the loaded library's version, which is what decides what its engines take */
+extern "C" void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem) {
+  device_caps(device, sm, smem);
+  *cudnn_version = (int)cudnnGetVersion();
+}
 
 /* ---- descriptors: a small arena that frees everything it made ------------------------------ */
 
@@ -295,6 +330,8 @@ extern "C" kg_status kg_cudnn_sdpa_forward(const kg_tensor *q, const kg_tensor *
   strides4(c.qs, q->stride), strides4(c.ks, k->stride), strides4(c.vs, v->stride), strides4(c.os, out->stride);
   c.qp = (uintptr_t)kg_data(q), c.kp = (uintptr_t)kg_data(k), c.vp = (uintptr_t)kg_data(v), c.op = (uintptr_t)kg_data(out);
   c.elem = kg_elem_size(q);
+  int64_t smem = 0;
+  kg_cuda_sdpa_caps(c.dev, &c.sm, &c.cudnn_version, &smem);
   kg_sdpa_reason why = kg_sdpa_check(&c, kg_cudnn_sdpa());
   if (why == KG_SDPA_OK && (!kg_is_contiguous(lse) || lse->dtype != KG_F32)) why = KG_SDPA_LAYOUT;
   if (why == KG_SDPA_OK && (c.dev < 0 || c.dev >= MAX_DEV)) why = KG_SDPA_OFF;

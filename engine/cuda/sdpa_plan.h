@@ -1,17 +1,20 @@
-/* sdpa_plan.h — which scaled_dot_product_attention calls cuDNN's fused attention may take, and the
- * cache of the execution plans built for them (engine/cuda/sdpa_cudnn.cu). Plain C with no CUDA
+/* sdpa_plan.h — the launch-time half of cuDNN's fused attention (engine/cuda/sdpa_cudnn.cu): the
+ * layout and alignment a call needs on top of the router's shape rules (engine/ops/sdpa_route.h,
+ * kg_sdpa_cudnn_rule), and the cache of the execution plans built for them. Plain C with no CUDA
  * or cuDNN in it, so tests/c/test_sdpa_plan.c checks the rules and the cache in any build.
  *
  * cuDNN's flash attention (graph API, cuDNN >= 9) serves bf16 / f16 with a head dim that is a
- * multiple of 8 (we take <= 128, the range every cuDNN 9 release covers), the last dim of q, k, v
- * and out dense and every other stride a multiple of 8 elements (16-byte rows for the TMA loads
- * on Hopper). keng's causal mask is bottom-right aligned (key j <= i + S - T), which cuDNN has
- * only for T <= S. Masks given as tensors and sliding windows stay on keng's own flash kernel
- * (engine/cuda/attention.cu): the semantics of a fully masked row (zeros, lse -inf) are ours.
- * A plan is built once per key below; the attention scale and the causal offset are passed by
- * value at each launch, so they are not part of it. */
+ * multiple of 8 (up to 128, or 256 where the GPU and cuDNN version allow: kg_sdpa_cudnn_max_d),
+ * the last dim of q, k, v and out dense and every other stride a multiple of 8 elements (16-byte
+ * rows for the TMA loads on Hopper). keng's causal mask is bottom-right aligned (key
+ * j <= i + S - T), which cuDNN has only for T <= S. Masks given as tensors and sliding windows
+ * narrower than S stay on keng's kernels: the semantics of a fully masked row (zeros, lse -inf)
+ * are ours. A plan is built once per key below; the attention scale and the causal offset are
+ * passed by value at each launch, so they are not part of it. */
 #ifndef KENG_SDPA_PLAN_H
 #define KENG_SDPA_PLAN_H
+
+#include "../ops/sdpa_route.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -27,27 +30,8 @@ typedef struct {
   int64_t qs[4], ks[4], vs[4], os[4]; /* element strides of q, k, v, out */
   uintptr_t qp, kp, vp, op;           /* data pointers (alignment only) */
   size_t elem;                        /* bytes per element */
+  int sm, cudnn_version;              /* the device and library (kg_cuda_sdpa_caps) */
 } kg_sdpa_call;
-
-typedef enum {
-  KG_SDPA_OK = 0,
-  KG_SDPA_OFF,       /* keng.backends.cudnn_sdpa = false */
-  KG_SDPA_DTYPE,     /* not bf16 / f16 */
-  KG_SDPA_HEAD_DIM,  /* D not a multiple of 8 in [8, 128] */
-  KG_SDPA_MASK,      /* an explicit mask tensor */
-  KG_SDPA_WINDOW,    /* a sliding window */
-  KG_SDPA_CAUSAL_TS, /* causal with T > S */
-  KG_SDPA_LAYOUT,    /* a last dim not dense, or a stride not a multiple of 8 elements */
-  KG_SDPA_ALIGN,     /* a data pointer not 16-byte aligned */
-  KG_SDPA_EMPTY,     /* a zero-sized dim */
-  KG_SDPA_NREASONS
-} kg_sdpa_reason;
-
-static inline const char *kg_sdpa_reason_name(kg_sdpa_reason r) {
-  static const char *names[KG_SDPA_NREASONS] = {"ok", "off", "dtype", "head_dim", "mask", "window", "causal_t_gt_s",
-                                                "layout", "align", "empty"};
-  return (unsigned)r < KG_SDPA_NREASONS ? names[r] : "?";
-}
 
 static inline bool kg_sdpa_strides_ok(const int64_t *st) {
   if (st[3] != 1) return false;
@@ -56,15 +40,17 @@ static inline bool kg_sdpa_strides_ok(const int64_t *st) {
   return true;
 }
 
-/* KG_SDPA_OK when cuDNN may take the call (given the switch `enabled`), else why not */
+/* KG_SDPA_OK when cuDNN may take the call (given the switch `enabled`), else why not: the
+ * router's rule on the shapes, then the layout and alignment of the tensors at hand */
 static inline kg_sdpa_reason kg_sdpa_check(const kg_sdpa_call *c, bool enabled) {
-  if (!enabled) return KG_SDPA_OFF;
-  if (!c->is_half) return KG_SDPA_DTYPE;
-  if (c->B <= 0 || c->H <= 0 || c->Hkv <= 0 || c->T <= 0 || c->S <= 0 || c->D <= 0) return KG_SDPA_EMPTY;
-  if (c->D % 8 != 0 || c->D > 128) return KG_SDPA_HEAD_DIM;
-  if (c->has_mask) return KG_SDPA_MASK;
-  if (c->window > 0) return KG_SDPA_WINDOW;
-  if (c->causal && c->T > c->S) return KG_SDPA_CAUSAL_TS;
+  kg_sdpa_desc d;
+  memset(&d, 0, sizeof d);
+  d.cuda = true, d.dtype = c->dtype, d.is_half = c->is_half, d.cudnn_enabled = enabled;
+  d.B = c->B, d.H = c->H, d.Hkv = c->Hkv, d.T = c->T, d.S = c->S, d.D = c->D;
+  d.mask = c->has_mask ? KG_SDPA_MASK_BOOL : KG_SDPA_MASK_NONE, d.causal = c->causal, d.window = c->window;
+  d.sm = c->sm, d.cudnn_version = c->cudnn_version;
+  kg_sdpa_reason r = kg_sdpa_cudnn_rule(&d);
+  if (r != KG_SDPA_OK) return r;
   if (!kg_sdpa_strides_ok(c->qs) || !kg_sdpa_strides_ok(c->ks) || !kg_sdpa_strides_ok(c->vs) ||
       !kg_sdpa_strides_ok(c->os))
     return KG_SDPA_LAYOUT;

@@ -6,8 +6,11 @@
  * naive softmax(Q·Kᵀ·scale + mask)·V of tests/lua/attention_spec.lua.
  */
 #include "../core/internal.h"
+#include "sdpa_route.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* ---- scaled dot-product attention -------------------------------------------------------- */
 
@@ -49,11 +52,199 @@ static kg_status sdpa_check(const kg_tensor *q, const kg_tensor *k, const kg_ten
   return KG_OK;
 }
 
+/* ---- the math route: GEMM -> masked softmax -> GEMM from engine ops ----------------------- */
+
+/* Temporaries of the math route, released together. */
+typedef struct {
+  kg_tensor *t[40];
+  int n;
+} sdpa_tmp;
+
+static void keep(sdpa_tmp *m, kg_tensor *t) { m->t[m->n++] = t; /* at most ~20 per call */ }
+
+/* allowed [T, S] bool of the causal / window band: key j is visible to query i when
+ * j - i <= off (causal) and j - i > off - window (window), off = S - T */
+static kg_status band_mask(kg_tensor **out, sdpa_tmp *m, int64_t T, int64_t S, bool causal, int64_t window,
+                           kg_device dev) {
+  kg_tensor *rows, *cols, *diff, *a = NULL, *b = NULL;
+  int64_t rs[2] = {T, 1}, cs[2] = {1, S};
+  const int64_t off = S - T;
+  KG_TRY(kg_arange(&rows, 0, (double)T, 1, KG_I64, dev));
+  keep(m, rows);
+  KG_TRY(kg_arange(&cols, 0, (double)S, 1, KG_I64, dev));
+  keep(m, cols);
+  KG_TRY(kg_view(&rows, rows, 2, rs));
+  keep(m, rows);
+  KG_TRY(kg_view(&cols, cols, 2, cs));
+  keep(m, cols);
+  KG_TRY(kg_binary(&diff, KG_OP_SUB, cols, rows)); /* [T, S]: j - i */
+  keep(m, diff);
+  if (causal) {
+    KG_TRY(kg_binary_scalar(&a, KG_OP_LE, diff, (double)off, false));
+    keep(m, a);
+  }
+  if (window > 0) {
+    KG_TRY(kg_binary_scalar(&b, KG_OP_GT, diff, (double)(off - window), false));
+    keep(m, b);
+  }
+  if (a && b) {
+    KG_TRY(kg_binary(out, KG_OP_MUL, a, b)); /* bool · bool = and */
+    keep(m, *out);
+  } else *out = a ? a : b;
+  return KG_OK;
+}
+
+/* out = softmax(q kᵀ · scale + mask) v with keng's conventions (causal bottom-right, window,
+ * bool masks hide, float masks add, a row that sees no key gives zeros). q: [B, H, T, D],
+ * k, v: [B, Hkv, S, D]; the G = H / Hkv query heads of a kv head go as one GEMM ([B, Hkv, G·T, D]
+ * · [B, Hkv, D, S]), so k and v are never repeated. Scores and softmax in f32 (f64 for f64). */
+static kg_status sdpa_math_once(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
+                                const kg_tensor *mask, const kg_sdpa_params *p) {
+  const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
+  const int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv;
+  const kg_dtype ft = q->dtype == KG_F64 ? KG_F64 : KG_F32;
+  const kg_device dev = q->device;
+  sdpa_tmp m = {{0}, 0};
+  kg_tensor *t, *kt, *s = NULL, *allowed = NULL, *vis = NULL, *zero = NULL;
+  kg_status st;
+  int64_t qg[4] = {B, Hkv, G * T, D}, full[4] = {B, H, T, S}, grp[4] = {B, Hkv, G * T, S}, o4[4] = {B, H, T, D};
+  /* small tensors (views, masks, scalars) are kept until the end; the score-sized chain s is
+   * released link by link (autograd holds what its backward needs), so without grad at most two
+   * score-sized tensors live at once */
+#define STEP(call, var)                                                                                          \
+  do {                                                                                                           \
+    if ((st = (call)) != KG_OK) goto done;                                                                       \
+    keep(&m, var);                                                                                               \
+  } while (0)
+#define CHAIN(call)                                                                                              \
+  do {                                                                                                           \
+    kg_tensor *n_ = NULL;                                                                                        \
+    if ((st = (call)) != KG_OK) goto done;                                                                       \
+    kg_tensor_release(s);                                                                                        \
+    s = n_;                                                                                                      \
+  } while (0)
+  /* bf16/f16: q and k go to f32 first, so the scores are f32 from the GEMM on (as in the fused
+   * kernels and cuDNN's graph, not rounded to the io dtype); P goes back to it for P·V */
+  const kg_tensor *qf = q, *kf = k;
+  if (q->dtype != ft) {
+    kg_tensor *a, *b;
+    STEP(kg_to(&a, q, ft, dev), a);
+    STEP(kg_to(&b, k, ft, dev), b);
+    qf = a, kf = b;
+  }
+  STEP(kg_reshape(&t, qf, 4, qg), t);
+  STEP(kg_transpose(&kt, kf, 2, 3), kt);
+  if ((st = kg_matmul(&s, t, kt)) != KG_OK) goto done; /* [B, Hkv, G·T, S] */
+  CHAIN(kg_view(&n_, s, 4, full));
+  CHAIN(kg_binary_scalar(&n_, KG_OP_MUL, s, p->scale, false));
+  if (p->causal || p->window > 0) {
+    if ((st = band_mask(&allowed, &m, T, S, p->causal, p->window, dev)) != KG_OK) goto done;
+  }
+  if (mask && mask->dtype == KG_BOOL) {
+    if (allowed) STEP(kg_binary(&allowed, KG_OP_MUL, allowed, mask), allowed);
+    else allowed = (kg_tensor *)mask;
+  } else if (mask) {
+    CHAIN(kg_binary(&n_, KG_OP_ADD, s, mask));
+    kg_tensor *finite; /* a -inf in an additive mask hides the key too */
+    STEP(kg_binary_scalar(&finite, KG_OP_GT, mask, -INFINITY, false), finite);
+    if (allowed) STEP(kg_binary(&allowed, KG_OP_MUL, allowed, finite), allowed);
+    else allowed = finite;
+  }
+  if (allowed) {
+    kg_tensor *ninf, *cnt;
+    STEP(kg_scalar(&ninf, -INFINITY, s->dtype, dev), ninf);
+    CHAIN(kg_where(&n_, allowed, s, ninf));
+    /* rows that see no key: softmax would give 0/0, so they take zeros, before (a finite row,
+     * no NaN in the backward) and after it */
+    if (allowed->ndim < 2) { /* a 0-d or [S] mask: count over [T, S] */
+      int64_t ts[2] = {T, S};
+      STEP(kg_expand(&allowed, allowed, 2, ts), allowed);
+    }
+    STEP(kg_to(&cnt, allowed, KG_F32, dev), cnt);
+    STEP(kg_sum(&cnt, cnt, 1u << (cnt->ndim - 1), true), cnt);
+    STEP(kg_binary_scalar(&vis, KG_OP_GT, cnt, 0, false), vis);
+    STEP(kg_scalar(&zero, 0, s->dtype, dev), zero);
+    CHAIN(kg_where(&n_, vis, s, zero));
+  }
+  CHAIN(kg_softmax(&n_, s, -1));
+  if (vis) CHAIN(kg_where(&n_, vis, s, zero));
+  if (s->dtype != v->dtype) CHAIN(kg_to(&n_, s, v->dtype, dev));
+  CHAIN(kg_reshape(&n_, s, 4, grp));
+  STEP(kg_matmul(&t, s, v), t); /* [B, Hkv, G·T, D] */
+  st = kg_reshape(out, t, 4, o4);
+#undef STEP
+#undef CHAIN
+done:
+  kg_tensor_release(s);
+  kg_release_all(m.n, m.t);
+  return st;
+}
+
+/* the math route over batch chunks of `rows` (no grad: the chunks' scores are freed in turn),
+ * written into one output; mask rows follow when the mask has a batch dim of B */
+static kg_status sdpa_math(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v,
+                           const kg_tensor *mask, const kg_sdpa_params *p, int64_t rows) {
+  const int64_t B = q->shape[0];
+  if (rows >= B) return sdpa_math_once(out, q, k, v, mask, p);
+  bool mask_b = mask && mask->ndim == 4 && mask->shape[0] == B;
+  KG_TRY(kg_new_like(out, q, 4, q->shape, q->dtype));
+  kg_status s = KG_OK;
+  for (int64_t b0 = 0; s == KG_OK && b0 < B; b0 += rows) {
+    int64_t n = B - b0 < rows ? B - b0 : rows;
+    kg_tensor *qc = NULL, *kc = NULL, *vc = NULL, *mc = NULL, *oc = NULL, *dst = NULL;
+    s = kg_narrow(&qc, q, 0, b0, n);
+    if (!s) s = kg_narrow(&kc, k, 0, b0, n);
+    if (!s) s = kg_narrow(&vc, v, 0, b0, n);
+    if (!s && mask_b) s = kg_narrow(&mc, mask, 0, b0, n);
+    if (!s) s = sdpa_math_once(&oc, qc, kc, vc, mask_b ? mc : mask, p);
+    if (!s) s = kg_narrow(&dst, *out, 0, b0, n);
+    if (!s) s = kg_copy_(dst, oc);
+    kg_tensor *all[6] = {qc, kc, vc, mc, oc, dst};
+    kg_release_all(6, all);
+  }
+  if (s) kg_tensor_release(*out);
+  return s;
+}
+
+/* bytes of f32 scores per chunk of the math route without grad: KENG_SDPA_MATH_CHUNK (a test
+ * knob) or KG_SDPA_MATH_CHUNK_BYTES */
+static int64_t math_chunk_bytes(void) {
+  const char *e = getenv("KENG_SDPA_MATH_CHUNK");
+  long long v = e ? atoll(e) : 0;
+  return v > 0 ? (int64_t)v : KG_SDPA_MATH_CHUNK_BYTES;
+}
+
+/* ---- the router ---------------------------------------------------------------------------- */
+
+/* the router's view of a call (engine/ops/sdpa_route.h) */
+static kg_sdpa_desc sdpa_desc(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
+                              const kg_sdpa_params *p) {
+  kg_sdpa_desc d;
+  memset(&d, 0, sizeof d);
+  d.cuda = q->device.type == KG_DEV_CUDA, d.dtype = q->dtype;
+  d.is_half = q->dtype == KG_BF16 || q->dtype == KG_F16, d.is_f32 = q->dtype == KG_F32, d.is_f64 = q->dtype == KG_F64;
+  d.B = q->shape[0], d.H = q->shape[1], d.T = q->shape[2], d.D = q->shape[3], d.Hkv = k->shape[1], d.S = k->shape[2];
+  d.mask = !mask ? KG_SDPA_MASK_NONE : mask->dtype == KG_BOOL ? KG_SDPA_MASK_BOOL : KG_SDPA_MASK_ADDITIVE;
+  d.causal = p->causal, d.window = p->window, d.scale = p->scale;
+  d.mask_grad = kg_grad_enabled() && mask && kg_requires_grad(mask);
+  d.requires_grad = d.mask_grad || (kg_grad_enabled() && (kg_requires_grad(q) || kg_requires_grad(k) || kg_requires_grad(v)));
+  d.allow_tf32 = kg_allow_tf32(), d.cudnn_enabled = kg_cudnn_sdpa(), d.force_math = kg_sdpa_math();
+  if (d.cuda) kg_cuda_sdpa_caps(q->device.index, &d.sm, &d.cudnn_version, &d.smem);
+  return d;
+}
+
 kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
                   const kg_sdpa_params *p) {
   kg_sdpa_params prm = p ? *p : (kg_sdpa_params){0};
   KG_TRY(sdpa_check(q, k, v, mask, &prm));
   if (prm.scale == 0) prm.scale = 1.0 / sqrt((double)q->shape[3]);
+  prm.window = kg_sdpa_window(prm.window, k->shape[2]); /* a window >= S is no window */
+  kg_sdpa_desc d = sdpa_desc(q, k, v, mask, &prm);
+  kg_sdpa_route route = kg_sdpa_route_of(&d, NULL);
+  kg_sdpa_stat_add(5, route);
+  if (route == KG_SDPA_ROUTE_MATH)
+    return sdpa_math(out, q, k, v, mask, &prm,
+                     kg_sdpa_math_rows(d.B, d.H, d.T, d.S, d.requires_grad, math_chunk_bytes()));
   /* out: [B, H, T, D]; lse: [B, H, T] logsumexp of each score row, saved for backward */
   kg_tensor *o[2] = {NULL, NULL};
   KG_TRY(kg_new_like(&o[0], q, 4, q->shape, q->dtype));

@@ -2,7 +2,7 @@
 --
 --   keng scripts/bench/all.lua [--tier cpu|gpu] [--only bert,gemma_fit] [--steps N]
 --        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
---        [--profile N]
+--        [--profile N] [--tf32 | --no-tf32]
 --
 -- Rows come from scripts/bench/config.lua and run through scripts/bench/<family>.lua. A row whose
 -- model file (scripts/models/<family>.lua) is not there prints "not implemented"; a row that
@@ -25,10 +25,14 @@ local json = require "bench.json"
 
 local usage = [[usage: keng scripts/bench/all.lua [--tier cpu|gpu] [--only a,b] [--steps N]
        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
-       [--profile N]
+       [--profile N] [--tf32 | --no-tf32]
   --only takes families (bert, gemma, mistral, sam, stable_diffusion/sd) or row ids (bert_fit, ...)
   --profile N prints each row's N costliest ops and op shapes per timed step (keng.profile; the
-              JSON keeps them under "profile")]]
+              JSON keeps them under "profile")
+  --tf32 / --no-tf32 set keng.backends.allow_tf32 for the run (TF32 tensor cores for f32 matmul,
+              conv and the attention math route on cuda; default on for --tier gpu, as Keras ran
+              its f32 rows on the A100, off for --tier cpu, where it changes nothing); the JSON
+              records it as "tf32" and the header line prints it]]
 
 local function die(msg)
   io.stderr:write("all.lua: ", msg, "\n", usage, "\n")
@@ -41,7 +45,10 @@ local function parse(argv)
   while i <= #argv do
     local a = argv[i]
     local key, val = a:match("^%-%-([%w_]+)=(.*)$")
-    if not key then
+    if a == "--tf32" or a == "--no-tf32" then
+      o.tf32 = a == "--tf32"
+      key = "tf32"
+    elseif not key then
       key = a:match("^%-%-([%w_]+)$")
       if not key then die("unexpected argument '" .. a .. "'") end
       if key == "help" then print(usage); os.exit(0) end
@@ -49,7 +56,9 @@ local function parse(argv)
       if val == nil then die("--" .. key .. " needs a value") end
       i = i + 1
     end
-    if key == "tier" or key == "dtype" or key == "format" or key == "out" or key == "compare" or key == "only" then
+    if key == "tf32" then
+      if a ~= "--tf32" and a ~= "--no-tf32" then die("--tf32 and --no-tf32 take no value") end
+    elseif key == "tier" or key == "dtype" or key == "format" or key == "out" or key == "compare" or key == "only" then
       o[key] = val
     elseif key == "profile" then
       o.profile = tonumber(val)
@@ -68,10 +77,12 @@ local function parse(argv)
   if o.dtype ~= "keras" and o.dtype ~= "f32" and o.dtype ~= "bf16" then die("--dtype must be f32, bf16 or keras") end
   if o.format ~= "md" and o.format ~= "csv" and o.format ~= "json" then die("--format must be md, csv or json") end
   o.steps = o.steps or config.default_steps[o.tier]
+  if o.tf32 == nil then o.tf32 = o.tier == "gpu" end
   return o
 end
 
 local opts = parse(arg or {})
+keng.backends.allow_tf32 = opts.tf32
 
 local aliases = {sd = "stable_diffusion"}
 local function selected(row)
@@ -164,8 +175,9 @@ local rows = {}
 for _, row in ipairs(config.rows) do if selected(row) then rows[#rows + 1] = row end end
 if #rows == 0 then die("--only '" .. tostring(opts.only) .. "' matches no row") end
 
-print(string.format("keng %s (%s) · %s tier · %s · %d threads · %d timed steps per row%s",
-  keng.version, commit, opts.tier, device_name, threads, opts.steps,
+local tf32_note = "TF32 " .. (opts.tf32 and "on" or "off")
+print(string.format("keng %s (%s) · %s tier · %s · %d threads · %d timed steps per row · %s%s",
+  keng.version, commit, opts.tier, device_name, threads, opts.steps, tf32_note,
   opts.dtype ~= "keras" and (" · all rows in " .. opts.dtype) or ""))
 
 local results = {}
@@ -297,7 +309,7 @@ end
 
 local doc = {schema = "keng-bench/1", framework = "keng", keng_version = keng.version, commit = commit,
              date = date, tier = opts.tier, device = device_name, threads = threads, steps = opts.steps,
-             dtype = opts.dtype, rows = json.array(results)}
+             dtype = opts.dtype, tf32 = opts.tf32, rows = json.array(results)}
 local note = opts.tier == "cpu" and
   "Keras figures are the published A100 40GB numbers at the GPU-tier sizes, for reference only; " ..
   "CPU-tier rows run the scaled-down presets of BENCH_SPEC." or
@@ -319,8 +331,8 @@ end
 write(base .. ".json", json.encode(doc, {indent = "  "}))
 write(base .. ".md", table.concat({
   string.format("# keng benchmarks — %s tier, %s", opts.tier, date), "",
-  string.format("keng %s (commit %s) on %s, %d threads, %d timed steps per row after one warm-up%s.",
-    keng.version, commit, device_name, threads, opts.steps,
+  string.format("keng %s (commit %s) on %s, %d threads, %d timed steps per row after one warm-up, %s%s.",
+    keng.version, commit, device_name, threads, opts.steps, tf32_note,
     opts.dtype ~= "keras" and (", all rows in " .. opts.dtype) or ""), "",
   markdown(), "", note, "", "![chart](" .. date .. "-" .. opts.tier .. ".png)"}, "\n"))
 

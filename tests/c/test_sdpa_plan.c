@@ -1,24 +1,29 @@
-/* test_sdpa_plan.c — the rules that send scaled_dot_product_attention to cuDNN's fused attention
- * and the plan cache (engine/cuda/sdpa_plan.h: plain C, so this runs in every build, GPU or not).
+/* test_sdpa_plan.c — the router of scaled_dot_product_attention (engine/ops/sdpa_route.h: which of
+ * CPU / cuDNN / flash / math runs a call), the rules that send a call to cuDNN's fused attention
+ * and the plan cache (engine/cuda/sdpa_plan.h). Plain C, so this runs in every build, GPU or not.
  * Each rule is checked on a call that passes every other rule, so a wrong rule fails here. */
 #include <keng/keng.h>
 
 #include "cuda/sdpa_plan.h"
 
+#include <math.h>
 #include <stdio.h>
 
 static int failures;
-#define CHECK(cond)                                                    \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                      \
-    }                                                                  \
+#define CHECK(cond)                                                                                                    \
+  do {                                                                                                                 \
+    if (!(cond)) {                                                                                                     \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                         \
+      failures++;                                                                                                      \
+    }                                                                                                                  \
   } while (0)
 
-static void set4(int64_t *st, int64_t a, int64_t b, int64_t c, int64_t d) { st[0] = a, st[1] = b, st[2] = c, st[3] = d; }
+static void set4(int64_t *st, int64_t a, int64_t b, int64_t c, int64_t d) {
+  st[0] = a, st[1] = b, st[2] = c, st[3] = d;
+}
 
-/* a bf16 call cuDNN takes: B 2, H 8, Hkv 2 (GQA), T 16, S 32, D 64, contiguous, causal */
+/* a bf16 call cuDNN takes: B 2, H 8, Hkv 2 (GQA), T 16, S 32, D 64, contiguous, causal, on an
+ * H100/H200 (sm_90) with cuDNN 9.6 */
 static kg_sdpa_call good(void) {
   kg_sdpa_call c;
   memset(&c, 0, sizeof c);
@@ -29,6 +34,7 @@ static kg_sdpa_call good(void) {
   set4(c.vs, 2 * 32 * 64, 32 * 64, 64, 1);
   set4(c.os, 8 * 16 * 64, 16 * 64, 64, 1);
   c.qp = 0x10000, c.kp = 0x20000, c.vp = 0x30000, c.op = 0x40000, c.elem = 2;
+  c.sm = 90, c.cudnn_version = 90600;
   return c;
 }
 
@@ -42,29 +48,66 @@ static void test_rules(void) {
   c = good(), c.dtype = KG_F16;
   CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
 
-  int64_t dims[] = {4, 60, 136, 256, 0};
+  int64_t dims[] = {4, 60, 264, 512, 0};
   for (int i = 0; i < 5; i++) {
     c = good(), c.D = dims[i];
     CHECK(kg_sdpa_check(&c, true) == (dims[i] == 0 ? KG_SDPA_EMPTY : KG_SDPA_HEAD_DIM));
   }
-  int64_t ok_dims[] = {8, 64, 72, 128};
-  for (int i = 0; i < 4; i++) {
+  int64_t ok_dims[] = {8, 64, 72, 128, 136, 256}; /* Hopper: up to 256 (Gemma's 256 among them) */
+  for (int i = 0; i < 6; i++) {
     c = good(), c.D = ok_dims[i];
     set4(c.qs, 8 * 16 * c.D, 16 * c.D, c.D, 1), set4(c.os, 8 * 16 * c.D, 16 * c.D, c.D, 1);
     set4(c.ks, 2 * 32 * c.D, 32 * c.D, c.D, 1), set4(c.vs, 2 * 32 * c.D, 32 * c.D, c.D, 1);
     CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
+    c.sm = 80, c.cudnn_version = 90900; /* Ampere, cuDNN <= 9.9: 128 */
+    CHECK(kg_sdpa_check(&c, true) == (c.D <= 128 ? KG_SDPA_OK : KG_SDPA_HEAD_DIM));
+    c.cudnn_version = 91200; /* Ampere, later cuDNN: 256 for prefill, 128 for decode */
+    CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
+    c.T = 1;
+    CHECK(kg_sdpa_check(&c, true) == (c.D <= 128 ? KG_SDPA_OK : KG_SDPA_HEAD_DIM));
+    c.T = 16, c.sm = 100, c.cudnn_version = 90800; /* Blackwell before 9.9: 128 */
+    CHECK(kg_sdpa_check(&c, true) == (c.D <= 128 ? KG_SDPA_OK : KG_SDPA_HEAD_DIM));
   }
+  CHECK(kg_sdpa_cudnn_max_d(90, 90000, 1) == 256 && kg_sdpa_cudnn_max_d(86, 90900, 64) == 128);
+  CHECK(kg_sdpa_cudnn_max_d(100, 91000, 1) == 256 && kg_sdpa_cudnn_max_d(89, 91000, 64) == 256);
+
+  /* the device and library: below sm_80, below cuDNN 9, and 9.10.0 / 9.10.1 (known SDPA bugs) */
+  c = good(), c.sm = 75;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_ARCH);
+  c = good(), c.sm = 0; /* unknown device */
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_ARCH);
+  c = good(), c.cudnn_version = 8907;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_ARCH);
+  c = good(), c.cudnn_version = 91000;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_ARCH);
+  c = good(), c.cudnn_version = 91001;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_ARCH);
+  c = good(), c.cudnn_version = 91002;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
 
   c = good(), c.has_mask = true;
   CHECK(kg_sdpa_check(&c, true) == KG_SDPA_MASK);
   c = good(), c.window = 4;
   CHECK(kg_sdpa_check(&c, true) == KG_SDPA_WINDOW);
+  c = good(), c.window = 31; /* S = 32: one key out of the last row's band */
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_WINDOW);
+  c = good(), c.window = 32; /* a window >= S is no window (Mistral: 4096 at S = 128) */
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
+  c = good(), c.window = 4096;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
 
   /* causal is bottom-right aligned: T > S has rows cuDNN cannot express; non-causal T > S is fine */
   c = good(), c.T = 64;
   set4(c.qs, 8 * 64 * 64, 64 * 64, 64, 1), set4(c.os, 8 * 64 * 64, 64 * 64, 64, 1);
   CHECK(kg_sdpa_check(&c, true) == KG_SDPA_CAUSAL_TS);
   c.causal = false;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
+  /* before cuDNN 9.6 bottom-right causal needs T and S multiples of 64 (or T == S) */
+  c = good(), c.cudnn_version = 90500;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_CAUSAL_TS);
+  c.T = c.S = 32;
+  CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
+  c.T = 64, c.S = 128;
   CHECK(kg_sdpa_check(&c, true) == KG_SDPA_OK);
   c = good(), c.T = 1; /* decode: one query against the cache */
   set4(c.qs, 8 * 64, 64, 64, 1), set4(c.os, 8 * 64, 64, 64, 1);
@@ -90,6 +133,7 @@ static void test_rules(void) {
   CHECK(kg_sdpa_check(&c, true) == KG_SDPA_EMPTY);
 
   CHECK(strcmp(kg_sdpa_reason_name(KG_SDPA_HEAD_DIM), "head_dim") == 0);
+  CHECK(strcmp(kg_sdpa_reason_name(KG_SDPA_ARCH), "arch") == 0);
   CHECK(strcmp(kg_sdpa_reason_name(KG_SDPA_NREASONS), "?") == 0);
 }
 
@@ -151,7 +195,173 @@ static void test_cache(void) {
   CHECK(kg_sdpa_cache_find(&cache, &k100) && kg_sdpa_cache_find(&cache, &k100)->plan == &plans[0]);
 }
 
+/* ---- the router ------------------------------------------------------------------------------ */
+
+/* a call on cuda:0 of an H200 (sm_90, cuDNN 9.6): bf16, B 1, H 16, Hkv 16, T = S = 128, D 256
+ * (Gemma 7B's prefill), causal, no mask, no grad, TF32 off, cuDNN on */
+static kg_sdpa_desc call(void) {
+  kg_sdpa_desc d;
+  memset(&d, 0, sizeof d);
+  d.cuda = true, d.dtype = KG_BF16, d.is_half = true;
+  d.B = 1, d.H = 16, d.Hkv = 16, d.T = 128, d.S = 128, d.D = 256;
+  d.causal = true, d.scale = 0.0625, d.cudnn_enabled = true, d.sm = 90, d.cudnn_version = 90600;
+  d.smem = 232448; /* 227 KiB a block may opt in to on sm_90 */
+  return d;
+}
+static kg_sdpa_desc f32(kg_sdpa_desc d) {
+  d.dtype = KG_F32, d.is_half = false, d.is_f32 = true;
+  return d;
+}
+static kg_sdpa_route route(const kg_sdpa_desc *d) { return kg_sdpa_route_of(d, NULL); }
+
+static void test_router(void) {
+  kg_sdpa_desc d = call();
+  kg_sdpa_reason why = KG_SDPA_NREASONS;
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_CUDNN && why == KG_SDPA_OK);
+  d.cuda = false; /* the CPU kernel takes every D */
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_CPU && why == KG_SDPA_OK);
+  d.D = 512;
+  CHECK(route(&d) == KG_SDPA_ROUTE_CPU);
+
+  /* rule 1: a non-finite scale, dropout or the switch: math, on every device */
+  d = call(), d.scale = NAN;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.cuda = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = call(), d.scale = INFINITY, d.cuda = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = call(), d.scale = -INFINITY;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = call(), d.dropout = 0.1;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = call(), d.force_math = true, d.cuda = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = call(), d.mask = KG_SDPA_MASK_ADDITIVE, d.mask_grad = d.requires_grad = true, d.cuda = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH); /* a learned bias gets its gradient */
+  d.mask_grad = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_CPU);
+  /* rule 0: nothing to compute goes to the kernels that fill empty outputs, whatever the scale */
+  d = call(), d.S = 0, d.scale = NAN;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.cuda = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_CPU);
+  d = call(), d.D = 0, d.force_math = true, d.cuda = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_CPU);
+
+  /* rule 3: cuDNN, with the reason it declines */
+  d = call(), d.cudnn_enabled = false;
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_MATH && why == KG_SDPA_OFF);
+  d = call(), d.window = 4096; /* Mistral at T = 128: no window at all */
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_CUDNN && why == KG_SDPA_OK);
+  d.window = 64; /* a real window: cuDNN is not asked, the math route is big enough */
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_MATH && why == KG_SDPA_WINDOW);
+  d = call(), d.mask = KG_SDPA_MASK_BOOL;
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_MATH && why == KG_SDPA_MASK);
+  d.T = 1; /* a decode step with a padding mask: one flash launch */
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_FLASH && why == KG_SDPA_MASK);
+  d = call(), d.mask = KG_SDPA_MASK_ADDITIVE, d.T = d.S = 32; /* T·S = 1024: small, flash */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d = call(), d.T = 1; /* decode without a mask: cuDNN (Hopper takes D 256 for decode too) */
+  CHECK(route(&d) == KG_SDPA_ROUTE_CUDNN);
+  d.sm = 80, d.cudnn_version = 91200; /* Ampere decode at D 256: cuDNN declines, flash (small) */
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_FLASH && why == KG_SDPA_HEAD_DIM);
+  d.T = 128; /* Ampere prefill with a later cuDNN: 256 is fine */
+  CHECK(route(&d) == KG_SDPA_ROUTE_CUDNN);
+  d = call(), d.causal = true, d.T = 129; /* causal T > S */
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_MATH && why == KG_SDPA_CAUSAL_TS);
+
+  /* rule 4: D > 256 has only the math route on the GPU: the SD VAE's one head of 512, f32 */
+  d = f32(call());
+  d.B = 1, d.H = 1, d.Hkv = 1, d.T = d.S = 4096, d.D = 512, d.causal = false;
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_MATH && why == KG_SDPA_DTYPE);
+  d.T = d.S = 1; /* small or not, TF32 or not, grad or not */
+  d.requires_grad = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = call(), d.D = 264;
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_MATH && why == KG_SDPA_HEAD_DIM);
+  d.D = 256, d.mask = KG_SDPA_MASK_BOOL, d.T = 1; /* 256 itself is still the flash kernel's */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+
+  /* rule 4 also: the flash kernel's shared memory. f64 at D 256 needs 160 KiB forward and 193 KiB
+   * for the dk/dv pass: sm_90 (227 KiB) runs both, sm_80 (163 KiB) the forward only, sm_86
+   * (99 KiB) neither — the math route takes what the flash kernel cannot */
+  CHECK(kg_sdpa_flash_smem_fwd(8, 256) == 164096 && kg_sdpa_flash_smem_dkv(8, 256) == 197632);
+  CHECK(kg_sdpa_flash_smem_dq(4, 64) == 4 * (2 * 16 * 64 + 2 * 32 * 65));
+  d = call(), d.dtype = KG_F64, d.is_half = false, d.is_f64 = true, d.requires_grad = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.sm = 80, d.smem = 166912;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.requires_grad = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.sm = 86, d.smem = 101376;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.D = 128; /* f64 D 128 on sm_86: 80 KiB forward, 96 KiB backward */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.requires_grad = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.D = 136;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = f32(call()), d.T = 1, d.D = 256, d.requires_grad = true, d.smem = 101376; /* f32: 97 KiB, fits */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.smem = 0; /* unknown: the 48 KiB every GPU has */
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.D = 64;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+
+  /* rule 5: f32 goes to the math route only under TF32 and when big enough (BERT: B 8, H 12,
+   * T = S = 512, D 64) */
+  d = f32(call());
+  d.B = 8, d.H = 12, d.Hkv = 12, d.T = d.S = 512, d.D = 64, d.causal = false;
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.allow_tf32 = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.requires_grad = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.T = 4096 / 512 - 1; /* T·S just below KG_SDPA_MATH_MIN_TS */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.T = 4096 / 512;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  /* under grad the kept tensors cap it: 3 · B·H·T·S·4 bytes <= 4 GiB (the chunks of a no-grad
+   * call are freed in turn, so without grad any size goes) */
+  d = f32(call());
+  d.allow_tf32 = true, d.causal = false, d.D = 40, d.requires_grad = true;
+  d.B = 2, d.H = 8, d.Hkv = 8, d.T = d.S = 4096; /* 1 GiB of f32 scores, 3 GiB kept */
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.B = 3; /* 4.5 GiB kept */
+  CHECK(route(&d) == KG_SDPA_ROUTE_FLASH);
+  d.requires_grad = false, d.B = 26; /* SD predict's UNet self-attention with guidance: 13 GiB */
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d = f32(call()); /* BERT fit (B 32) and predict (B 256) at T = 512 */
+  d.allow_tf32 = true, d.causal = false, d.D = 64, d.H = d.Hkv = 12, d.T = d.S = 512, d.B = 32;
+  d.requires_grad = true;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+  d.requires_grad = false, d.B = 256;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+
+  /* the chunks of a no-grad math call: as many batch rows as keep f32 scores within the cap */
+  int64_t GiB = 1ll << 30;
+  CHECK(kg_sdpa_math_rows(26, 8, 4096, 4096, false, GiB) == 2); /* 512 MiB per row */
+  CHECK(kg_sdpa_math_rows(26, 8, 4096, 4096, true, GiB) == 26); /* grad: one piece */
+  CHECK(kg_sdpa_math_rows(256, 12, 512, 512, false, GiB) == 85);
+  CHECK(kg_sdpa_math_rows(4, 1, 2, 2, false, GiB) == 4);         /* small: one piece */
+  CHECK(kg_sdpa_math_rows(13, 16, 8192, 8192, false, GiB) == 1); /* one row over the cap: still 1 */
+  CHECK(kg_sdpa_math_rows(5, 2, 3, 4, false, 2 * 2 * 3 * 4 * 4) == 2);
+  CHECK(kg_sdpa_math_rows(0, 2, 3, 4, false, GiB) == 0);
+  /* f64 on the GPU: the flash kernel (no tensor cores to win with), math only past D 256 */
+  d = call(), d.dtype = KG_F64, d.is_half = false, d.is_f64 = true, d.allow_tf32 = true;
+  CHECK(kg_sdpa_route_of(&d, &why) == KG_SDPA_ROUTE_FLASH && why == KG_SDPA_DTYPE);
+  d.D = 300;
+  CHECK(route(&d) == KG_SDPA_ROUTE_MATH);
+
+  /* the window that matters */
+  CHECK(kg_sdpa_window(0, 10) == 0 && kg_sdpa_window(9, 10) == 9 && kg_sdpa_window(10, 10) == 0);
+  CHECK(kg_sdpa_window(4096, 128) == 0 && kg_sdpa_window(4, 0) == 0);
+  CHECK(strcmp(kg_sdpa_route_name(KG_SDPA_ROUTE_MATH), "math") == 0);
+  CHECK(strcmp(kg_sdpa_route_name(KG_SDPA_ROUTE_CUDNN), "cudnn") == 0);
+}
+
 int main(void) {
+  test_router();
   test_rules();
   test_keys();
   test_cache();

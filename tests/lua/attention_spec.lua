@@ -272,6 +272,204 @@ describe("scaled_dot_product_attention", function()
   end)
 end)
 
+-- The math route (engine/ops/sdpa_route.h): GEMM -> masked softmax -> GEMM of engine ops. On the
+-- GPU it takes D > 256 and big calls; keng.backends.sdpa_math sends every call there, so it is
+-- checked here on the CPU against the same references as the fused kernel.
+describe("scaled_dot_product_attention: the math route", function()
+  keng.manual_seed(11)
+  local function math_route(fn)
+    keng.backends.sdpa_math = true
+    local ok, err = pcall(fn)
+    keng.backends.sdpa_math = false
+    if not ok then error(err, 0) end
+  end
+
+  it("is taken when asked, counted in cudnn_sdpa_stats.routes, and the switch takes booleans only", function()
+    assert.is_false(keng.backends.sdpa_math)
+    local q, k, v = keng.randn({1, 1, 2, 4}), keng.randn({1, 1, 3, 4}), keng.randn({1, 1, 3, 4})
+    local before = keng.backends.cudnn_sdpa_stats.routes
+    sdpa(q, k, v)
+    math_route(function() sdpa(q, k, v) end)
+    local after = keng.backends.cudnn_sdpa_stats.routes
+    assert.are.equal(before.cpu + 1, after.cpu)
+    assert.are.equal(before.math + 1, after.math)
+    H.raises(function() keng.backends.sdpa_math = 1 end, "keng.backends.sdpa_math must be a boolean")
+  end)
+
+  it("matches naive attention: causal (T < S, T = S, T > S), window, GQA, masks, non-contiguous", function()
+    math_route(function()
+      for _, ts in ipairs({{3, 7}, {6, 6}, {6, 4}}) do
+        local T, S = ts[1], ts[2]
+        local q, k, v = keng.randn({2, 4, T, 8}), keng.randn({2, 2, S, 8}), keng.randn({2, 2, S, 8})
+        H.close(sdpa(q, k, v, {causal = true}), ref_sdpa(q, k, v, {causal = true}), 1e-5, "causal " .. T .. "x" .. S)
+        H.close(sdpa(q, k, v, {scale = 0.3}), ref_sdpa(q, k, v, {scale = 0.3}), 1e-5, "scale " .. T .. "x" .. S)
+      end
+      local q, k, v = keng.randn({1, 2, 5, 4}), keng.randn({1, 2, 9, 4}), keng.randn({1, 2, 9, 4})
+      H.close(sdpa(q, k, v, {causal = true, window = 3}), ref_sdpa(q, k, v, {causal = true, window = 3}), 1e-5,
+        "causal window")
+      H.close(sdpa(q, k, v, {window = 2}), ref_sdpa(q, k, v, {window = 2}), 1e-5, "window only")
+      local bm = keng.rand({1, 1, 5, 9}):gt(0.4)
+      H.close(sdpa(q, k, v, {mask = bm, causal = true}), ref_sdpa(q, k, v, {mask = bm, causal = true}), 1e-5,
+        "bool mask + causal")
+      local fm = keng.randn({2, 1, 9})
+      H.close(sdpa(q, k, v, {mask = fm}), ref_sdpa(q, k, v, {mask = fm}), 1e-5, "float mask [H,1,S]")
+      local vec = keng.rand({9}):gt(0.5)                          -- a mask of fewer than 2 dims
+      H.close(sdpa(q, k, v, {mask = vec}), ref_sdpa(q, k, v, {mask = vec}), 1e-5, "bool mask [S]")
+      local nq, nk, nv = H.noncontig(q), H.noncontig(k), H.noncontig(v)
+      H.close(sdpa(nq, nk, nv, {causal = true}), ref_sdpa(q, k, v, {causal = true}), 1e-5, "noncontig")
+    end)
+  end)
+
+  it("takes a head dim of 512 (the SD VAE's one head), f64 exactly and bf16 close", function()
+    local q, k, v = keng.randn({1, 1, 6, 512}), keng.randn({1, 1, 6, 512}), keng.randn({1, 1, 6, 512})
+    local fused = sdpa(q, k, v)
+    math_route(function()
+      local out = sdpa(q, k, v)
+      assert.are.same({1, 1, 6, 512}, out.shape)
+      H.close(out, ref_sdpa(q, k, v), 1e-5, "D 512")
+      H.close(out, fused, 1e-5, "math vs the fused kernel")
+      local q64, k64, v64 = q:to("f64"), k:to("f64"), v:to("f64")
+      H.close(sdpa(q64, k64, v64, {causal = true}), ref_sdpa(q, k, v, {causal = true}), 1e-12, "f64")
+      local ob = sdpa(q:bf16(), k:bf16(), v:bf16())
+      assert.are.equal("bf16", ob.dtype)
+      H.close(ob, fused, 3e-2, "bf16 vs f32")
+      -- scores in f32 from bf16 inputs, P rounded to bf16 for P·V (as cuDNN): within about a bf16
+      -- rounding of the fused kernel; scores rounded to bf16 are 7e-2 off on these large logits
+      local qb, kb, vb = (keng.randn({1, 2, 32, 64}) * 3):bf16(), (keng.randn({1, 2, 32, 64}) * 3):bf16(),
+        keng.randn({1, 2, 32, 64}):bf16()
+      local mb = sdpa(qb, kb, vb)
+      keng.backends.sdpa_math = false
+      local fb = sdpa(qb, kb, vb)
+      keng.backends.sdpa_math = true
+      H.close(mb:float(), fb:float(), 1.5e-2, "math bf16 vs fused bf16")
+    end)
+  end)
+
+  it("gives zeros for fully masked rows with finite gradients, and matches finite differences", function()
+    math_route(function()
+      local rows, fr = {}, {}
+      for i = 1, 3 do
+        rows[i], fr[i] = {}, {}
+        for j = 1, 5 do rows[i][j] = i ~= 2; fr[i][j] = i == 3 and -math.huge or 0.5 * j end
+      end
+      local bm, fm = keng.tensor(rows, {dtype = "bool"}), keng.tensor(fr, {dtype = "f64"})
+      local q, k, v = H.leaf({1, 2, 3, 4}), H.leaf({1, 2, 5, 4}), H.leaf({1, 2, 5, 4})
+      for _, m in ipairs({bm, fm}) do
+        local out = sdpa(q, k, v, {mask = m})
+        H.close(out, ref_sdpa(q, k, v, {mask = m}), 1e-10, "masked rows")
+        local dead = m.dtype == "bool" and 2 or 3
+        for _, x in ipairs(H.flat(out:narrow(3, dead, 1))) do assert.are.equal(0, x) end
+        q.grad, k.grad, v.grad = nil, nil, nil
+        out:sum():backward()
+        for _, g in ipairs({q.grad, k.grad, v.grad}) do
+          for _, x in ipairs(H.flat(g)) do assert.is_true(x == x and math.abs(x) < math.huge) end
+        end
+        for _, x in ipairs(H.flat(q.grad:narrow(3, dead, 1))) do assert.are.equal(0, x) end
+      end
+      local q1, k1, v1 = H.leaf({1, 2, 3, 3}), H.leaf({1, 1, 4, 3}), H.leaf({1, 1, 4, 3})
+      H.gradcheck(function(a, b, c) return sdpa(a, b, c, {causal = true}) end, {q1, k1, v1})
+      H.gradcheck(function(a, b, c) return sdpa(a, b, c, {mask = fm:narrow(2, 1, 4), scale = 0.7}) end, {q1, k1, v1})
+      local q2, k2, v2 = H.leaf({2, 2, 4, 2}), H.leaf({2, 2, 5, 2}), H.leaf({2, 2, 5, 2})
+      H.gradcheck(function(a, b, c) return sdpa(a, b, c, {causal = true, window = 2}) end, {q2, k2, v2})
+      local bm2 = keng.rand({2, 1, 4, 5}):gt(0.3)
+      H.gradcheck(function(a, b, c) return sdpa(a, b, c, {mask = bm2}) end, {q2, k2, v2})
+    end)
+  end)
+end)
+
+describe("scaled_dot_product_attention: the math route in batch chunks (child process)", function()
+  local function sh_quote(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
+  local function keng_bin()
+    local env = os.getenv("KENG_BIN")
+    if env and env ~= "" then return env end
+    local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
+    local self = p:read("a"):gsub("%s+$", "")
+    p:close()
+    return self:match("keng$") and self or nil
+  end
+
+  it("splits a no-grad call into chunks of KENG_SDPA_MATH_CHUNK bytes of scores, same values", function()
+    local bin = keng_bin()
+    assert.truthy(bin, "no keng binary (set KENG_BIN)")
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local keng = require "keng"
+keng.manual_seed(3)
+local q, k, v = keng.randn({5, 2, 3, 4}), keng.randn({5, 1, 6, 4}), keng.randn({5, 1, 6, 4})
+local bm = keng.rand({5, 1, 3, 6}):gt(0.3)
+local fm = keng.randn({3, 6})
+local worst = 0
+for _, o in ipairs({{causal = true}, {mask = bm}, {mask = fm, window = 2}}) do
+  local a = keng.scaled_dot_product_attention(q, k, v, o)
+  keng.backends.sdpa_math = true
+  local b = keng.scaled_dot_product_attention(q, k, v, o)
+  keng.backends.sdpa_math = false
+  worst = math.max(worst, (a - b):abs():max():item())
+end
+io.stdout:write("worst ", worst, "\n")
+]])
+    f:close()
+    -- 2 heads · 3 · 6 · 4 bytes = 144 per batch row: 300 bytes hold 2 rows, so B 5 goes as 2, 2, 1
+    local p = io.popen("KENG_SDPA_MATH_CHUNK=300 KENG_DEBUG=1 " .. sh_quote(bin) .. " " .. sh_quote(script) .. " 2>&1")
+    local out = p:read("a")
+    p:close()
+    os.remove(script)
+    local worst = tonumber(out:match("worst (%S+)"))
+    assert.truthy(worst, out)
+    assert.is_true(worst < 1e-5, out)
+    local chunks = {}
+    for b in out:gmatch("matmul%s+f32%[(%d),1,6,4%] f32%[%d,1,4,6%]") do chunks[#chunks + 1] = tonumber(b) end
+    assert.are.same({2, 2, 1, 2, 2, 1, 2, 2, 1}, chunks)
+  end)
+end)
+
+describe("scaled_dot_product_attention: scale and window edge cases", function()
+  keng.manual_seed(13)
+
+  it("propagates a NaN or infinite scale as NaN (as PyTorch), on the default route too", function()
+    local q, k, v = keng.randn({1, 2, 3, 4}), keng.randn({1, 2, 5, 4}), keng.randn({1, 2, 5, 4})
+    for _, sc in ipairs({0 / 0, math.huge, -math.huge}) do
+      for _, dt in ipairs({"f32", "f64", "bf16"}) do
+        local out = sdpa(q:to(dt), k:to(dt), v:to(dt), {scale = sc, causal = true})
+        for _, x in ipairs(H.flat(out)) do assert.is_true(x ~= x, "scale " .. sc .. " " .. dt .. " gave " .. x) end
+      end
+    end
+    -- a row that sees no key still gives zeros (keng's rule for masked rows), whatever the scale
+    local bm = keng.tensor({{true, true, false, true, true}, {false, false, false, false, false},
+                            {true, false, false, false, false}}, {dtype = "bool"})
+    local out = sdpa(q, k, v, {scale = 0 / 0, mask = bm}):tolist()
+    for h = 1, 2 do
+      for d = 1, 4 do
+        assert.are.equal(0, out[1][h][2][d])
+        assert.is_true(out[1][h][1][d] ~= out[1][h][1][d])
+      end
+    end
+  end)
+
+  it("differentiates a float mask that needs a gradient (a learned bias) on the default route", function()
+    local q, k, v = H.leaf({1, 2, 3, 4}), H.leaf({1, 1, 5, 4}), H.leaf({1, 1, 5, 4})
+    local bias = H.leaf({2, 3, 5})
+    H.gradcheck(function(a, b, c, m) return sdpa(a, b, c, {mask = m, causal = true}) end, {q, k, v, bias})
+    local q2 = H.leaf({1, 2, 3, 4}):detach()                        -- only the bias needs one
+    bias.grad = nil
+    sdpa(q2, k:detach(), v:detach(), {mask = bias}):sum():backward()
+    assert.truthy(bias.grad)
+    H.close(bias.grad:sum(-1), keng.zeros({2, 3}, {dtype = "f64"}), 1e-12, "softmax rows: the bias gradient sums to 0")
+  end)
+
+  it("treats a window >= S as no window (Mistral passes 4096 at T = 128)", function()
+    local q, k, v = keng.randn({1, 2, 6, 4}), keng.randn({1, 2, 6, 4}), keng.randn({1, 2, 6, 4})
+    local plain = sdpa(q, k, v, {causal = true})
+    H.close(sdpa(q, k, v, {causal = true, window = 6}), plain, 0, "window = S")
+    H.close(sdpa(q, k, v, {causal = true, window = 4096}), plain, 0, "window 4096")
+    -- one less is a real window: the last row loses its first key
+    local w5 = sdpa(q, k, v, {causal = true, window = 5})
+    H.close(w5, ref_sdpa(q, k, v, {causal = true, window = 5}), 1e-5, "window = S - 1")
+    assert.is_true((w5 - plain):abs():max():item() > 1e-4)
+  end)
+end)
+
 -- Hugging Face's rotate_half rope in Lua: x [..., T, D], positions as a Lua list per batch
 local function ref_rope(x, pos, base)
   local shape, D = x.shape, x.shape[#x.shape]

@@ -256,11 +256,11 @@ end)
 describe("all.lua smoke (child process)", function()
   local KENG = find_keng()
 
-  it("runs --steps 2 --only bert --profile 3 and writes a JSON that follows the schema", function()
+  it("runs --steps 2 --only bert --profile 3 --tf32 and writes a JSON that follows the schema", function()
     assert.is_truthy(KENG, "no keng binary found (set KENG_BIN)")
     local out_dir = tmp .. "/results"
     local cmd = string.format(
-      "cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --steps 2 --only bert --profile 3 --out %s 2>&1",
+      "cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --steps 2 --only bert --profile 3 --tf32 --out %s 2>&1",
       sh_quote(root), sh_quote(KENG), sh_quote(out_dir))
     local p = io.popen(cmd)
     local out = p:read("a")
@@ -277,6 +277,8 @@ describe("all.lua smoke (child process)", function()
     assert.is_string(doc.device)
     assert.is_number(doc.threads)
     assert.are.equal(keng.version, doc.keng_version)
+    assert.are.equal(true, doc.tf32)                                     -- --tf32 lands in the JSON
+    assert.is_truthy(out:find("· TF32 on", 1, true), out)               -- and in the header line
     assert.are.equal(2, #doc.rows)
     for _, r in ipairs(doc.rows) do
       for _, k in ipairs({"id", "row", "task", "dtype", "tier", "device", "status", "preset"}) do
@@ -313,6 +315,26 @@ describe("all.lua smoke (child process)", function()
     assert.are.equal(3, png.shape[3])
   end)
 
+  it("records TF32 off by default on the cpu tier (on only for the gpu tier or --tf32)", function()
+    assert.is_truthy(KENG, "no keng binary found")
+    for i, flag in ipairs({""}) do
+      local out_dir = tmp .. "/tf32-" .. i
+      local p = io.popen(string.format(
+        "cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --tier cpu --steps 1 --only bert_predict %s --out %s 2>&1",
+        sh_quote(root), sh_quote(KENG), flag, sh_quote(out_dir)))
+      local out = p:read("a")
+      local _, _, code = p:close()
+      assert.are.equal(0, code, out)
+      local p2 = io.popen("ls " .. sh_quote(out_dir) .. "/*-cpu.json 2>/dev/null")
+      local file = p2:read("a"):gsub("%s+$", "")
+      p2:close()
+      local doc = json.decode(assert(io.open(file), out):read("a"))
+      assert.are.equal(false, doc.tf32, flag)
+      assert.is_truthy(out:find("· TF32 off", 1, true), out)
+      assert.is_false(keng.backends.allow_tf32)
+    end
+  end)
+
   it("rejects a bad option with exit status 2", function()
     assert.is_truthy(KENG, "no keng binary found")
     local p = io.popen(string.format("cd %s && %s scripts/bench/all.lua --tier tpu 2>&1", sh_quote(root), sh_quote(KENG)))
@@ -325,5 +347,10 @@ describe("all.lua smoke (child process)", function()
     _, _, code = p:close()
     assert.are.equal(2, code)
     assert.is_truthy(out:find("--profile must be a positive integer", 1, true), out)
+    p = io.popen(string.format("cd %s && %s scripts/bench/all.lua --tf32=1 2>&1", sh_quote(root), sh_quote(KENG)))
+    out = p:read("a")
+    _, _, code = p:close()
+    assert.are.equal(2, code)
+    assert.is_truthy(out:find("--tf32 and --no-tf32 take no value", 1, true), out)
   end)
 end)

@@ -342,15 +342,21 @@ bool kg_allow_tf32(void);
  * see engine/cuda/sdpa_plan.h); on by default; off = keng's flash kernel always. */
 void kg_set_cudnn_sdpa(bool on);
 bool kg_cudnn_sdpa(void);
+/* every scaled_dot_product_attention call through the math route (GEMM -> masked softmax -> GEMM
+ * of engine ops, engine/ops/sdpa_route.h) on every device; off by default (debugging, checks). */
+void kg_set_sdpa_math(bool on);
+bool kg_sdpa_math(void);
 /* counters of the cuDNN attention path since start (debug): calls it ran, plans built, plan
  * builds cuDNN refused, launches that failed (then the flash kernel ran), and calls left to the
  * flash kernel by reason (index = kg_sdpa_reason of engine/cuda/sdpa_plan.h, 0 unused). */
 typedef struct {
   uint64_t cudnn_calls, plans_built, build_failures, exec_failures;
   uint64_t fallback[16];
+  uint64_t routes[4]; /* calls per route of engine/ops/sdpa_route.h: cpu, cudnn, flash, math */
 } kg_sdpa_stats;
 void kg_sdpa_stats_get(kg_sdpa_stats *out);
-void kg_sdpa_stat_add(int field, int reason); /* field: 0 calls, 1 built, 2 build fail, 3 exec fail, 4 fallback */
+/* field: 0 calls, 1 built, 2 build fail, 3 exec fail, 4 fallback (by reason), 5 route (reason = route) */
+void kg_sdpa_stat_add(int field, int reason);
 
 #include "ops_api.h"
 #include "io.h"

@@ -180,8 +180,9 @@ typedef struct {
  * rotate_half; positions: [T] or [B, T] integer (0-based) broadcast over x's leading dims. */
 kg_status kg_rope(kg_tensor **out, const kg_tensor *x, const kg_tensor *positions, double base);
 /* q: [B, H, T, D], k, v: [B, Hkv, S, D] with H % Hkv == 0; mask: NULL, bool (true = attend)
- * or float (added to scores), broadcastable to [B, H, T, S]. out: [B, H, T, D]. Never
- * materialises [B, H, T, S] in f32. */
+ * or float (added to scores), broadcastable to [B, H, T, S]. out: [B, H, T, D]. The fused
+ * routes never materialise [B, H, T, S]; the math route does (engine/ops/sdpa_route.h says
+ * which calls take it: D > 256 on cuda, big tensor-core calls, a non-finite scale). */
 kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
                   const kg_sdpa_params *p);
 
