@@ -327,6 +327,15 @@ if [ "${PEER:-1}" != 0 ]; then
     tail -15 "$work/peer.log"
     stage "pytorch peer" "$([ $prc = 0 ] && echo ok || echo "exit $prc")" $(( $(now) - t1 ))
   fi
+  if [ "$DRY" = 1 ]; then
+    # the GPU-tier peer models at BENCH_SPEC's parameter counts (meta device: no GPU, no memory)
+    t1=$(now)
+    { echo "== pytorch_gpu.py --check-params"; timeout 120 python3 scripts/bench/peers/pytorch_gpu.py --check-params; } \
+      >>"$work/peer.log" 2>&1
+    prc=$?
+    stage "peer --check-params" "$([ $prc = 0 ] && echo ok || echo "exit $prc")" $(( $(now) - t1 ))
+    [ $prc = 0 ] || checks_rc=1
+  fi
 fi
 
 finish $checks_rc

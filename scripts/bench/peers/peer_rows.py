@@ -200,7 +200,7 @@ class NotAvailable(Exception):
 
 def sd_parts(tier):
     try:
-        from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+        from diffusers import AutoencoderKL, UNet2DConditionModel
     except ImportError as e:
         raise NotAvailable(f"diffusers is not installed ({e}); carry its wheel (tests/gpu/prepare.sh)") from None
     t = TIERS[tier]
@@ -212,10 +212,16 @@ def sd_parts(tier):
     vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
                         up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4,
                         sample_size=t["sd_image"], scaling_factor=0.18215, **t["vae"])
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                          clip_sample=False, set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading",
-                          prediction_type="epsilon")
-    return te, unet, vae, sched
+    return te, unet, vae
+
+
+def ddim_scheduler():
+    """SD v1's DDIM schedule; made outside Runner.build so that its tables stay on the host, as in
+    diffusers' pipelines"""
+    from diffusers import DDIMScheduler
+    return DDIMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                         clip_sample=False, set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading",
+                         prediction_type="epsilon")
 
 
 def byte_tokens(texts, vocab=49408, T=77):
@@ -321,7 +327,8 @@ class Runner:
     def sd(self, task, B, steps):
         S = TIERS[self.tier]["sd_image"]
         s = S // 8
-        te, unet, vae, sched = self.build(lambda: sd_parts(self.tier))
+        te, unet, vae = self.build(lambda: sd_parts(self.tier))
+        sched = ddim_scheduler()
         if task == "fit":
             enc = vae.encoder                                               # up to the 8-channel conv_out
             images, target = self.to(torch.rand(B, 3, S, S)), self.to(torch.rand(B, 8, s, s))
@@ -429,6 +436,38 @@ class Runner:
         if family == "bert":
             return self.bert(task, B, steps)
         return self.llm(family, task, B, dtype, steps)
+
+
+# BENCH_SPEC.md's parameter counts of the GPU-tier presets: the acceptance check that a peer
+# model is built at the right size (pytorch_gpu.py --check-params, on the meta device)
+SPEC_PARAMS = {"bert": 108311810, "sam": 641090864, "gemma": 8537680896, "mistral": 7241732096,
+               "sd_unet": 859520964, "sd_vae_encoder": 34163592}
+
+
+def check_params():
+    """builds each GPU-tier model on the meta device (no memory) and compares its parameter count
+    with BENCH_SPEC.md; returns a list of mismatch messages"""
+    r = Runner("gpu", "meta", 1)
+
+    def n(m):
+        return sum(p.numel() for p in m.parameters())
+    got = {"bert": lambda: n(r.build(lambda: bert_model("gpu"))),
+           "sam": lambda: n(r.build(lambda: sam_model("gpu"))),
+           "gemma": lambda: n(r.build(lambda: lm_model("gemma", "gpu"), torch.bfloat16)),
+           "mistral": lambda: n(r.build(lambda: lm_model("mistral", "gpu"), torch.bfloat16))}
+    try:
+        sd = r.build(lambda: sd_parts("gpu"))
+        got.update(sd_unet=lambda: n(sd[1]), sd_vae_encoder=lambda: n(sd[2].encoder))
+    except NotAvailable as e:
+        print(f"sd: not available ({e})")
+    bad = []
+    for name, f in got.items():
+        v = f()
+        ok = v == SPEC_PARAMS[name]
+        print(f"{name:16s} {v:>14,d} params  BENCH_SPEC {SPEC_PARAMS[name]:>14,d}  {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            bad.append(f"{name}: {v} parameters, BENCH_SPEC says {SPEC_PARAMS[name]}")
+    return bad
 
 
 def stats(secs, steps, items):

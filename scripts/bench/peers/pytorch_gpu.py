@@ -17,6 +17,8 @@ Usage:
         [--budget SECONDS] [--no-tf32] [--out bench-results/pytorch-gpu.json]
     python3 scripts/bench/peers/pytorch_gpu.py --device cpu --tiny --steps 1 ...   # a dry run here:
         the CPU-tier sizes on the CPU (tests/gpu/run.sh with KENG_GPU_DRY_RUN=1)
+    python3 scripts/bench/peers/pytorch_gpu.py --check-params   # the GPU-tier models' parameter
+        counts against BENCH_SPEC.md, built on the meta device (the dry run runs it too)
 """
 import argparse
 import os
@@ -44,7 +46,13 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="the CPU-tier sizes instead of the GPU tier's")
     ap.add_argument("--no-tf32", dest="tf32", action="store_false", help="f32 matmuls and convolutions without TF32")
     ap.add_argument("--out", default="bench-results/pytorch-gpu.json")
+    ap.add_argument("--check-params", action="store_true",
+                    help="only build each GPU-tier model on the meta device and compare its parameter count "
+                         "with BENCH_SPEC.md (no GPU, no memory); exit 1 on a mismatch")
     a = ap.parse_args()
+    if a.check_params:
+        bad = peer_rows.check_params()
+        raise SystemExit("pytorch_gpu.py: " + "; ".join(bad) if bad else 0)
     for name, v in (("--steps", a.steps), ("--gen-steps", a.gen_steps)):
         if v is not None and v < 1:
             ap.error(f"{name} must be a positive integer")
