@@ -45,7 +45,11 @@ done
 
 rm -rf "$deps/prefix"
 mkdir -p "$deps/debs" "$deps/prefix"
-(cd "$deps/debs" && rm -f ./*.deb && apt-get download "${pkgs[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed")
+if ! (cd "$deps/debs" && rm -f ./*.deb && apt-get download "${pkgs[@]}" >../download.log 2>&1); then
+  grep -v "^W: Download is performed unsandboxed" "$deps/download.log" | tail -5
+  echo "prepare.sh: apt-get download failed (stale package lists? run apt-get update first)"
+  exit 1
+fi
 for f in "$deps"/debs/*.deb; do dpkg -x "$f" "$deps/prefix"; done
 
 p="$deps/prefix"
