@@ -134,6 +134,9 @@ finish() {
 : >"$work/rows.tsv"
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
 meta commit "$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+# the sources' own hash, for a copy without .git (compare with the same line run here)
+meta sources "$(find CMakeLists.txt engine lua_bindings scripts tests/gpu -type f -not -name '*.pyc' -print0 |
+  sort -z | xargs -0 sha1sum | sha1sum | cut -c1-12)"
 meta budget "$budget"
 meta dry "$DRY"
 

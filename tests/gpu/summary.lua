@@ -165,7 +165,8 @@ function M.markdown(res)
   local function add(s) out[#out + 1] = s end
   add(string.format("# keng GPU check%s — %s", m.dry == "1" and " (DRY RUN, CPU)" or "", m.date or ""))
   add("")
-  add(string.format("commit %s · %s · %s · budget %s s, used %s s", m.commit or "?", m.gpu or "?", m.nvcc or "",
+  add(string.format("commit %s (sources %s) · %s · %s · budget %s s, used %s s", m.commit or "?", m.sources or "?",
+    m.gpu or "?", m.nvcc or "",
     m.budget or "?", m.elapsed or "?"))
   add("")
   add("| stage | status | s | note |")
