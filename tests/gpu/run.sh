@@ -66,6 +66,7 @@ out=${OUT:-$top/$build/out}
 rm -rf "$work"
 mkdir -p "$work/rows" "$out"
 exec > >(tee "$out/run.log") 2>&1
+tee_pid=$!
 
 now() { date +%s; }
 left() { echo $(( deadline - $(now) )); }
@@ -128,6 +129,8 @@ finish() {
   publish
   stamp "done: exit $rc (report in $out: ${OUT_FILES[*]})"
   sed -n '1,200p' "$out/summary.md" 2>/dev/null
+  exec >&- 2>&-                                  # let tee finish run.log before the call returns
+  wait "$tee_pid" 2>/dev/null
   exit "$rc"
 }
 
@@ -157,7 +160,7 @@ stage prefix ok 0 "$(du -sh "$pre" | cut -f1)"
 # ---- 1. the machine ------------------------------------------------------------------------
 stamp "== machine"
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
-gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+gpu=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
 meta gpu "${gpu:-no GPU (nvidia-smi absent)}"
 meta nvcc "$(nvcc --version 2>/dev/null | tail -1)"
 echo "gpu: ${gpu:-none}; $(nvcc --version 2>/dev/null | tail -1); $(cmake --version | head -1); $(nproc) cores"
@@ -165,7 +168,7 @@ cuda=ON
 [ "$DRY" = 1 ] && cuda=OFF
 # cuDNN (conv ops): the toolkit's, else the pip wheel's (nvidia-cudnn-cu13) found through Python
 if [ "$cuda" = ON ] && ! ls /usr/local/cuda/lib64/libcudnn.so* >/dev/null 2>&1 && [ -z "${CUDNN_ROOT:-}" ]; then
-  CUDNN_ROOT=$(python3 -c 'import nvidia.cudnn as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])' 2>/dev/null)
+  CUDNN_ROOT=$(timeout 30 python3 -c 'import nvidia.cudnn as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])' 2>/dev/null)
   if [ -n "$CUDNN_ROOT" ]; then export CUDNN_ROOT; keng_ld="$keng_ld:$CUDNN_ROOT/lib"; fi
 fi
 echo "cuDNN root: ${CUDNN_ROOT:-(toolkit)}"
@@ -322,8 +325,8 @@ if [ "${PEER:-1}" != 0 ]; then
     fi
     # diffusers for the SD rows, from the carried wheels (not in the device image)
     pyenv=(env PYTHONUNBUFFERED=1)
-    if ! python3 -c "import diffusers" 2>/dev/null && ls build-gpu-deps/wheels/*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" \
+    if ! timeout 60 python3 -c "import diffusers" 2>/dev/null && ls build-gpu-deps/wheels/*.whl >/dev/null 2>&1; then
+      timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" \
         build-gpu-deps/wheels/*.whl >"$work/pip.log" 2>&1 && pyenv+=(PYTHONPATH="$work/site")
     fi
     stamp "== PyTorch peer ($avail s: $ids)"
