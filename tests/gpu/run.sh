@@ -25,7 +25,8 @@
 #
 # Environment: BUDGET, PEER_RESERVE, BUILD (build dir), ARCH (CUDA architectures, default 90),
 # OUT (report dir; default BUILD/out), ROWS_ONLY (comma-separated row ids to run, in ROWS order),
-# PEER=0 (skip the peer), SANITIZE=1 (compare.lua under compute-sanitizer, if time allows).
+# ROW_STEPS / ROW_TIMEOUT (every row's timed steps / timeout cap instead of ROWS's), PEER=0 (skip
+# the peer), SANITIZE=1 (compare.lua under compute-sanitizer, if time allows).
 set -uo pipefail
 start=$(date +%s)
 top=$(cd "$(dirname "$0")/../.." && pwd)
@@ -111,7 +112,7 @@ publish() {
   {
     while IFS=$'\t' read -r id st rc secs tmo steps; do
       echo "== $id: $st (exit $rc, $secs s of $tmo, $steps steps)"
-      tailf "$work/rows/$id.log" 150
+      tailf "$work/rows/$id.log" 150; echo
     done <"$work/rows.tsv"
   } 2>/dev/null | put rows.log
   [ -f "$work/peer.log" ] && tail -n 400 "$work/peer.log" | put peer.log
@@ -280,6 +281,7 @@ for spec in "${ROWS[@]}"; do
   IFS=: read -r id steps cap <<<"$spec"
   if [ -n "${ROWS_ONLY:-}" ] && [[ ",$ROWS_ONLY," != *",$id,"* ]]; then continue; fi
   [ "$DRY" = 1 ] && { steps=1; cap=240; }
+  steps=${ROW_STEPS:-$steps}; cap=${ROW_TIMEOUT:-$cap}
   avail=$(( rows_deadline - $(now) ))
   tmo=$(( cap < avail ? cap : avail ))
   if [ $tmo -lt 20 ]; then
