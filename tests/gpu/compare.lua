@@ -6,6 +6,7 @@
 --
 --   keng tests/gpu/compare.lua              -- needs a GPU; skips (exit 0) without one
 --   KENG_COMPARE_DEVICE=cpu keng tests/gpu/compare.lua   -- self-test: CPU against CPU
+--   KENG_COMPARE_TIER=small ...              -- the GPU-tier shape cases (at the end) shrunk
 local keng = require "keng"
 
 local DEV = os.getenv("KENG_COMPARE_DEVICE") or "cuda"
