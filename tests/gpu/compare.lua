@@ -6,6 +6,7 @@
 --
 --   keng tests/gpu/compare.lua              -- needs a GPU; skips (exit 0) without one
 --   KENG_COMPARE_DEVICE=cpu keng tests/gpu/compare.lua   -- self-test: CPU against CPU
+--   KENG_COMPARE_TIER=small ...              -- the GPU-tier shape cases (at the end) shrunk
 local keng = require "keng"
 
 local DEV = os.getenv("KENG_COMPARE_DEVICE") or "cuda"
@@ -17,8 +18,21 @@ end
 local TOL = {f64 = 1e-10, f32 = 2e-5, bf16 = 1.6e-2, f16 = 2e-3, i32 = 0, i64 = 0, bool = 0, u8 = 0}
 local failed, total = 0, 0
 
--- worst relative error of a (device result) against b (cpu result), NaNs equal to NaNs
+-- worst relative error of a (device result) against b (cpu result), NaNs equal to NaNs; large
+-- results (the GPU-tier shapes) are compared with tensor ops instead of Lua lists
+local function worst_big(a, b)
+  local x, y = a:cpu():double(), b:double()
+  local nx, ny = x:ne(x), y:ne(y)
+  if nx:ne(ny):sum():item() > 0 then return math.huge end
+  local zero = keng.zeros({}, {dtype = "f64"})
+  x, y = keng.where(nx, zero, x), keng.where(ny, zero, y)
+  local e = keng.where(x:eq(y), zero, (x - y):abs() / (y:abs() + 1))
+  local w = e:max():item()
+  return w == w and w or math.huge
+end
+
 local function worst(a, b)
+  if b:numel() > 100000 then return worst_big(a, b) end
   local fa = a:cpu():double():contiguous():reshape{-1}:tolist()
   local fb = b:double():contiguous():reshape{-1}:tolist()
   if #fa ~= #fb then return math.huge end
@@ -632,6 +646,82 @@ do
   end)
   if not ok then failed = failed + 1 end
   print(string.format("%-34s %-5s %s", "check_numerics on " .. DEV, "f32", ok and "ok" or ("FAIL " .. tostring(err))))
+end
+
+-- ---- the GPU-tier shapes the benchmark rows run ----------------------------------------------
+-- Attention at head dims 256 (Gemma 7B: fit, and one decode step against a 50-token cache) and
+-- 512 (one head: the SD VAE mid-block at 64x64 latents = 4096 tokens), SD's UNet attention at
+-- 4096 tokens (self, and cross to the 77-token context), Gemma's 256000-row embedding (forward
+-- and the index_add_ gradient) and its tied LM head (linear over the whole table, f32 logits,
+-- argmax, cross_entropy with grads). KENG_COMPARE_TIER=small runs the same cases at small sizes
+-- (the dry run of tests/gpu/run.sh on a CPU); the default is the GPU-tier sizes.
+local SMALL = os.getenv("KENG_COMPARE_TIER") == "small"
+local function big_input(shape, dt)              -- straight in dtype dt: no f64 copy of a 1.5 GB table
+  seed = seed + 1
+  keng.manual_seed(seed)
+  return keng.randn(shape, {dtype = dt})
+end
+local function sdpa_case(name, dt, B, H, Hkv, T, S, D, o, grads, tol)
+  local q, k, v = big_input({B, H, T, D}, dt), big_input({B, Hkv, S, D}, dt), big_input({B, Hkv, S, D}, dt)
+  check(string.format("tier %s %dx%d/%dx%dx%dx%d%s", name, B, H, Hkv, T, S, D, grads and " + grads" or ""), dt,
+    function(dev)
+      local ql, kl, vl = on_dev(q, dev, not grads), on_dev(k, dev, not grads), on_dev(v, dev, not grads)
+      if not grads then
+        return keng.no_grad(function() return keng.scaled_dot_product_attention(ql, kl, vl, o) end)
+      end
+      local y = keng.scaled_dot_product_attention(ql, kl, vl, o)
+      local yd = y:detach()
+      ;(y * y:detach()):sum():backward()
+      return {yd, ql.grad, kl.grad, vl.grad}
+    end, tol or ATOL[dt])
+end
+do
+  local s = SMALL and 8 or 1                   -- divides token counts and the vocabulary
+  -- Gemma 7B fit: B 8, 16 heads, T 128, D 256, causal, bf16, with grads; decode T 1 against S 50
+  sdpa_case("gemma fit sdpa causal", "bf16", SMALL and 1 or 8, SMALL and 2 or 16, SMALL and 2 or 16, 128, 128, 256,
+    {causal = true}, true)
+  sdpa_case("gemma decode sdpa", "bf16", SMALL and 2 or 32, SMALL and 2 or 16, SMALL and 2 or 16, 1, 50, 256,
+    {causal = true}, false)
+  -- Mistral 7B fit: 32 heads over 8 KV heads, D 128, window 4096 >= the 128 keys
+  sdpa_case("mistral fit sdpa causal window", "bf16", SMALL and 1 or 8, SMALL and 4 or 32, SMALL and 1 or 8, 128, 128,
+    128, {causal = true, window = 4096}, true)
+  -- SD VAE mid-block: one head of 512 over the 64x64 latent (4096 tokens), f32, with grads (fit)
+  sdpa_case("sd vae mid sdpa", "f32", 1, 1, 1, 4096 // s, 4096 // s, 512, {}, true, 1e-4)
+  -- SD UNet, first level at 64x64: 8 heads of 40, self-attention and cross-attention to 77 tokens
+  sdpa_case("sd unet self sdpa", "f32", 2, 8, 8, 4096 // s, 4096 // s, 40, {}, false, 1e-4)
+  sdpa_case("sd unet cross sdpa", "f32", 2, 8, 8, 4096 // s, 77, 40, {}, true, 1e-4)
+
+  -- Gemma's vocabulary: the embedding over 256000 rows (ids at both ends and past 2^16) and
+  -- its gradient (index_add_ into the whole table; the touched rows, one untouched row)
+  local V, C = 256000 // s, SMALL and 64 or 3072
+  local tbl = big_input({V, C}, "bf16")
+  local idl = {0, V - 1, V // 2, 65536 % V, 65537 % V, 1, V - 2, 12345 % V}
+  local ids = keng.cat({keng.tensor(idl, {dtype = "i64"}), ints({120}, 0, V)}, 1):reshape{1, 128}
+  local touched = keng.cat({ids:reshape{-1}, keng.tensor({3}, {dtype = "i64"})}, 1)  -- + a likely untouched row
+  check(string.format("tier embedding [%d,%d] + grad", V, C), "bf16", function(dev)
+    local t = on_dev(tbl, dev)
+    local y = keng.embedding(on(ids, dev), t)                     -- [1, 128, C]
+    ;(y * 2):sum():backward()
+    return {y:detach(), t.grad:index_select(1, on(touched, dev))}
+  end)
+  -- the tied LM head: linear over the whole table in bf16, logits cast to f32 (CausalLM:head);
+  -- decode batches 1 and 32 (with the greedy argmax), and fit rows with the CE loss and dx
+  for _, N in ipairs({1, 32}) do
+    local h = big_input({N, C}, "bf16")
+    check(string.format("tier lm head [%d,%d]x[%d,%d]^T + max", N, C, V, C), "bf16", function(dev)
+      return keng.no_grad(function()
+        local y = keng.linear(on(h, dev), on(tbl, dev))
+        return {y:float(), (y:float():max(-1))}     -- the greedy pick's value (indices can tie)
+      end)
+    end, 3e-2)
+  end
+  local hf, yf = big_input({16, C}, "bf16"), ints({16}, 0, V)
+  check(string.format("tier lm head [16,%d] + cross_entropy + grad", C), "bf16", function(dev)
+    local x = on_dev(hf, dev)
+    local loss = keng.cross_entropy(keng.linear(x, on(tbl, dev)):float(), on(yf, dev))
+    loss:backward()
+    return {loss:detach(), x.grad}
+  end, 3e-2)
 end
 
 print(string.format("\n%d cases on %s: %d passed, %d failed", total, DEV, total - failed, failed))

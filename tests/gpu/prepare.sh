@@ -1,40 +1,104 @@
 #!/usr/bin/env bash
-# prepare.sh — run HERE (a Debian/Ubuntu machine with apt) before tests/gpu/run.sh: fetches the
-# build dependencies that the GPU machine lacks (Lua 5.4, OpenBLAS (OpenMP), readline, pkgconf
-# and their runtime libraries) as .deb files with `apt-get download` and unpacks them with
-# `dpkg -x` into build-gpu-deps/prefix (ignored by git: pass it in `carry`). Static libraries,
-# LAPACK and docs are dropped to keep the carried tree small (about 40 MB, mostly OpenBLAS).
+# prepare.sh — run HERE (Debian 12, apt and network) before the one device call of tests/gpu/run.sh.
+# The GPU machine (see docs/cuda.md "GPU check") has nvcc, CMake, ninja, gcc and python3 with
+# PyTorch + transformers, but no Lua, no Debian -dev packages and no network. This script
+# `apt-get download`s what keng's CMakeLists.txt and the busted stack need, unpacks each .deb with
+# `dpkg -x` into build-gpu-deps/prefix (no root install: run.sh points CMake, pkg-config,
+# LUA_PATH/LUA_CPATH and LD_LIBRARY_PATH at it), drops what the build does not use, and
+# downloads the wheels of the PyTorch peer's Stable Diffusion rows (diffusers, not in the image)
+# into build-gpu-deps/wheels. Both folders are ignored by git (/build-*/); the device call
+# carries them: carry ["build-gpu-deps/prefix", "build-gpu-deps/wheels"].
 #
-#   tests/gpu/prepare.sh            # then: run tests/gpu/run.sh with carry ["build-gpu-deps/prefix"]
+#   bash tests/gpu/prepare.sh          # WHEELS=0 skips the wheels (the SD peer rows then say so)
+#
+# `provides` below maps every library CMakeLists.txt looks for (find_package, pkg_check_modules,
+# find_path, find_library: the name it searches) to the packages that provide it;
+# tests/lua/gpu_harness_spec.lua fails when CMakeLists.txt asks for something not listed.
+# "(image)" means the device image has it (KINDS.md: nvcc + toolkit, gcc with libgomp, libc).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 deps="$top/build-gpu-deps"
-pkgs=(liblua5.4-dev liblua5.4-0 libopenblas0-openmp libopenblas-openmp-dev libreadline-dev libreadline8
-      libtinfo6 libgfortran5 libquadmath0 pkgconf pkgconf-bin libpkgconf3)
 
-rm -rf "$deps/debs" "$deps/prefix"
+provides=(
+  "OpenMP:(image)"
+  "PkgConfig:pkgconf pkgconf-bin libpkgconf3"
+  "lua5.4:liblua5.4-dev liblua5.4-0 lua5.4"
+  "cblas.h:libopenblas-openmp-dev"
+  "openblas:libopenblas0-openmp libgfortran5 libquadmath0"
+  "readline:libreadline-dev libreadline8 libtinfo6"
+  "m:(image)"
+  "PNG:libpng-dev libpng16-16"
+  "ZLIB:zlib1g-dev"
+  "CUDAToolkit:(image)"
+  "cudnn:(image)"
+  "cudnn.h:(image)"
+  "busted:lua-busted lua-cliargs lua-dkjson lua-filesystem lua-luassert lua-mediator lua-penlight lua-say lua-system lua-term lua-inifile lua-yaml libyaml-0-2"
+)
+# the PyTorch peer's Stable Diffusion rows (scripts/bench/peers/pytorch_gpu.py): diffusers is not
+# in the device image; its other requirements are (KINDS.md's package list)
+wheels=(diffusers==0.42.1 importlib_metadata==8.7.0)
+
+pkgs=()
+for entry in "${provides[@]}"; do
+  for p in ${entry#*:}; do [ "$p" = "(image)" ] || pkgs+=("$p"); done
+done
+
+rm -rf "$deps/prefix"
 mkdir -p "$deps/debs" "$deps/prefix"
-(cd "$deps/debs" && apt-get download "${pkgs[@]}")
+if ! (cd "$deps/debs" && rm -f ./*.deb && apt-get download "${pkgs[@]}" >../download.log 2>&1); then
+  grep -v "^W: Download is performed unsandboxed" "$deps/download.log" | tail -5
+  echo "prepare.sh: apt-get download failed (stale package lists? run apt-get update first)"
+  exit 1
+fi
 for f in "$deps"/debs/*.deb; do dpkg -x "$f" "$deps/prefix"; done
 
 p="$deps/prefix"
-# drop what the build does not use
-find "$p" \( -name '*.a' -o -name 'liblapack*' -o -name 'libblas*' -o -name '*c++*' \) -exec rm -rf {} +
-rm -rf "$p/usr/share/doc" "$p/usr/share/man" "$p/usr/share/info" "$p/usr/share/lintian"
-# relocatable pkg-config file: prefix relative to the .pc file itself
-sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' "$p/usr/lib/x86_64-linux-gnu/pkgconfig/lua5.4.pc"
-# luaconf.h includes "lua5.4-deb-multiarch.h", which Debian keeps in the multiarch include dir
-cp "$p/usr/include/x86_64-linux-gnu/lua5.4-deb-multiarch.h" "$p/usr/include/lua5.4/"
-# readline and tinfo live in /lib on Debian: gather every runtime library in one dir
-libdir="$p/usr/lib/x86_64-linux-gnu"
-if [ -d "$p/lib/x86_64-linux-gnu" ]; then
-  cp -a "$p"/lib/x86_64-linux-gnu/* "$libdir"/
+arch=x86_64-linux-gnu
+lib="$p/usr/lib/$arch"
+# Debian 12 keeps readline, tinfo and zlib in /lib: gather every library in usr/lib/<arch>
+if [ -d "$p/lib/$arch" ]; then
+  cp -a "$p/lib/$arch/." "$lib/"
   rm -rf "$p/lib"
 fi
-# the -dev symlinks point at /lib/...: repoint them inside the prefix
-for l in "$libdir"/libreadline.so "$libdir"/libhistory.so "$libdir"/libtinfo.so; do
+# -dev symlinks that point at /lib/... (absolute): repoint them inside the prefix
+for l in "$lib"/*.so; do
   [ -L "$l" ] || continue
-  ln -sf "$(basename "$(readlink "$l")")" "$l"
+  t=$(readlink "$l")
+  case "$t" in /*) ln -sf "$(basename "$t")" "$l" ;; esac
 done
-echo "prefix ready: $p ($(du -sh "$p" | cut -f1))"
-ls "$libdir" "$libdir/openblas-openmp" | head -50
+# zlib's runtime is the device's own (keng links it through libpng): run.sh passes the system
+# libz.so.1 as ZLIB_LIBRARY, so the dangling -dev link goes
+rm -f "$lib/libz.so"
+# Debian's Lua 5.4 modules are often links into the 5.1 tree: make them plain copies, then drop
+# what neither the build nor busted uses: static libraries, LAPACK / reference BLAS, the C++ Lua,
+# docs, Lua 5.1-5.3
+cp -rL "$p/usr/share/lua/5.4" "$p/usr/share/lua/5.4.copy"
+rm -rf "$p/usr/share/lua/5.4" && mv "$p/usr/share/lua/5.4.copy" "$p/usr/share/lua/5.4"
+find "$p" \( -name '*.a' -o -name 'liblapack*' -o -name 'libblas*' -o -name 'liblua5.[123]-*' -o -name '*c++*' \
+  -o -name '*lapack*.pc' -o -name 'blas-*.pc' \) -exec rm -rf {} +
+rm -rf "$p/usr/share/doc" "$p/usr/share/man" "$p/usr/share/info" "$p/usr/share/lintian" \
+  "$p"/usr/share/lua/5.[123] "$p"/usr/lib/$arch/lua/5.[123] "$p/etc"
+# relocatable pkg-config files: the prefix relative to the .pc file itself
+sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' "$lib"/pkgconfig/*.pc
+# luaconf.h includes "lua5.4-deb-multiarch.h", which Debian keeps in the multiarch include dir
+cp "$p/usr/include/$arch/lua5.4-deb-multiarch.h" "$p/usr/include/lua5.4/"
+# pkgconf needs its own libpkgconf: a wrapper that finds it and searches the prefix's .pc files
+cat >"$p/usr/bin/pkg-config-prefix" <<'EOF'
+#!/bin/sh
+# pkgconf from the staged prefix (tests/gpu/prepare.sh), searching the prefix's .pc files only
+d=$(cd "$(dirname "$0")/.." && pwd)
+export PKG_CONFIG_LIBDIR="$d/lib/x86_64-linux-gnu/pkgconfig"
+LD_LIBRARY_PATH="$d/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/bin/pkgconf" "$@"
+EOF
+chmod +x "$p/usr/bin/pkg-config-prefix"
+printf '%s\n' "${pkgs[@]}" >"$p/PACKAGES"
+(cd "$deps/debs" && ls ./*.deb | sed 's|^\./||') >>"$p/PACKAGES"
+
+if [ "${WHEELS:-1}" != 0 ]; then
+  rm -rf "$deps/wheels"
+  mkdir -p "$deps/wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
+    -d "$deps/wheels" "${wheels[@]}" || echo "prepare.sh: wheels not downloaded (the SD peer rows will say 'not available')"
+fi
+echo "prefix ready: $p ($(du -sh "$p" | cut -f1)); wheels: $(du -sh "$deps/wheels" 2>/dev/null | cut -f1)"

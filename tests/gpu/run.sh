@@ -1,144 +1,353 @@
 #!/usr/bin/env bash
-# run.sh — the one prepared script for a lent GPU machine (see docs/cuda.md). That machine has
-# nvcc, CMake, ninja and Python but no Lua or Debian -dev packages, so first run, HERE:
-#   tests/gpu/prepare.sh            # -> build-gpu-deps/prefix (Lua, OpenBLAS, readline, pkgconf)
-# then on the device (repo root), carrying that prefix:
-#   run: command "bash tests/gpu/run.sh", carry ["build-gpu-deps/prefix"], timeout_s 540
-# It builds keng with CUDA (sm_90 by default) in build-gpu/, prints the GPU, runs
-# tests/gpu/compare.lua (CPU vs CUDA per op; rerun under KENG_SYNC=1 if it fails, so a fault is
-# reported by the op that caused it; it also runs cuDNN's fused attention against keng's flash
-# kernel and the CPU for bf16/f16 shapes and fails if keng.backends.cudnn_sdpa_stats shows cuDNN
-# never ran, checks the fused linear (cuBLASLt bias epilogue) and the numerics guard on cuda), the
-# specs that have a CUDA block with KENG_DEVICE=cuda (tests/lua/optim_spec.lua, whose optimizers
-# now read lr / step from device scalars, and tests/lua/cuda_backend_spec.lua), the CUDA Graph
-# checks (tests/gpu/graph.lua: AdamW / Adam / SGD with schedules, replay == eager bit for bit),
-# then the GPU tier of the benchmark (scripts/bench/all.lua --tier gpu --steps 3; fit and predict
-# rows timed as CUDA Graph replays — a per-row "graph" line follows) with whatever time is left,
-# and exits with the status of the checks (the benchmark's rows are reported, not gating). Logs
-# go to $OUT when set (the device tool brings them back), else to build-gpu/.
+# run.sh — the one device call of the GPU check (docs/cuda.md "GPU check"). First, HERE:
+#   bash tests/gpu/prepare.sh     # -> build-gpu-deps/prefix (Lua, OpenBLAS, readline, libpng, zlib
+#                                 #    headers, pkgconf, busted) and build-gpu-deps/wheels (diffusers)
+# then one device `run`: command "bash tests/gpu/run.sh", carry ["build-gpu-deps/prefix",
+# "build-gpu-deps/wheels"], timeout_s 540. In that one call it
+#   1. builds keng + its Lua module (not the C tests or labs) for sm_90 only, all cores, in build-gpu/
+#   2. runs tests/gpu/compare.lua (CPU vs CUDA for every op, and the GPU-tier shapes; again under
+#      KENG_SYNC=1 after a CUDA error, crash or hang, if time allows), the specs with a CUDA block under
+#      KENG_DEVICE=cuda, and tests/gpu/graph.lua
+#   3. runs each benchmark row of the GPU tier in its own process under its own `timeout`, in the
+#      priority order of ROWS below (so one hang or crash costs only that row)
+#   4. runs the PyTorch peer (scripts/bench/peers/pytorch_gpu.py) on the same GPU for as many rows
+#      as the time left allows
+#   5. writes the report: exactly the files of OUT_FILES in $OUT (at most 8: the device tool
+#      returns no more), rewritten after every stage and row so a call cut short still returns what
+#      it measured.
+# Time: a deadline BUDGET seconds (default 500) from the start; every stage has its own timeout
+# within it and rows stop early enough to leave PEER_RESERVE seconds (default 100) to the peer.
 #
-# Time: the device tool allows 8 minutes per call. Every stage prints a timestamp (seconds since
-# start); the benchmark runs under `timeout` so the whole script ends by BUDGET seconds (default
-# 450): about 2-3 min build on 16 cores (one architecture), < 1 min compare.lua, seconds for the
-# spec and graph check, the rest for the benchmark (rows still running at the deadline are cut).
+# Dry run on a machine without a GPU (proves the prefix, the build and the harness path):
+#   KENG_GPU_DRY_RUN=1 bash tests/gpu/run.sh      # CUDA off, build-gpu-dry/, CPU-tier rows with
+#   --steps 1, compare.lua / graph.lua as CPU self-tests at small sizes, the peer on the CPU at tiny
+#   sizes; OUT defaults to build-gpu-dry/out. It fails when CMake found a library outside the prefix.
 #
-# Environment: ARCH (CUDA architectures, default 90), BUILD (build dir, default build-gpu),
-# CUDA=OFF (check the dependency setup on a machine without nvcc), SPECS=1 (also run the CPU
-# specs), SANITIZE=1 (also run compare.lua under compute-sanitizer), BUDGET (seconds, default
-# 450), BENCH=0 (skip the benchmark).
+# Environment: BUDGET, PEER_RESERVE, BUILD (build dir), ARCH (CUDA architectures, default 90),
+# OUT (report dir; default BUILD/out), ROWS_ONLY (comma-separated row ids to run, in ROWS order),
+# ROW_STEPS / ROW_TIMEOUT (every row's timed steps / timeout cap instead of ROWS's), PEER=0 (skip
+# the peer), SANITIZE=1 (compare.lua under compute-sanitizer, if time allows).
 set -uo pipefail
 start=$(date +%s)
-budget=${BUDGET:-450}
-stamp() { echo "[+$(( $(date +%s) - start ))s] $*"; }
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top"
-build=${BUILD:-build-gpu}
-logs=${OUT:-$top/$build}
-mkdir -p "$logs" "$build"
 
-prefix="$top/build-gpu-deps/prefix/usr"
-lib="$prefix/lib/x86_64-linux-gnu"
-if [ ! -f "$lib/openblas-openmp/libopenblas.so.0" ]; then
-  echo "run.sh: $prefix is missing: run tests/gpu/prepare.sh first and carry build-gpu-deps/prefix"
-  exit 2
+DRY=${KENG_GPU_DRY_RUN:-0}
+if [ "$DRY" = 1 ]; then
+  budget=${BUDGET:-900}; peer_reserve=${PEER_RESERVE:-90}; build=${BUILD:-build-gpu-dry}
+else
+  budget=${BUDGET:-500}; peer_reserve=${PEER_RESERVE:-100}; build=${BUILD:-build-gpu}
 fi
-export LD_LIBRARY_PATH="$lib:$lib/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PKG_CONFIG_PATH="$lib/pkgconfig"
-pc=${PKGCONF:-$(command -v pkg-config || echo "$prefix/bin/pkgconf")}
+deadline=$((start + budget))
+final_margin=15                                  # kept for the last summary after the peer
 
+# the files returned from $OUT — never any other (the device tool returns at most 8)
+OUT_FILES=(summary.md results.json run.log build.log checks.log rows.log peer.log peer.json)
+
+# the benchmark rows, in priority order: id:timed steps:timeout seconds (all.lua's row ids; the
+# GPU tier's default is 100 steps, these keep each row within its timeout; difference-rule rows
+# (generate, SD predict) time 1 + N calls against 1)
+ROWS=(
+  gemma_generate_1:3:100
+  gemma_fit:5:100
+  gemma_generate_32:3:80
+  mistral_generate_1:3:80
+  mistral_fit:5:80
+  mistral_generate_32:3:80
+  bert_fit:5:60
+  bert_predict:5:60
+  sam_fit:5:70
+  sam_predict:5:70
+  sd_fit:5:60
+  sd_predict:3:90
+)
+
+work="$top/$build/check"                         # every stage's full log and result
+out=${OUT:-$top/$build/out}
+rm -rf "$work"
+mkdir -p "$work/rows" "$out"
+exec > >(tee "$out/run.log") 2>&1
+tee_pid=$!
+
+now() { date +%s; }
+left() { echo $(( deadline - $(now) )); }
+stamp() { echo "[+$(( $(now) - start ))s] $*"; }
+meta() { printf '%s\t%s\n' "$1" "$2" >>"$work/meta.tsv"; }
+stage() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >>"$work/stages.tsv"; }
+tailf() { [ -f "$1" ] && tail -n "$2" "$1"; }
+
+pre="$top/build-gpu-deps/prefix/usr"
+lib="$pre/lib/x86_64-linux-gnu"
+# keng (and the carried lua5.4) run with the prefix's libraries; python3 does not see them
+keng_ld="$lib:$lib/openblas-openmp"
+kenv() { LD_LIBRARY_PATH="$keng_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+# busted and its modules from the prefix only (no ";;": the system's copies are not used)
+export LUA_PATH="$pre/share/lua/5.4/?.lua;$pre/share/lua/5.4/?/init.lua;./?.lua"
+export LUA_CPATH="$lib/lua/5.4/?.so"
+keng="$top/$build/keng"
+
+# ---- the report ---------------------------------------------------------------------------
+put() {                                          # put NAME < content: only names of OUT_FILES
+  local n=$1 f
+  for f in "${OUT_FILES[@]}"; do
+    if [ "$f" = "$n" ]; then cat >"$out/$n.tmp" && mv "$out/$n.tmp" "$out/$n"; return; fi
+  done
+  echo "run.sh: refusing to write $n (not in OUT_FILES)" >&2; cat >/dev/null
+}
+publish() {
+  meta elapsed $(( $(now) - start ))
+  {
+    echo "== configure (tail)"; tailf "$work/configure.log" 40
+    echo "== build: errors"; grep -E -m 40 "error|Error" "$work/build.log" 2>/dev/null
+    echo "== build (tail)"; tailf "$work/build.log" 60
+  } | put build.log
+  {
+    for f in compare compare_sync specs graph cudnn_sdpa sanitizer; do
+      [ -f "$work/$f.log" ] || continue
+      echo "== $f.log"
+      if [ "$f" = cudnn_sdpa ]; then grep -iE "error|fail|not supported" "$work/$f.log" | head -40
+      else tail -n 1500 "$work/$f.log"; fi
+    done
+  } | put checks.log
+  {
+    while IFS=$'\t' read -r id st rc secs tmo steps; do
+      echo "== $id: $st (exit $rc, $secs s of $tmo, $steps steps)"
+      tailf "$work/rows/$id.log" 150; echo
+    done <"$work/rows.tsv"
+  } 2>/dev/null | put rows.log
+  [ -f "$work/peer.log" ] && tail -n 400 "$work/peer.log" | put peer.log
+  [ -f "$work/peer.json" ] && put peer.json <"$work/peer.json"
+  # the summary: the carried lua5.4 (needs no build), else keng, else a few plain lines
+  if ! kenv "$pre/bin/lua5.4" tests/gpu/summary.lua "$work" "$out" 2>"$work/summary.err" &&
+     ! { [ -x "$keng" ] && kenv "$keng" tests/gpu/summary.lua "$work" "$out" 2>>"$work/summary.err"; }; then
+    { echo "# keng GPU check — summary.lua failed"; echo; cat "$work/summary.err"; echo
+      echo '```'; cat "$work/stages.tsv" "$work/rows.tsv" 2>/dev/null; echo '```'; } | put summary.md
+  fi
+}
+finish() {
+  local rc=$1
+  stage total done $(( $(now) - start )) "exit $rc"
+  publish
+  stamp "done: exit $rc (report in $out: ${OUT_FILES[*]})"
+  sed -n '1,200p' "$out/summary.md" 2>/dev/null
+  exec >&- 2>&-                                  # let tee finish run.log before the call returns
+  wait "$tee_pid" 2>/dev/null
+  exit "$rc"
+}
+
+: >"$work/rows.tsv"
+meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
+meta commit "$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+# the sources' own hash, for a copy without .git (compare with the same line run here)
+meta sources "$(find CMakeLists.txt engine lua_bindings scripts tests/gpu -type f -not -name '*.pyc' -print0 |
+  sort -z | xargs -0 sha1sum | sha1sum | cut -c1-12)"
+meta budget "$budget"
+meta dry "$DRY"
+
+# ---- 0. the staged prefix ---------------------------------------------------------------
+missing=""
+for f in include/png.h include/zlib.h include/lua5.4/lua.h include/x86_64-linux-gnu/openblas-openmp/cblas.h \
+    lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so lib/x86_64-linux-gnu/libreadline.so \
+    lib/x86_64-linux-gnu/libpng16.so bin/pkg-config-prefix bin/lua5.4 share/lua/5.4/busted/runner.lua; do
+  [ -e "$pre/$f" ] || missing="$missing $f"
+done
+if [ -n "$missing" ]; then
+  stage prefix failed 0 "missing:$missing — run tests/gpu/prepare.sh and carry build-gpu-deps/prefix"
+  echo "run.sh: the staged prefix lacks:$missing (run tests/gpu/prepare.sh here, carry build-gpu-deps/prefix)"
+  finish 2
+fi
+stage prefix ok 0 "$(du -sh "$pre" | cut -f1)"
+
+# ---- 1. the machine ------------------------------------------------------------------------
 stamp "== machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "(no nvidia-smi)"
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
-nvcc --version 2>&1 | tail -1; cmake --version | head -1; echo "pkg-config: $pc"
-
+gpu=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+meta gpu "${gpu:-no GPU (nvidia-smi absent)}"
+meta nvcc "$(nvcc --version 2>/dev/null | tail -1)"
+echo "gpu: ${gpu:-none}; $(nvcc --version 2>/dev/null | tail -1); $(cmake --version | head -1); $(nproc) cores"
+cuda=ON
+[ "$DRY" = 1 ] && cuda=OFF
 # cuDNN (conv ops): the toolkit's, else the pip wheel's (nvidia-cudnn-cu13) found through Python
-if ! ls /usr/local/cuda/lib64/libcudnn.so* >/dev/null 2>&1 && [ -z "${CUDNN_ROOT:-}" ]; then
-  CUDNN_ROOT=$(python3 -c 'import nvidia.cudnn as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])' 2>/dev/null)
-  [ -n "$CUDNN_ROOT" ] && export CUDNN_ROOT && export LD_LIBRARY_PATH="$CUDNN_ROOT/lib:$LD_LIBRARY_PATH"
+if [ "$cuda" = ON ] && ! ls /usr/local/cuda/lib64/libcudnn.so* >/dev/null 2>&1 && [ -z "${CUDNN_ROOT:-}" ]; then
+  CUDNN_ROOT=$(timeout 30 python3 -c 'import nvidia.cudnn as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])' 2>/dev/null)
+  if [ -n "$CUDNN_ROOT" ]; then export CUDNN_ROOT; keng_ld="$keng_ld:$CUDNN_ROOT/lib"; fi
 fi
 echo "cuDNN root: ${CUDNN_ROOT:-(toolkit)}"
 
-stamp "== configure + build ($build)"
-t0=$(date +%s)
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKENG_CUDA="${CUDA:-ON}" \
-  -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DPKG_CONFIG_EXECUTABLE="$pc" -DCMAKE_C_FLAGS="-I$prefix/include" \
-  -DOPENBLAS_INCLUDE="$prefix/include/x86_64-linux-gnu/openblas-openmp" \
-  -DOPENBLAS_LIB="$lib/openblas-openmp/libopenblas.so" -DREADLINE_LIB="$lib/libreadline.so" \
-  >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; echo "run.sh: configure failed"; exit 3; }
-grep -E "keng: (CUDA backend|cuDNN)" "$logs/configure.log"
-ninja -C "$build" >"$logs/build.log" 2>&1 || { grep -B2 -A12 -m5 "error" "$logs/build.log" | head -80; echo "run.sh: build failed"; exit 4; }
-echo "built in $(( $(date +%s) - t0 )) s"
-keng="$top/$build/keng"
-"$keng" -e 'print("cuda available:", keng.cuda.is_available(), "devices:", keng.cuda.device_count())'
-
-if [ "${SPECS:-0}" = 1 ]; then
-  stamp "== CPU specs"
-  "$keng" tests/run.lua >"$logs/specs.log" 2>&1
-  tail -1 "$logs/specs.log"
+# ---- 2. configure + build --------------------------------------------------------------------
+stamp "== configure + build ($build, CUDA $cuda, sm_${ARCH:-90})"
+t0=$(now)
+zlib=$(ldconfig -p 2>/dev/null | awk '/libz\.so\.1 .*x86-64/ {print $NF; exit}')
+for z in "$zlib" /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1 /usr/lib64/libz.so.1; do
+  [ -n "$z" ] && [ -e "$z" ] && { zlib=$z; break; }
+done
+timeout 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKENG_CUDA=$cuda \
+  -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" -DCMAKE_PREFIX_PATH="$pre" \
+  -DPKG_CONFIG_EXECUTABLE="$pre/bin/pkg-config-prefix" -DZLIB_INCLUDE_DIR="$pre/include" -DZLIB_LIBRARY="$zlib" \
+  >"$work/configure.log" 2>&1
+crc=$?
+if [ $crc -ne 0 ]; then
+  tail -30 "$work/configure.log"
+  stage configure failed $(( $(now) - t0 )) "exit $crc (build.log)"
+  finish 3
 fi
-
-stamp "== CPU vs CUDA (tests/gpu/compare.lua)"
-t0=$(date +%s)
-"$keng" tests/gpu/compare.lua >"$logs/compare.log" 2>&1
-rc=$?
-grep -v " ok$" "$logs/compare.log" | tail -60
-echo "compare.lua exit $rc in $(( $(date +%s) - t0 )) s"
-if [ $rc -ne 0 ]; then
-  stamp "== again with KENG_SYNC=1 (faults land on their op)"
-  KENG_SYNC=1 "$keng" tests/gpu/compare.lua >"$logs/compare_sync.log" 2>&1
-  grep -v " ok$" "$logs/compare_sync.log" | tail -30
+grep -E "keng: (CUDA backend|cuDNN)" "$work/configure.log"
+# every library must come from the prefix (or the image, for CUDA / OpenMP / zlib's runtime)
+outside=""
+for v in OPENBLAS_INCLUDE OPENBLAS_LIB READLINE_LIB PNG_LIBRARY_RELEASE PNG_PNG_INCLUDE_DIR LUA_INCLUDEDIR; do
+  p=$(sed -n "s/^$v:[A-Z]*=//p" "$build/CMakeCache.txt" | head -1)
+  echo "  $v = $p"
+  case "$p" in "$top"/build-gpu-deps/*) ;; *) outside="$outside $v=$p" ;; esac
+done
+if [ -n "$outside" ]; then
+  echo "run.sh: found outside the prefix:$outside"
+  if [ "$DRY" = 1 ]; then stage configure failed $(( $(now) - t0 )) "outside the prefix:$outside"; finish 3; fi
 fi
-if grep -q "cuDNN should have taken" "$logs/compare.log"; then
+left_s=$(left)
+timeout $(( left_s < 400 ? left_s - 60 : 340 )) ninja -C "$build" -j "$(nproc)" keng keng_lua >"$work/build.log" 2>&1
+brc=$?
+secs=$(( $(now) - t0 ))
+if [ $brc -ne 0 ]; then
+  grep -B2 -A12 -m5 "error" "$work/build.log" | head -60
+  stage build failed $secs "exit $brc$([ $brc = 124 ] && echo ' (timeout)')"
+  finish 4
+fi
+stage build ok $secs "CUDA $cuda, arch ${ARCH:-90}"
+echo "built in $secs s"
+avail_line=$(kenv "$keng" -e 'io.write(tostring(keng.cuda.is_available()), " ", keng.cuda.device_count())' 2>&1)
+echo "keng.cuda.is_available(), device_count(): $avail_line"
+if [ "$DRY" != 1 ] && [ "${avail_line%% *}" != true ]; then
+  # compare.lua and graph.lua would only print that they skip: say it where it shows
+  stage "keng sees the GPU" failed 0 "keng.cuda.is_available() is false ($avail_line): no check below ran on the GPU"
+  no_gpu=1
+fi
+publish
+
+# ---- 3. checks: compare.lua, the CUDA specs, graph.lua ------------------------------------------
+cmp_env=()
+[ "$DRY" = 1 ] && cmp_env=(KENG_COMPARE_DEVICE=cpu KENG_COMPARE_TIER=small)
+checks_rc=${no_gpu:-0}
+run_check() {                                     # run_check NAME TIMEOUT LOG cmd...
+  local name=$1 tmo=$2 log=$3 t1 rc
+  shift 3
+  t1=$(now)
+  stamp "== $name (timeout $tmo s)"
+  timeout -k 5 "$tmo" env "${cmp_env[@]}" LD_LIBRARY_PATH="$keng_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@" \
+    >"$work/$log.log" 2>&1
+  rc=$?
+  grep -vE " ok$|^$" "$work/$log.log" | tail -25
+  local st=ok
+  [ $rc = 0 ] || st=failed
+  [ $rc = 0 ] && grep -q "skipped —" "$work/$log.log" && st=skipped       # no GPU seen
+  stage "$name" "$st" $(( $(now) - t1 )) "exit $rc$([ $rc = 124 ] && echo ' (timeout)')"
+  [ $rc = 0 ] || checks_rc=1
+  publish
+  return $rc
+}
+run_check compare.lua 150 compare "$keng" tests/gpu/compare.lua
+crc=$?
+# a fault (a CUDA error, a crash, a hang) may surface on a later op: rerun synchronised to find
+# its op — not for plain mismatches or refused shapes, which name their op already
+if [ "$DRY" != 1 ] && [ "$(left)" -gt 320 ] &&
+   { { [ $crc -ne 0 ] && [ $crc -ne 1 ]; } || grep -q "(cudaError" "$work/compare.log"; }; then
+  run_check "compare.lua KENG_SYNC=1" 120 compare_sync env KENG_SYNC=1 "$keng" tests/gpu/compare.lua
+fi
+if grep -q "cuDNN should have taken" "$work/compare.log" 2>/dev/null; then
   # one bf16 causal call with cuDNN's own log on (errors and warnings), to see why plans fail
-  stamp "== cuDNN attention refused: one call with CUDNN_LOGLEVEL_DBG=2 -> cudnn_sdpa.log"
-  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$logs/cudnn_sdpa.log" "$keng" -e '
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$work/cudnn_sdpa.log" timeout 30 env LD_LIBRARY_PATH="$keng_ld" "$keng" -e '
     local q = keng.randn({2, 8, 128, 64}, {dtype = "bf16", device = "cuda"})
     keng.scaled_dot_product_attention(q, q, q, {causal = true}):sum():item()
     local s = keng.backends.cudnn_sdpa_stats
     print("cudnn", s.cudnn, "plans", s.plans, "build failures", s.build_failures, "exec failures", s.exec_failures)' 2>&1
-  grep -iE "error|fail|not supported" "$logs/cudnn_sdpa.log" | head -20
 fi
-if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  stamp "== compute-sanitizer (memcheck)"
-  compute-sanitizer --print-limit 20 "$keng" tests/gpu/compare.lua >"$logs/sanitizer.log" 2>&1
-  grep -E "ERROR SUMMARY|Invalid|FAIL" "$logs/sanitizer.log" | head -20
+spec_env=(env KENG_DEVICE=cuda)
+[ "$DRY" = 1 ] && spec_env=(env)
+run_check "specs (KENG_DEVICE=cuda)" 60 specs "${spec_env[@]}" "$keng" tests/run.lua tests/lua/optim_spec.lua \
+  tests/lua/cuda_backend_spec.lua
+run_check graph.lua 60 graph "$keng" tests/gpu/graph.lua
+if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 360 ]; then
+  run_check "compute-sanitizer compare.lua" 120 sanitizer compute-sanitizer --print-limit 20 "$keng" tests/gpu/compare.lua
 fi
 
-stamp "== specs with KENG_DEVICE=cuda (optim_spec, cuda_backend_spec)"
-KENG_DEVICE=cuda "$keng" tests/run.lua tests/lua/optim_spec.lua tests/lua/cuda_backend_spec.lua \
-  >"$logs/optim_spec.log" 2>&1
-src=$?
-grep -E "passed|FAIL|Error|error" "$logs/optim_spec.log" | tail -20
-[ $src -ne 0 ] && rc=1
+# ---- 4. the benchmark rows, one process each ----------------------------------------------------
+tier=gpu
+[ "$DRY" = 1 ] && tier=cpu
+rows_deadline=$(( deadline - peer_reserve - final_margin ))
+[ "${PEER:-1}" = 0 ] && rows_deadline=$(( deadline - final_margin ))
+stamp "== benchmark rows, $tier tier, one process each (rows stop by +$(( rows_deadline - start ))s)"
+t_rows=$(now)
+n_ok=0
+for spec in "${ROWS[@]}"; do
+  IFS=: read -r id steps cap <<<"$spec"
+  if [ -n "${ROWS_ONLY:-}" ] && [[ ",$ROWS_ONLY," != *",$id,"* ]]; then continue; fi
+  [ "$DRY" = 1 ] && { steps=1; cap=240; }
+  steps=${ROW_STEPS:-$steps}; cap=${ROW_TIMEOUT:-$cap}
+  avail=$(( rows_deadline - $(now) ))
+  tmo=$(( cap < avail ? cap : avail ))
+  if [ $tmo -lt 20 ]; then
+    printf '%s\tskipped\t\t0\t0\t%s\n' "$id" "$steps" >>"$work/rows.tsv"
+    echo "$id: skipped ($avail s left for rows)"
+    continue
+  fi
+  t1=$(now)
+  timeout -k 5 "$tmo" env KENG_BENCH_TRACE=1 LD_LIBRARY_PATH="$keng_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$keng" scripts/bench/all.lua --tier "$tier" --only "$id" --steps "$steps" --out "$work/rows/$id" \
+    >"$work/rows/$id.log" 2>&1
+  rc=$?
+  secs=$(( $(now) - t1 ))
+  case $rc in
+    0|1) st=ran ;;
+    124|137) st=timeout ;;
+    *) st=crashed ;;
+  esac
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$st" "$rc" "$secs" "$tmo" "$steps" >>"$work/rows.tsv"
+  line=$(grep -m1 -E "^\[ *1/1\]" "$work/rows/$id.log")
+  echo "$id: $st, exit $rc, $secs s: ${line#*... }"
+  [ $rc = 0 ] && n_ok=$((n_ok + 1))
+  publish
+done
+stage rows done $(( $(now) - t_rows )) "$n_ok ok"
 
-stamp "== CUDA Graph check (tests/gpu/graph.lua)"
-"$keng" tests/gpu/graph.lua >"$logs/graph.log" 2>&1
-grc=$?
-tail -20 "$logs/graph.log"
-[ $grc -ne 0 ] && rc=1
-
-if [ "${BENCH:-1}" != 0 ] && [ -f scripts/bench/all.lua ]; then
-  left=$(( budget - ($(date +%s) - start) ))
-  if [ $left -gt 30 ]; then
-    stamp "== benchmark, GPU tier, 3 steps ($left s left; cut at the deadline)"
-    timeout --signal=TERM --kill-after=10 $left "$keng" scripts/bench/all.lua --tier gpu --steps 3 --out "$logs/bench" \
-      >"$logs/bench.log" 2>&1
-    brc=$?
-    tail -40 "$logs/bench.log"
-    [ $brc -eq 124 ] && echo "(benchmark cut at the deadline; rows printed so far are in bench.log)"
-    # which rows were timed as CUDA Graph replays (keng.bench.graphed), and why not where not
-    for j in "$logs"/bench/*-gpu.json; do
-      [ -f "$j" ] && python3 - "$j" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1])).get("rows", []):
-    if r.get("status") == "ok":
-        print("graph %-22s %s %s" % (r.get("id"), r.get("graph"), r.get("graph_error", "")))
-PY
-    done
-    stamp "benchmark exit $brc"
+# ---- 5. the PyTorch peer on the same GPU, with the time left ------------------------------------
+if [ "${PEER:-1}" != 0 ]; then
+  avail=$(( deadline - final_margin - $(now) ))
+  if [ $avail -lt 45 ]; then
+    stage "pytorch peer" skipped 0 "$avail s left"
   else
-    stamp "== benchmark skipped: only $left s left"
+    t1=$(now)
+    ids=""
+    for spec in "${ROWS[@]}"; do
+      id=${spec%%:*}
+      if [ -n "${ROWS_ONLY:-}" ] && [[ ",$ROWS_ONLY," != *",$id,"* ]]; then continue; fi
+      ids="$ids${ids:+,}$id"
+    done
+    pargs=(--steps 5 --gen-steps 3)
+    if [ "$DRY" = 1 ]; then
+      pargs=(--device cpu --tiny --steps 1); ids=gemma_generate_1,bert_predict
+    fi
+    # diffusers for the SD rows, from the carried wheels (not in the device image)
+    pyenv=(env PYTHONUNBUFFERED=1)
+    if ! timeout 60 python3 -c "import diffusers" 2>/dev/null && ls build-gpu-deps/wheels/*.whl >/dev/null 2>&1; then
+      timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" \
+        build-gpu-deps/wheels/*.whl >"$work/pip.log" 2>&1 && pyenv+=(PYTHONPATH="$work/site")
+    fi
+    stamp "== PyTorch peer ($avail s: $ids)"
+    timeout -k 5 "$avail" "${pyenv[@]}" python3 scripts/bench/peers/pytorch_gpu.py "${pargs[@]}" \
+      --budget $(( avail - 10 )) --only "$ids" --out "$work/peer.json" >"$work/peer.log" 2>&1
+    prc=$?
+    [ -f "$work/pip.log" ] && cat "$work/pip.log" >>"$work/peer.log"
+    tail -15 "$work/peer.log"
+    stage "pytorch peer" "$([ $prc = 0 ] && echo ok || echo "exit $prc")" $(( $(now) - t1 ))
+  fi
+  if [ "$DRY" = 1 ]; then
+    # the GPU-tier peer models at BENCH_SPEC's parameter counts (meta device: no GPU, no memory)
+    t1=$(now)
+    { echo "== pytorch_gpu.py --check-params"; timeout 120 python3 scripts/bench/peers/pytorch_gpu.py --check-params; } \
+      >>"$work/peer.log" 2>&1
+    prc=$?
+    stage "peer --check-params" "$([ $prc = 0 ] && echo ok || echo "exit $prc")" $(( $(now) - t1 ))
+    [ $prc = 0 ] || checks_rc=1
   fi
 fi
-stamp "done: exit $rc"
-exit $rc
+
+finish $checks_rc
