@@ -257,6 +257,7 @@ function CausalLM:logits(ids, opts)
     end
   end
   local B, T, dev = ids.shape[1], ids.shape[2], ids.device
+  if T == 0 then error("CausalLM:logits: token ids " .. shape_str(ids) .. " hold no tokens (T = 0)", 2) end
   local pos = keng.arange(T, {device = dev})                        -- [T]
   if opts.position_ids ~= nil then
     pos = opts.position_ids
@@ -669,6 +670,12 @@ function M.family(spec)
   -- from_preset(name, {dtype = "f32", device = "cpu", weights = path}) -> CausalLM
   function F.from_preset(name, opts)
     opts = opts or {}
+    for k in pairs(opts) do
+      if k ~= "dtype" and k ~= "device" and k ~= "weights" then
+        error(string.format("%s.from_preset: unknown option '%s' (valid: dtype, device, weights)", spec.name,
+          tostring(k)), 2)
+      end
+    end
     local lm = F.build(F.config(name, 2), opts)
     if opts.weights then M.load_hf(lm, common.load_tensors(opts.weights, spec.name .. ".from_preset", 2), 3) end
     return lm

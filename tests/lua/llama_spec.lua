@@ -273,3 +273,14 @@ describe("config.json values", function()
     assert.are.equal(2, edit(function(j) j.num_hidden_layers = 2.0 end).cfg.layers)
   end)
 end)
+
+describe("options", function()
+  it("from_preset refuses unknown keys; logits refuse an empty sequence", function()
+    H.raises(function() llama.from_preset("llama3_2_1b", {device = "meta", dtyp = "bf16"}) end,
+      "llama.from_preset: unknown option 'dtyp' (valid: dtype, device, weights)")
+    local lm = qwen2.from_pretrained(FIX .. "qwen2")
+    H.raises(function() lm:logits(keng.zeros({2, 0}, {dtype = "i64"})) end, "hold no tokens (T = 0)")
+    assert.is_nil(rawget(lm, "add_bos"))                            -- Qwen's tokenizer adds no BOS
+    assert.is_true(rawget(llama.from_preset("llama3_2_1b", {device = "meta"}), "add_bos"))
+  end)
+end)
