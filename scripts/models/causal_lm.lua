@@ -63,7 +63,9 @@ local FREQS = setmetatable({}, {__mode = "k"})                      -- r -> {[ke
 local function rope_options(r, base, D, positions, device)
   if not r or r.type == "default" then return {base = r and r.base or base} end
   local seq_len = 0
-  if rope.depends_on_length(r) and positions:numel() > 0 then seq_len = positions:max():item() + 1 end
+  if rope.depends_on_length(r) and positions.device ~= "meta" and positions:numel() > 0 then
+    seq_len = positions:max():item() + 1                            -- one sync, for these two types only
+  end
   local key = string.format("%s/%d/%d", device, D,
     r.type == "dynamic" and math.max(seq_len, r.max_pos) or r.type == "longrope" and
     (seq_len > r.original_max_position_embeddings and 1 or 0) or 0)
@@ -599,9 +601,9 @@ function M.parse_config(j, spec, who, level)
       error(string.format("%s: config.json hidden_activation '%s' is not implemented (valid: %s)", who,
         tostring(j.hidden_activation), "silu, swish, gelu, gelu_pytorch_tanh, gelu_new"), level)
     end
-    if act ~= nil and a ~= cfg.act then                             -- transformers 4 and 5 disagree
+    if a ~= cfg.act then                                            -- transformers 4 and 5 would disagree
       error(string.format("%s: config.json hidden_activation '%s' and hidden_act '%s' name different functions",
-        who, j.hidden_activation, j.hidden_act), level)
+        who, j.hidden_activation, tostring(j.hidden_act or cfg.act)), level)
     end
     cfg.act = a
   end

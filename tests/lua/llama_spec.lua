@@ -165,6 +165,21 @@ describe("RoPE scaling", function()
     end)
   end
 
+  it("decodes greedily past max_position_embeddings as transformers (dynamic, longrope, yarn)", function()
+    local n = 0
+    for _, name in ipairs(names) do
+      local want = R[name .. ".gen"]
+      if want then
+        local lm = with_rope(VARIANTS[name], 5, llama.from_pretrained)
+        local w = want:tolist()
+        local out = lm:generate({{table.unpack(w, 1, 10)}}, {max_length = 44})[1]
+        assert.are.same(w, out, name)
+        n = n + 1
+      end
+    end
+    assert.are.equal(3, n)
+  end)
+
   it("changes the numbers (each variant differs from plain RoPE)", function()
     for _, name in ipairs(names) do
       if name ~= "default" then
