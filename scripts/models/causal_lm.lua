@@ -669,7 +669,8 @@ function M.family(spec)
     return lm
   end
 
-  -- from_preset(name, {dtype = "f32", device = "cpu", weights = path}) -> CausalLM
+  -- from_preset(name, {dtype =, device = "cpu", weights = path}) -> CausalLM; dtype defaults to
+  -- f32 for random weights and to the weights' dtype ("auto") with weights
   function F.from_preset(name, opts)
     opts = opts or {}
     for k in pairs(opts) do
@@ -678,9 +679,13 @@ function M.family(spec)
           tostring(k)), 2)
       end
     end
-    local lm = F.build(F.config(name, 2), opts)
-    if opts.weights then M.load_hf(lm, common.load_tensors(opts.weights, spec.name .. ".from_preset", 2), 3) end
-    return lm
+    local cfg = F.config(name, 2)
+    if not opts.weights then
+      return F.build(cfg, {dtype = opts.dtype ~= "auto" and opts.dtype or nil, device = opts.device})
+    end
+    local tensors = common.load_tensors(opts.weights, spec.name .. ".from_preset", 2)
+    local dtype = common.model_dtype(opts, nil, tensors, spec.name .. ".from_preset", 2)   -- the weights' when "auto"
+    return M.load_hf(F.build(cfg, {dtype = dtype, device = opts.device}), tensors, 3)
   end
 
   -- from_pretrained(dir, {dtype = "auto", device =}) -> CausalLM with dir's config.json, weights

@@ -299,3 +299,23 @@ describe("options", function()
     assert.is_true(rawget(llama.from_preset("llama3_2_1b", {device = "meta"}), "add_bos"))
   end)
 end)
+
+describe("from_preset with weights", function()
+  it("keeps the weights' dtype unless dtype is given", function()
+    -- a preset of the fixture's sizes, loaded from the bf16 checkpoint
+    local presets = qwen2.presets
+    presets.qwen2_fixture = {vocab = 128, layers = 2, hidden = 32, heads = 4, kv_heads = 2, head_dim = 16, ffn = 64,
+                             tie = true, eps = 1e-5, rope_base = 1000000}
+    local ok, err = pcall(function()
+      local w = FIX .. "qwen2/bf16/model.safetensors"
+      assert.are.equal("bf16", qwen2.from_preset("qwen2_fixture", {weights = w}):param_dtype())
+      assert.are.equal("f32", qwen2.from_preset("qwen2_fixture", {weights = w, dtype = "f32"}):param_dtype())
+      assert.are.equal("f32", qwen2.from_preset("qwen2_fixture"):param_dtype())
+      local lm = qwen2.from_preset("qwen2_fixture", {weights = FIX .. "qwen2/model.safetensors"})
+      local g = keng.load(FIX .. "qwen2/golden.safetensors")
+      H.close(lm:logits(g.input_ids), g.logits, 1e-4, "preset + weights")
+    end)
+    presets.qwen2_fixture = nil
+    assert(ok, err)
+  end)
+end)
