@@ -32,14 +32,10 @@ describe("sharded checkpoints", function()
     same_state(V.from_pretrained(FIX .. "sd_sharded/vae"), V.from_pretrained(FIX .. "sd/vae"), "vae")
   end)
 
-  it("a transformers text encoder (model.safetensors.index.json) loads as the whole file", function()
-    same_state(clip.from_pretrained(FIX .. "sd_sharded/text_encoder"), clip.from_pretrained(FIX .. "clip/text_encoder"),
-      "text encoder")
-  end)
-
-  it("a UNet split into two shards with diffusers' index layout loads as the whole file", function()
-    local src = FIX .. "sd/unet"
-    local sd = keng.load(src .. "/diffusion_pytorch_model.safetensors")
+  -- split(src, file, prefix, fn): src's weight file split in two shards with an index named as
+  -- diffusers / transformers name them, in a temporary copy of src (config.json too); fn(dir, sd)
+  local function split(src, file, prefix, fn)
+    local sd = keng.load(src .. "/" .. file)
     local names = {}
     for k in pairs(sd) do names[#names + 1] = k end
     table.sort(names)
@@ -50,20 +46,32 @@ describe("sharded checkpoints", function()
     for i, k in ipairs(names) do
       local s = i <= #names // 2 and 1 or 2
       shards[s][k] = sd[k]
-      map[k] = string.format("diffusion_pytorch_model-%05d-of-00002.safetensors", s)
+      map[k] = string.format("%s-%05d-of-00002.safetensors", prefix, s)
     end
-    for s = 1, 2 do keng.save(string.format("%s/diffusion_pytorch_model-%05d-of-00002.safetensors", dir, s), shards[s]) end
-    local f = assert(io.open(dir .. "/diffusion_pytorch_model.safetensors.index.json", "wb"))
+    for s = 1, 2 do keng.save(string.format("%s/%s-%05d-of-00002.safetensors", dir, prefix, s), shards[s]) end
+    local f = assert(io.open(dir .. "/" .. prefix .. ".safetensors.index.json", "wb"))
     f:write(json.encode({metadata = {total_size = 0}, weight_map = map}))
     f:close()
-    local ok, err = pcall(function()
+    local ok, err = pcall(fn, dir, sd, names)
+    os.execute("rm -rf '" .. dir .. "'")
+    assert(ok, err)
+  end
+
+  it("a transformers text encoder (model.safetensors.index.json) loads as the whole file", function()
+    local src = FIX .. "clip/text_encoder"
+    split(src, "model.safetensors", "model", function(dir)
+      same_state(clip.from_pretrained(dir), clip.from_pretrained(src), "text encoder")
+    end)
+  end)
+
+  it("a UNet split into two shards with diffusers' index layout loads as the whole file", function()
+    local src = FIX .. "sd/unet"
+    split(src, "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model", function(dir, sd, names)
       same_state(U.from_pretrained(dir), U.from_pretrained(src), "unet")
       -- common.load_tensors finds the diffusers index in a directory too
       local t = common.load_tensors(dir, "spec", 1)
       H.close(t[names[1]], sd[names[1]], 0, "load_tensors")
     end)
-    os.execute("rm -rf '" .. dir .. "'")
-    assert(ok, err)
   end)
 
   it("a directory without weights names what it looked for", function()
