@@ -57,8 +57,8 @@ end
 
 -- rope_options(r, base, D, positions, device) -> the options of keng.rope for this call: {base}
 -- for plain RoPE; {inv_freq = f64 [D/2], scale} for a scaled one (r: a models.rope table). The
--- frequencies are made once per (scheme, device) and kept, except those of the types that
--- depend on the call's largest position (dynamic, longrope), made per call
+-- frequencies are made once per (scheme, device) and kept (longrope: its short and long sets),
+-- except dynamic NTK's past max_position_embeddings, which change with every length
 local FREQS = setmetatable({}, {__mode = "k"})                      -- r -> {[key] = options}
 local function rope_options(r, base, D, positions, device)
   if not r or r.type == "default" then return {base = r and r.base or base} end
@@ -66,9 +66,12 @@ local function rope_options(r, base, D, positions, device)
   if rope.depends_on_length(r) and positions.device ~= "meta" and positions:numel() > 0 then
     seq_len = positions:max():item() + 1                            -- one sync, for these two types only
   end
-  local key = string.format("%s/%d/%d", device, D,
-    r.type == "dynamic" and math.max(seq_len, r.max_pos) or r.type == "longrope" and
-    (seq_len > r.original_max_position_embeddings and 1 or 0) or 0)
+  if r.type == "dynamic" and seq_len > r.max_pos then
+    local f, scale = rope.frequencies(r, D, seq_len)
+    return {inv_freq = keng.tensor(f, {dtype = "f64", device = device}), scale = scale}
+  end
+  local long = r.type == "longrope" and seq_len > r.original_max_position_embeddings
+  local key = string.format("%s/%d/%s", device, D, long and "long" or "")
   local per = FREQS[r] or {}
   FREQS[r] = per
   if not per[key] then
