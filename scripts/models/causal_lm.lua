@@ -292,8 +292,9 @@ function CausalLM:forward(ids, opts) return self:logits(ids, opts) end
 
 function CausalLM:extra_repr()
   local c = self.cfg
-  return string.format("vocab=%d, hidden=%d, layers=%d, heads=%d/%d, head_dim=%d, ffn=%d%s",
-    c.vocab, c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.ffn, c.window and (", window=" .. c.window) or "")
+  return string.format("vocab=%d, hidden=%d, layers=%d, heads=%d/%d, head_dim=%d, ffn=%d%s%s",
+    c.vocab, c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.ffn, c.window and (", window=" .. c.window) or "",
+    c.rope and (", rope=" .. c.rope.type) or "")
 end
 
 ---------------------------------------------------------------------------------------------

@@ -100,7 +100,16 @@ describe("llama", function()
       n = n + 1
     end
     assert.are.equal(6, n)
-    assert.are.equal("llama3", llama.config("llama3_1_8b").rope.type)
+  end)
+
+  it("gives the Llama 3 presets transformers' llama3 RoPE frequencies", function()
+    local R = keng.load(FIX .. "llama/rope.safetensors")
+    for _, p in ipairs{"llama3_2_1b", "llama3_2_3b", "llama3_1_8b"} do
+      local cfg = llama.config(p)
+      assert.are.equal("llama3", cfg.rope.type)
+      local f = rope.frequencies(cfg.rope, cfg.head_dim, 1)
+      H.close(keng.tensor(f, {dtype = "f64"}), R["preset." .. p .. ".inv_freq"], 1e-6, p)
+    end
   end)
 end)
 
