@@ -81,17 +81,36 @@ function M.from_config(j, head_dim, who, level, default_theta)
   if (typ == "dynamic" or (typ == "longrope" and r.factor == nil)) and r.max_pos == nil then
     error(string.format("%s: config.json lacks max_position_embeddings (rope type '%s')", who, typ), level)
   end
+  for k, v in pairs(r) do                                           -- numbers where numbers are meant
+    if k == "truncate" then
+      if type(v) ~= "boolean" then error(string.format("%s: config.json %s.truncate must be true or false", who, srcname), level) end
+    elseif k ~= "type" and k ~= "short_factor" and k ~= "long_factor" and v ~= nil and
+        (type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge) then
+      error(string.format("%s: config.json %s must be a finite number, got %s", who,
+        k == "base" and "rope_theta" or k == "max_pos" and "max_position_embeddings" or srcname .. "." .. k,
+        tostring(v)), level)
+    end
+  end
+  for _, k in ipairs{"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} do
+    if r[k] ~= nil and not (r[k] > 0) then
+      error(string.format("%s: config.json %s.%s must be positive, got %s", who, srcname, k, tostring(r[k])), level)
+    end
+  end
+  if typ == "llama3" and r.low_freq_factor == r.high_freq_factor then
+    error(string.format("%s: config.json %s: llama3's low_freq_factor and high_freq_factor must differ", who, srcname),
+      level)
+  end
   if typ == "longrope" then
     for _, k in ipairs{"short_factor", "long_factor"} do
-      if type(r[k]) ~= "table" or #r[k] ~= head_dim // 2 then
-        error(string.format("%s: config.json %s.%s must be a list of %d numbers (head_dim / 2)", who, srcname, k,
-          head_dim // 2), level)
+      local ok = type(r[k]) == "table" and #r[k] == head_dim // 2
+      for i = 1, ok and #r[k] or 0 do ok = ok and type(r[k][i]) == "number" and r[k][i] > 0 end
+      if not ok then
+        error(string.format("%s: config.json %s.%s must be a list of %d positive numbers (head_dim / 2)", who, srcname,
+          k, head_dim // 2), level)
       end
     end
   end
-  if type(r.base) ~= "number" or not (r.base > 0) then
-    error(who .. ": config.json rope_theta must be a positive number", level)
-  end
+  if not (r.base > 0) then error(who .. ": config.json rope_theta must be positive, got " .. tostring(r.base), level) end
   return r
 end
 

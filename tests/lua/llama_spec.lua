@@ -208,7 +208,13 @@ describe("RoPE scaling", function()
     H.raises(function() load({rope_type = "default", rope_theta = 1e4, partial_rotary_factor = 0.5}) end,
       "partial_rotary_factor 0.5")
     H.raises(function() load({rope_type = "longrope", short_factor = {1, 2}, long_factor = {1, 2},
-      original_max_position_embeddings = 16}) end, "list of 8 numbers")
+      original_max_position_embeddings = 16}) end, "list of 8 positive numbers")
+    H.raises(function() load({rope_type = "linear", factor = "4"}) end, "rope_parameters.factor must be a finite number, got 4")
+    H.raises(function() load({rope_type = "linear", factor = 0}) end, "rope_parameters.factor must be positive, got 0")
+    H.raises(function() load({rope_type = "default", rope_theta = -5}) end, "rope_theta must be positive, got -5")
+    H.raises(function() load({rope_type = "yarn", factor = 2, truncate = 1}) end, "truncate must be true or false")
+    H.raises(function() load({rope_type = "llama3", factor = 8, low_freq_factor = 2, high_freq_factor = 2,
+      original_max_position_embeddings = 64}) end, "must differ")
   end)
 end)
 
