@@ -666,6 +666,11 @@ function M.family(spec)
     return cfg
   end
 
+  -- config_from_hf(j) -> a full cfg from a decoded config.json (keys checked as from_pretrained does)
+  function F.config_from_hf(j, level)
+    return M.parse_config(j, spec, spec.name .. ".config_from_hf", (level or 1) + 1)
+  end
+
   -- build(cfg, opts) -> CausalLM (random weights, or shapes only on device = "meta")
   function F.build(cfg, opts)
     local lm = CausalLM(cfg, opts)

@@ -102,6 +102,37 @@ describe("llama", function()
     assert.are.equal(6, n)
   end)
 
+  it("presets equal their published config.json read by config_from_hf (transformers 4 and 5 spellings)", function()
+    local f = assert(io.open(FIX .. "llama/preset_configs.json", "rb"))
+    local configs = json.decode(f:read("a"), {null_as_nil = true})
+    f:close()
+    local n = 0
+    for preset, j in pairs(configs) do
+      local fam = preset:find("^qwen") and qwen2 or llama
+      local want = fam.config(preset)
+      for _, fmt in ipairs{5, 4} do
+        if fmt == 4 then                                            -- rope_scaling + rope_theta, torch_dtype
+          local rp = j.rope_parameters
+          j.rope_theta, j.rope_parameters, j.torch_dtype, j.dtype = rp.rope_theta, nil, j.dtype, nil
+          rp.rope_theta = nil
+          j.rope_scaling = rp.rope_type ~= "default" and rp or nil
+          j.layer_types = nil
+        end
+        local got = fam.config_from_hf(j)
+        for _, k in ipairs{"vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "eps", "tie", "act",
+                           "rope_base", "bos_id", "eos_id", "qkv_bias", "o_bias", "mlp_bias", "window"} do
+          assert.are.equal(want[k], got[k], string.format("%s (transformers %d) %s", preset, fmt, k))
+        end
+        assert.are.equal(want.rope and want.rope.type, got.rope and got.rope.type, preset .. " rope")
+        if want.rope then
+          for k, v in pairs(want.rope) do assert.are.equal(v, got.rope[k], preset .. " rope." .. k) end
+        end
+      end
+      n = n + 1
+    end
+    assert.are.equal(6, n)
+  end)
+
   it("gives the Llama 3 presets transformers' llama3 RoPE frequencies", function()
     local R = keng.load(FIX .. "llama/rope.safetensors")
     for _, p in ipairs{"llama3_2_1b", "llama3_2_3b", "llama3_1_8b"} do
