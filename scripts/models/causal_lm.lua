@@ -256,6 +256,7 @@ local LOGITS_OPTS = {attention_mask = true, position_ids = true}
 function CausalLM:logits(ids, opts)
   ids = self:check_ids(ids, 3)
   opts = opts or {}
+  if type(opts) ~= "table" then error("CausalLM:logits: options must be a table, got " .. type(opts), 2) end
   for k in pairs(opts) do
     if not LOGITS_OPTS[k] then
       error(string.format("CausalLM:logits: unknown option '%s' (valid: attention_mask, position_ids)", tostring(k)), 2)
@@ -288,7 +289,12 @@ function CausalLM:logits(ids, opts)
   return self:head(self:hidden(ids, ctx))
 end
 
-function CausalLM:forward(ids, opts) return self:logits(ids, opts) end
+-- lm(ids), lm(ids, {attention_mask =, position_ids =}) or lm(ids, mask): fit passes a table x
+-- {ids, mask} as lm(ids, mask), so padded batches train with their mask
+function CausalLM:forward(ids, opts)
+  if keng.is_tensor(opts) then opts = {attention_mask = opts} end
+  return self:logits(ids, opts)
+end
 
 function CausalLM:extra_repr()
   local c = self.cfg
