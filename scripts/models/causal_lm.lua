@@ -581,6 +581,14 @@ function M.parse_config(j, spec, who, level)
     end
     return n
   end
+  -- flag(key) -> config.json's boolean at key (false when absent)
+  local function flag(key)
+    local v = j[key]
+    if v ~= nil and type(v) ~= "boolean" then
+      error(string.format("%s: config.json %s must be true or false, got %s", who, key, tostring(v)), level + 1)
+    end
+    return v or false
+  end
   cfg.vocab, cfg.hidden, cfg.layers = size("vocab_size"), size("hidden_size"), size("num_hidden_layers")
   cfg.heads, cfg.ffn = size("num_attention_heads"), size("intermediate_size")
   cfg.kv_heads = size("num_key_value_heads", true) or cfg.heads
@@ -593,7 +601,7 @@ function M.parse_config(j, spec, who, level)
   if type(cfg.eps) ~= "number" or not (cfg.eps >= 0) then
     error(who .. ": config.json rms_norm_eps must be a number >= 0, got " .. tostring(cfg.eps), level)
   end
-  if j.tie_word_embeddings ~= nil then cfg.tie = j.tie_word_embeddings end
+  if j.tie_word_embeddings ~= nil then cfg.tie = flag("tie_word_embeddings") end
   if (j.attention_dropout or 0) ~= 0 then
     error(string.format("%s: config.json attention_dropout %s is not implemented (keng's attention has no dropout)",
       who, tostring(j.attention_dropout)), level)
@@ -618,14 +626,14 @@ function M.parse_config(j, spec, who, level)
     cfg.act = a
   end
   -- biases
-  if j.attention_bias then cfg.qkv_bias, cfg.o_bias = true, true end
+  if flag("attention_bias") then cfg.qkv_bias, cfg.o_bias = true, true end
   if spec.qkv_bias then cfg.qkv_bias = true end
-  if j.mlp_bias then cfg.mlp_bias = true end
-  if j.use_bidirectional_attention then
+  if flag("mlp_bias") then cfg.mlp_bias = true end
+  if flag("use_bidirectional_attention") then
     error(who .. ": config.json use_bidirectional_attention = true is not implemented (causal attention only)", level)
   end
   -- sliding windows: Mistral's on every layer; Qwen 2's only from layer max_window_layers on
-  if spec.uses_window then cfg.window = j.sliding_window end       -- null or absent: no window
+  if spec.uses_window then cfg.window = size("sliding_window", true) end   -- null or absent: no window
   if own.use_sliding_window then
     local slides = {}
     if j.layer_types then
@@ -637,8 +645,8 @@ function M.parse_config(j, spec, who, level)
           slides[#slides + 1] = i
         end
       end
-    elseif j.use_sliding_window and j.sliding_window then
-      for i = (j.max_window_layers or 28) + 1, cfg.layers do slides[#slides + 1] = i end
+    elseif flag("use_sliding_window") and size("sliding_window", true) then
+      for i = (size("max_window_layers", true) or 28) + 1, cfg.layers do slides[#slides + 1] = i end
     end
     if #slides > 0 then
       error(string.format("%s: config.json asks for sliding-window attention on layer %d (use_sliding_window, " ..

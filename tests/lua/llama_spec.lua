@@ -336,6 +336,10 @@ describe("config.json values", function()
     H.raises(function() edit(function(j) j.num_key_value_heads = 3 end) end, "not a multiple of num_key_value_heads 3")
     H.raises(function() edit(function(j) j.rms_norm_eps = "x" end) end, "rms_norm_eps must be a number")
     assert.are.equal(2, edit(function(j) j.num_hidden_layers = 2.0 end).cfg.layers)
+    H.raises(function() edit(function(j) j.attention_bias = "yes" end) end, "attention_bias must be true or false, got yes")
+    H.raises(function() edit(function(j) j.tie_word_embeddings = 1 end) end, "tie_word_embeddings must be true or false")
+    H.raises(function() H.with_model_dir(FIX .. "mistral", function(j) j.sliding_window = -8 end, mistral.from_pretrained) end,
+      "sliding_window must be a positive integer, got -8")
   end)
 end)
 
