@@ -46,7 +46,6 @@ function M.from_config(j, head_dim, who, level, default_theta)
   if src ~= nil and type(src) ~= "table" then error(who .. ": config.json " .. srcname .. " must be an object", level) end
   src = src or {}
   local typ = src.rope_type or src.type or "default"
-  if typ == "dynamic_ntk" or typ == "ntk" then typ = "dynamic" end
   if not KEYS[typ] then
     error(string.format("%s: config.json %s.rope_type '%s' is not implemented (keng implements %s)", who, srcname,
       tostring(typ), table.concat(M.TYPES, ", ")), level)
