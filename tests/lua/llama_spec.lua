@@ -294,6 +294,19 @@ describe("config.json keys", function()
     assert.are.equal("gelu_tanh", edit(llama, "llama", function(j) j.hidden_act = "gelu_pytorch_tanh" end).cfg.act)
   end)
 
+  it("head_dim absent: hidden / heads, except Gemma's 256 (its config class default)", function()
+    local function cfg_of(fam, dir)
+      local f = assert(io.open(FIX .. dir .. "/config.json", "rb"))
+      local j = json.decode(f:read("a"), {null_as_nil = true})
+      f:close()
+      j.head_dim = nil
+      return fam.config_from_hf(j)
+    end
+    assert.are.equal(256, cfg_of(gemma, "gemma").head_dim)
+    assert.are.equal(8, cfg_of(llama, "llama").head_dim)            -- 32 / 4
+    assert.are.equal(16, cfg_of(mistral, "mistral").head_dim)       -- 64 / 4
+  end)
+
   it("that do not change the numbers are accepted", function()
     local lm = edit(llama, "llama", function(j)
       j.torch_dtype, j.use_cache, j.pretraining_tp, j._name_or_path = "float32", false, 2, "x"
