@@ -246,6 +246,15 @@ describe("RoPE scaling", function()
     H.raises(function() load({rope_type = "yarn", factor = 2, truncate = 1}) end, "truncate must be true or false")
     H.raises(function() load({rope_type = "llama3", factor = 8, low_freq_factor = 2, high_freq_factor = 2,
       original_max_position_embeddings = 64}) end, "must differ")
+    local function edit(e) return H.with_model_dir(FIX .. "llama", e, llama.from_pretrained) end
+    H.raises(function() edit(function(j) j.rope_parameters = nil; j.rope_scaling = "linear" end) end,
+      "config.json rope_scaling must be an object")
+    H.raises(function() edit(function(j)
+      j.rope_parameters = {rope_type = "dynamic", factor = 2}; j.max_position_embeddings = nil
+    end) end, "lacks max_position_embeddings (rope type 'dynamic')")
+    H.raises(function() edit(function(j)
+      j.rope_parameters = {rope_type = "yarn", factor = 2}; j.max_position_embeddings = nil
+    end) end, "lacks original_max_position_embeddings (rope type 'yarn')")
   end)
 end)
 
@@ -268,6 +277,12 @@ describe("config.json keys", function()
       local e = H.raises(function() edit(c[1], c[2], function(j) j[c[3]] = c[4] end) end, c[5])
       assert.is_truthy(e:find(c[1].name .. ".from_pretrained", 1, true), e)
     end
+    H.raises(function() edit(gemma, "gemma", function(j) j.hidden_activation = "mish" end) end,
+      "hidden_activation 'mish' is not implemented")
+    H.raises(function() edit(qwen2, "qwen2", function(j) j.layer_types = {"full_attention", "chunked_attention"} end) end,
+      "layer_types[2] 'chunked_attention' is not implemented")
+    H.raises(function() edit(qwen2, "qwen2", function(j) j.dtype = "float8_e4m3fn" end) end,
+      "config.json dtype 'float8_e4m3fn' is not one keng stores")
     -- Gemma: transformers 4's hidden_activation must agree with hidden_act
     H.raises(function() edit(gemma, "gemma", function(j) j.hidden_activation = "gelu" end) end,
       "hidden_activation 'gelu' and hidden_act 'gelu_pytorch_tanh' name different functions")
