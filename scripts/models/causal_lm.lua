@@ -25,7 +25,7 @@
 -- head = embedding), embed_scale (multiply embeddings by sqrt(C)), window (sliding window or nil),
 -- qkv_bias (biases on q/k/v), o_bias (on the output projection), mlp_bias (on the three MLP
 -- projections), rope_base, rope (nil: plain RoPE at rope_base; else a models.rope table: scaled
--- RoPE), bos_id, eos_id, pad_id.
+-- RoPE), bos_id, eos_id (eos_ids: all of them when config.json lists several), pad_id.
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
@@ -660,6 +660,8 @@ function M.parse_config(j, spec, who, level)
   local function first(v) return type(v) == "table" and v[1] or v end
   cfg.bos_id = first(j.bos_token_id) or cfg.bos_id
   cfg.eos_id = first(j.eos_token_id) or cfg.eos_id
+  -- every end token (Llama 3.1 Instruct lists three; transformers' generate stops at any)
+  if type(j.eos_token_id) == "table" then cfg.eos_ids = {table.unpack(j.eos_token_id)} end
   cfg.pad_id = first(j.pad_token_id) or cfg.pad_id
   return cfg
 end

@@ -322,6 +322,12 @@ describe("config.json keys", function()
     assert.are.equal(16, cfg_of(mistral, "mistral").head_dim)       -- 64 / 4
   end)
 
+  it("keep every end token of a list", function()
+    local lm = edit(llama, "llama", function(j) j.eos_token_id = {1, 8, 9} end)
+    assert.are.equal(1, lm.cfg.eos_id)
+    assert.are.same({1, 8, 9}, lm.cfg.eos_ids)
+  end)
+
   it("that do not change the numbers are accepted", function()
     local lm = edit(llama, "llama", function(j)
       j.torch_dtype, j.use_cache, j.pretraining_tp, j._name_or_path = "float32", false, 2, "x"
