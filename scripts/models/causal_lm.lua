@@ -533,7 +533,7 @@ for k in ([[_name_or_path architectures model_type transformers_version torch_dt
   encoder_no_repeat_ngram_size bad_words_ids num_return_sequences output_scores
   return_dict_in_generate forced_bos_token_id forced_eos_token_id remove_invalid_values
   exponential_decay_length_penalty suppress_tokens begin_suppress_tokens _attn_implementation
-  _attn_implementation_autoset _commit_hash max_position_embeddings pretraining_tp]]):gmatch("%S+") do
+  _attn_implementation_autoset _commit_hash pretraining_tp]]):gmatch("%S+") do
   HARMLESS[k] = true
 end
 
@@ -541,7 +541,7 @@ end
 local COMMON_KEYS = {}
 for k in ([[vocab_size hidden_size num_hidden_layers num_attention_heads num_key_value_heads
   intermediate_size head_dim rms_norm_eps hidden_act rope_theta rope_scaling rope_parameters
-  partial_rotary_factor original_max_position_embeddings tie_word_embeddings bos_token_id
+  partial_rotary_factor original_max_position_embeddings max_position_embeddings tie_word_embeddings bos_token_id
   eos_token_id pad_token_id attention_dropout]]):gmatch("%S+") do
   COMMON_KEYS[k] = true
 end
