@@ -567,7 +567,8 @@ function M.parse_config(j, spec, who, level)
     end
   end
   if j.model_type and spec.model_types and not spec.model_types[j.model_type] then
-    error(string.format("%s: config.json model_type '%s' is not a %s model", who, tostring(j.model_type), spec.name), level)
+    error(string.format("%s: config.json model_type '%s' is not a %s model", who, tostring(j.model_type), spec.name),
+      level)
   end
   local cfg = common.overlay(spec.defaults)
   -- size(key, optional) -> config.json's positive integer at key (nil when optional and absent)

@@ -43,7 +43,9 @@ function M.from_config(j, head_dim, who, level, default_theta)
   level = level + 1
   local src, srcname = j.rope_scaling, "rope_scaling"
   if src == nil then src, srcname = j.rope_parameters, "rope_parameters" end
-  if src ~= nil and type(src) ~= "table" then error(who .. ": config.json " .. srcname .. " must be an object", level) end
+  if src ~= nil and type(src) ~= "table" then
+    error(who .. ": config.json " .. srcname .. " must be an object", level)
+  end
   src = src or {}
   local typ = src.rope_type or src.type or "default"
   if not KEYS[typ] then
@@ -54,7 +56,7 @@ function M.from_config(j, head_dim, who, level, default_theta)
              max_pos = j.max_position_embeddings}
   local prf = src.partial_rotary_factor or j.partial_rotary_factor
   if prf ~= nil and prf ~= 1 then
-    error(string.format("%s: config.json partial_rotary_factor %s is not implemented (RoPE over the whole head dim only)",
+    error(string.format("%s: config.json partial_rotary_factor %s is not implemented (RoPE over the whole head dim)",
       who, tostring(prf)), level)
   end
   for k, v in pairs(src) do
@@ -67,7 +69,9 @@ function M.from_config(j, head_dim, who, level, default_theta)
     end
   end
   for _, k in ipairs(REQUIRED[typ] or {}) do
-    if r[k] == nil then error(string.format("%s: config.json %s lacks %s (rope type '%s')", who, srcname, k, typ), level) end
+    if r[k] == nil then
+      error(string.format("%s: config.json %s lacks %s (rope type '%s')", who, srcname, k, typ), level)
+    end
   end
   if typ == "llama3" or typ == "yarn" or typ == "longrope" then
     -- Phi-3 style configs keep it at the top level; it then wins, as in transformers
@@ -82,7 +86,9 @@ function M.from_config(j, head_dim, who, level, default_theta)
   end
   for k, v in pairs(r) do                                           -- numbers where numbers are meant
     if k == "truncate" then
-      if type(v) ~= "boolean" then error(string.format("%s: config.json %s.truncate must be true or false", who, srcname), level) end
+      if type(v) ~= "boolean" then
+        error(string.format("%s: config.json %s.truncate must be true or false", who, srcname), level)
+      end
     elseif k ~= "type" and k ~= "short_factor" and k ~= "long_factor" and v ~= nil and
         (type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge) then
       error(string.format("%s: config.json %s must be a finite number, got %s", who,
@@ -109,7 +115,9 @@ function M.from_config(j, head_dim, who, level, default_theta)
       end
     end
   end
-  if not (r.base > 0) then error(who .. ": config.json rope_theta must be positive, got " .. tostring(r.base), level) end
+  if not (r.base > 0) then
+    error(who .. ": config.json rope_theta must be positive, got " .. tostring(r.base), level)
+  end
   return r
 end
 
