@@ -1,8 +1,11 @@
 /* attention.c — Lua bindings of the attention op family (see LUA_API.md):
  *   keng.scaled_dot_product_attention(q, k, v, {mask=, causal=false, scale=, window=})
  *       q [B,H,T,D], k/v [B,Hkv,S,D] -> [B,H,T,D]
- *   keng.rope(x, positions, {base=10000})   x [..., T, D], positions [T] or [B,T] (0-based) */
+ *   keng.rope(x, positions, {base=10000, inv_freq=, scale=1})
+ *       x [..., T, D], positions [T] or [B,T] (0-based), inv_freq [D/2] (scaled RoPE) */
 #include "keng_lua.h"
+
+#include <string.h>
 
 static int l_sdpa(lua_State *L) {
   kg_tensor *q = kgl_check(L, 1), *k = kgl_check(L, 2), *v = kgl_check(L, 3), *mask = NULL, *r;
@@ -20,10 +23,21 @@ static int l_sdpa(lua_State *L) {
 }
 
 static int l_rope(lua_State *L) {
-  kg_tensor *x = kgl_check(L, 1), *pos = kgl_check(L, 2), *r;
-  if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
-  double base = kgl_field_number(L, 3, "base", 10000);
-  KGL_CALL(L, kg_rope(&r, x, pos, base));
+  kg_tensor *x = kgl_check(L, 1), *pos = kgl_check(L, 2), *freq = NULL, *r;
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    for (lua_pushnil(L); lua_next(L, 3); lua_pop(L, 1)) { /* a misspelt option must not pass silently */
+      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+      if (!k || (strcmp(k, "base") && strcmp(k, "inv_freq") && strcmp(k, "scale")))
+        return luaL_error(L, "rope: unknown option '%s' (valid: base, inv_freq, scale)",
+                          k ? k : luaL_typename(L, -2));
+    }
+    lua_getfield(L, 3, "inv_freq");
+    freq = kgl_opt(L, -1); /* stays referenced by the options table */
+    lua_pop(L, 1);
+  }
+  kg_rope_params p = {kgl_field_number(L, 3, "base", 10000), kgl_field_number(L, 3, "scale", 1)};
+  KGL_CALL(L, kg_rope_freq(&r, x, pos, freq, &p));
   kgl_push(L, r);
   return 1;
 }

@@ -290,10 +290,11 @@ static inline void rope_rotate_f32(float x1, float x2, float cs, float sn, float
   *y2 = x2 * cs + x1 * sn;
 }
 
-/* in: x [..., T, D] contiguous, positions [T] or [Bp, T]; out like x. Angle = pos · base^(-2i/D),
- * computed in f64; cos/sin tabulated once per (distinct position row, t). */
+/* in: x [..., T, D] contiguous, positions [T] or [Bp, T], inv_freq NULL or [D/2]; out like x.
+ * Angle = pos · inv_freq[i] (base^(-2i/D) by default), computed in f64; cos/sin tabulated once
+ * per (distinct position row, t), times p->scale. */
 kg_status kg_cpu_rope(const kg_op_call *c) {
-  const kg_tensor *x = c->in[0], *pos = c->in[1];
+  const kg_tensor *x = c->in[0], *pos = c->in[1], *freq = c->in[2];
   kg_tensor *y = c->out[0];
   const kg_rope_params *p = c->params;
   int64_t D = x->shape[x->ndim - 1], T = x->shape[x->ndim - 2], half = D / 2;
@@ -305,7 +306,9 @@ kg_status kg_cpu_rope(const kg_op_call *c) {
   if (!tab) return kg_error(KG_ERR_OOM, "rope", "out of memory for the cos/sin table");
   double *inv_freq = tab + 2 * Bp * T * half;
   int64_t *same = (int64_t *)(inv_freq + half);
-  for (int64_t i = 0; i < half; i++) inv_freq[i] = pow(p->base, -2.0 * (double)i / (double)D);
+  for (int64_t i = 0; i < half; i++)
+    inv_freq[i] = freq ? kg_load_as_double(kg_data(freq), freq->dtype, i * freq->stride[0])
+                       : pow(p->base, -2.0 * (double)i / (double)D);
 #define ROPE_POS(b, t) \
   kg_load_as_double(kg_data(pos), pos->dtype, (b) * (pos->ndim == 2 ? pos->stride[0] : 0) + (t) * pos->stride[pos->ndim - 1])
   for (int64_t b = 0; b < Bp; b++) {
@@ -321,8 +324,8 @@ kg_status kg_cpu_rope(const kg_op_call *c) {
     double ps = ROPE_POS(bt / T, bt % T);
     for (int64_t i = 0; i < half; i++) {
       double th = ps * inv_freq[i];
-      tab[2 * (bt * half + i)] = cos(th);
-      tab[2 * (bt * half + i) + 1] = sin(th);
+      tab[2 * (bt * half + i)] = cos(th) * p->scale;
+      tab[2 * (bt * half + i) + 1] = sin(th) * p->scale;
     }
   }
 #undef ROPE_POS

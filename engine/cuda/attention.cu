@@ -427,18 +427,21 @@ extern "C" kg_status kg_cuda_sdpa_backward(const kg_op_call *c) {
 
 /* ---- rope ------------------------------------------------------------------------------------ */
 
-/* x [..., T, D] contiguous; thread per (row, i < D/2); angle pos · base^(-2i/D) in double */
+/* x [..., T, D] contiguous; thread per (row, i < D/2); angle pos · inv_freq[i] (freq NULL:
+ * base^(-2i/D)) in double; cos and sin times scale */
 template <class FT>
 __global__ void rope_kernel(const char *x, int xdt, char *y, int ydt, const char *pos, int pdt, int pnd,
                             int64_t ps0, int64_t ps1, int64_t nrow, int64_t T, int64_t D, int64_t Bp,
-                            int64_t rows_per_b, double base) {
+                            int64_t rows_per_b, double base, const char *freq, int fdt, int64_t fs,
+                            double scale) {
   int64_t half = D / 2;
   KG_CUDA_FOR(e, nrow * half) {
     int64_t r = e / half, i = e - r * half;
     int64_t bt = (r / rows_per_b % Bp) * T + r % T;
     int64_t pi = (bt / T) * ps0 * (pnd == 2) + (bt % T) * ps1;
-    double th = kg_load<double>(pos, pdt, pi) * pow(base, -2.0 * (double)i / (double)D);
-    FT cs = (FT)cos(th), sn = (FT)sin(th);
+    double f = freq ? kg_load<double>(freq, fdt, i * fs) : pow(base, -2.0 * (double)i / (double)D);
+    double th = kg_load<double>(pos, pdt, pi) * f;
+    FT cs = (FT)(cos(th) * scale), sn = (FT)(sin(th) * scale);
     int64_t o1 = r * D + i, o2 = o1 + half;
     FT x1 = kg_load<FT>(x, xdt, o1), x2 = kg_load<FT>(x, xdt, o2);
     kg_store(y, ydt, o1, x1 * cs - x2 * sn);
@@ -447,9 +450,12 @@ __global__ void rope_kernel(const char *x, int xdt, char *y, int ydt, const char
 }
 
 extern "C" kg_status kg_cuda_rope(const kg_op_call *c) {
-  const kg_tensor *x = c->in[0], *pos = c->in[1];
+  const kg_tensor *x = c->in[0], *pos = c->in[1], *freq = c->in[2];
   kg_tensor *y = c->out[0];
   const kg_rope_params *p = (const kg_rope_params *)c->params;
+  const char *fd = freq ? (const char *)kg_data(freq) : NULL;
+  int fdt = freq ? (int)freq->dtype : 0;
+  int64_t fs = freq ? freq->stride[0] : 0;
   int64_t D = x->shape[x->ndim - 1], T = x->shape[x->ndim - 2], half = D / 2;
   int64_t nrow = D ? kg_numel(x) / D : 0, Bp = pos->ndim == 2 ? pos->shape[0] : 1;
   int64_t rows_per_b = Bp > 1 ? nrow / Bp : nrow;
@@ -461,10 +467,10 @@ extern "C" kg_status kg_cuda_rope(const kg_op_call *c) {
   if (x->dtype == KG_F64)
     rope_kernel<double><<<kg_cuda_blocks(nrow * half), KG_CUDA_THREADS, 0, s>>>(
         (const char *)kg_data(x), x->dtype, (char *)kg_data(y), y->dtype, (const char *)kg_data(pos), pos->dtype,
-        pos->ndim, ps0, ps1, nrow, T, D, Bp, rows_per_b, p->base);
+        pos->ndim, ps0, ps1, nrow, T, D, Bp, rows_per_b, p->base, fd, fdt, fs, p->scale);
   else
     rope_kernel<float><<<kg_cuda_blocks(nrow * half), KG_CUDA_THREADS, 0, s>>>(
         (const char *)kg_data(x), x->dtype, (char *)kg_data(y), y->dtype, (const char *)kg_data(pos), pos->dtype,
-        pos->ndim, ps0, ps1, nrow, T, D, Bp, rows_per_b, p->base);
+        pos->ndim, ps0, ps1, nrow, T, D, Bp, rows_per_b, p->base, fd, fdt, fs, p->scale);
   return kg_cuda_check("rope", dev);
 }

@@ -281,11 +281,13 @@ kg_status kg_grad_scaled_dot_product_attention(kg_node *n, kg_tensor *const *dou
 
 /* ---- rotary position embedding ------------------------------------------------------------ */
 
-/* x: [..., T, D] (D even), positions: [T] or [B, T] with B = x's first dim (or 1) */
-kg_status kg_rope(kg_tensor **out, const kg_tensor *x, const kg_tensor *positions, double base) {
+/* x: [..., T, D] (D even), positions: [T] or [B, T] with B = x's first dim (or 1), inv_freq:
+ * NULL or [D/2] floating (saved for backward with the positions) */
+kg_status kg_rope_freq(kg_tensor **out, const kg_tensor *x, const kg_tensor *positions, const kg_tensor *inv_freq,
+                       const kg_rope_params *p) {
   char a[KG_SHAPE_STR_MAX], b[KG_SHAPE_STR_MAX];
-  const kg_tensor *ts[2] = {x, positions};
-  KG_TRY(kg_check_same_device("rope", 2, ts));
+  const kg_tensor *ts[3] = {x, positions, inv_freq};
+  KG_TRY(kg_check_same_device("rope", 3, ts));
   KG_TRY(kg_check_float("rope", x, "x"));
   KG_TRY(kg_check_integer("rope", positions, "positions"));
   if (x->ndim < 2 || x->shape[x->ndim - 1] % 2 != 0)
@@ -297,27 +299,42 @@ kg_status kg_rope(kg_tensor **out, const kg_tensor *x, const kg_tensor *position
   if (!ok)
     return kg_error(KG_ERR_SHAPE, "rope", "positions %s must be [T] or [B, T] for x %s", KG_SHAPE(positions, b),
                     KG_SHAPE(x, a));
-  if (!(base > 0)) return kg_error(KG_ERR_VALUE, "rope", "base %g must be positive", base);
+  if (inv_freq) {
+    KG_TRY(kg_check_float("rope", inv_freq, "inv_freq"));
+    if (inv_freq->ndim != 1 || inv_freq->shape[0] != x->shape[x->ndim - 1] / 2)
+      return kg_error(KG_ERR_SHAPE, "rope", "inv_freq %s must be [D/2] = [%lld] for x %s", KG_SHAPE(inv_freq, b),
+                      (long long)(x->shape[x->ndim - 1] / 2), KG_SHAPE(x, a));
+    if (inv_freq->requires_grad || inv_freq->grad_fn)
+      return kg_error(KG_ERR_VALUE, "rope", "inv_freq %s must not require grad (rope has no gradient for it)",
+                      KG_SHAPE(inv_freq, b));
+  } else if (!(p->base > 0)) {
+    return kg_error(KG_ERR_VALUE, "rope", "base %g must be positive", p->base);
+  }
+  if (!isfinite(p->scale)) return kg_error(KG_ERR_VALUE, "rope", "scale %g must be finite", p->scale);
   kg_tensor *xc;
   KG_TRY(kg_contiguous(&xc, x));
-  kg_rope_params p = {base};
   kg_status s = kg_new_like(out, x, x->ndim, x->shape, x->dtype);
-  const kg_tensor *in[2] = {xc, positions};
+  const kg_tensor *in[3] = {xc, positions, inv_freq};
   if (s == KG_OK) {
-    s = kg_op_run(KG_OP_ROPE, 1, out, 2, in, &p, sizeof p);
+    s = kg_op_run(KG_OP_ROPE, 1, out, 3, in, p, sizeof *p);
     if (s) kg_tensor_release(*out);
   }
   kg_tensor_release(xc);
   return s;
 }
 
-/* the inverse of a rotation by pos is the rotation by -pos */
+kg_status kg_rope(kg_tensor **out, const kg_tensor *x, const kg_tensor *positions, double base) {
+  kg_rope_params p = {base, 1.0};
+  return kg_rope_freq(out, x, positions, NULL, &p);
+}
+
+/* y = scale · R(pos) x, so dx = scale · R(-pos) dy: the same op at the negated positions */
 kg_status kg_grad_rope(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
   if (!kg_node_needs_grad(n, 0)) return KG_OK;
   const kg_rope_params *p = n->params;
   kg_tensor *neg;
   KG_TRY(kg_unary(&neg, KG_OP_NEG, n->saved_in[1]));
-  kg_status s = kg_rope(&din[0], dout[0], neg, p->base);
+  kg_status s = kg_rope_freq(&din[0], dout[0], neg, n->saved_in[2], p);
   kg_tensor_release(neg);
   return s;
 }

@@ -1,6 +1,7 @@
--- models.causal_lm — the decoder-only transformer that Gemma and Mistral share, with KV-cache
--- generation. References: Hugging Face modeling_gemma.py / modeling_mistral.py (module names,
--- checkpoint layout), keras-hub GemmaBackbone / MistralBackbone (presets, LoRA targets).
+-- models.causal_lm — the decoder-only transformer that Gemma, Mistral, Llama and Qwen 2 share,
+-- with KV-cache generation. References: Hugging Face modeling_gemma.py / modeling_mistral.py /
+-- modeling_llama.py / modeling_qwen2.py (module names, checkpoint layout, config keys),
+-- keras-hub GemmaBackbone / MistralBackbone (presets, LoRA targets).
 --
 -- Shape letters: B batch, T tokens in this call, S keys (cached + new), L cache length,
 -- C hidden, H query heads, Hkv key/value heads, D head dim, F FFN width, V vocabulary.
@@ -8,24 +9,27 @@
 -- Module tree (state_dict names) and the Hugging Face names they load from:
 --   model.embed_tokens.weight                 [V, C]
 --   model.layers.N.input_layernorm.weight     [C]        HF layer n is our N = n + 1
---   model.layers.N.self_attn.query.weight     [H·D, C]   HF self_attn.q_proj
---   model.layers.N.self_attn.key.weight       [Hkv·D, C] HF self_attn.k_proj
+--   model.layers.N.self_attn.query.weight     [H·D, C]   HF self_attn.q_proj (.bias [H·D]: Qwen 2,
+--   model.layers.N.self_attn.key.weight       [Hkv·D, C] HF self_attn.k_proj  attention_bias)
 --   model.layers.N.self_attn.value.weight     [Hkv·D, C] HF self_attn.v_proj
---   model.layers.N.self_attn.output.weight    [C, H·D]   HF self_attn.o_proj
+--   model.layers.N.self_attn.output.weight    [C, H·D]   HF self_attn.o_proj (.bias: attention_bias)
 --   model.layers.N.post_attention_layernorm.weight [C]
---   model.layers.N.mlp.{gate,up}_proj.weight  [F, C];  mlp.down_proj.weight [C, F]
+--   model.layers.N.mlp.{gate,up}_proj.weight  [F, C];  mlp.down_proj.weight [C, F] (.bias: mlp_bias)
 --   model.norm.weight                         [C]
 --   lm_head.weight                            [V, C]     untied models only (Mistral)
 -- The projections are named query/key/value/output (as in Keras) so that
 -- lora.enable(m, {targets = {"query", "value"}}) finds them.
 --
 -- cfg fields: vocab, hidden, layers, heads, kv_heads, head_dim, ffn, eps, unit_offset (Gemma's
--- RMSNorm scale 1 + w), act ("gelu_tanh" GeGLU | "silu" SwiGLU), tie (LM head = embedding),
--- embed_scale (multiply embeddings by sqrt(C)), window (sliding window or nil), rope_base,
--- bos_id, eos_id, pad_id.
+-- RMSNorm scale 1 + w), act ("gelu_tanh" GeGLU | "gelu" exact GeGLU | "silu" SwiGLU), tie (LM
+-- head = embedding), embed_scale (multiply embeddings by sqrt(C)), window (sliding window or nil),
+-- qkv_bias (biases on q/k/v), o_bias (on the output projection), mlp_bias (on the three MLP
+-- projections), rope_base, rope (nil: plain RoPE at rope_base; else a models.rope table: scaled
+-- RoPE), bos_id, eos_id (eos_ids: all of them when config.json lists several), pad_id.
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
+local rope = require "models.rope"
 
 local M = {}
 
@@ -40,28 +44,56 @@ M.Attention = Attention
 function Attention:init(cfg, o)
   local C, H, Hkv, D = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
   self.heads, self.kv_heads, self.head_dim = H, Hkv, D
-  self.window, self.rope_base = cfg.window, cfg.rope_base or 10000
-  local lo = {bias = false, dtype = o.dtype, device = o.device}
+  self.window, self.rope_base, self.rope = cfg.window, cfg.rope_base or 10000, cfg.rope
+  local lo = {bias = cfg.qkv_bias or false, dtype = o.dtype, device = o.device}
   self.query = nn.Linear(C, H * D, lo)
   self.key = nn.Linear(C, Hkv * D, lo)
   self.value = nn.Linear(C, Hkv * D, lo)
-  self.output = nn.Linear(H * D, C, lo)
+  self.output = nn.Linear(H * D, C, {bias = cfg.o_bias or false, dtype = o.dtype, device = o.device})
   -- Keras keeps these kernels as [C, heads, D] einsums and its LoRA gives each head its own A
   -- [C, r] with one shared B [r, D]; the hint tells keng.lora how the outputs split into heads
   self.query.einsum_heads, self.key.einsum_heads, self.value.einsum_heads = H, Hkv, Hkv
 end
 
+-- rope_options(r, base, D, positions, device) -> the options of keng.rope for this call: {base}
+-- for plain RoPE; {inv_freq = f64 [D/2], scale} for a scaled one (r: a models.rope table). The
+-- frequencies are made once per (scheme, device) and kept (longrope: its short and long sets),
+-- except dynamic NTK's past max_position_embeddings, which change with every length
+local FREQS = setmetatable({}, {__mode = "k"})                      -- r -> {[key] = options}
+local function rope_options(r, base, D, positions, device)
+  if not r or r.type == "default" then return {base = r and r.base or base} end
+  local seq_len = 0
+  if rope.depends_on_length(r) and positions.device ~= "meta" and positions:numel() > 0 then
+    seq_len = positions:max():item() + 1                            -- one sync, for these two types only
+  end
+  if r.type == "dynamic" and seq_len > r.max_pos then
+    local f, scale = rope.frequencies(r, D, seq_len)
+    return {inv_freq = keng.tensor(f, {dtype = "f64", device = device}), scale = scale}
+  end
+  local long = r.type == "longrope" and seq_len > r.original_max_position_embeddings
+  local key = string.format("%s/%d/%s", device, D, long and "long" or "")
+  local per = FREQS[r] or {}
+  FREQS[r] = per
+  if not per[key] then
+    local f, scale = rope.frequencies(r, D, seq_len)
+    per[key] = {inv_freq = keng.tensor(f, {dtype = "f64", device = device}), scale = scale}
+  end
+  return per[key]
+end
+M.rope_options = rope_options
+
 -- x [B, T, C]; ctx.positions i64 [T] or [B, T] (0-based); ctx.mask bool [B, 1, T, S] or nil
 -- (nil: causal with the sliding window); ctx.cache {k=, v=} [B, Hkv, L, D] written at column
--- ctx.start (1-based) -> [B, T, C]
+-- ctx.start (1-based); ctx.rope: keng.rope's options (made per call when absent) -> [B, T, C]
 function Attention:forward(x, ctx)
   local B, T = x.shape[1], x.shape[2]
   local H, Hkv, D = self.heads, self.kv_heads, self.head_dim
   local q = self.query(x):view{B, T, H, D}:transpose(2, 3)          -- [B, H, T, D]
   local k = self.key(x):view{B, T, Hkv, D}:transpose(2, 3)          -- [B, Hkv, T, D]
   local v = self.value(x):view{B, T, Hkv, D}:transpose(2, 3)        -- [B, Hkv, T, D]
-  q = keng.rope(q, ctx.positions, {base = self.rope_base})
-  k = keng.rope(k, ctx.positions, {base = self.rope_base})
+  local ro = ctx.rope or rope_options(self.rope, self.rope_base, D, ctx.positions, x.device)
+  q = keng.rope(q, ctx.positions, ro)
+  k = keng.rope(k, ctx.positions, ro)
   local cache = ctx.cache
   if cache then                                                     -- write in place, read a view
     cache.k:narrow(3, ctx.start, T):copy_(k)
@@ -80,13 +112,13 @@ function Attention:forward(x, ctx)
 end
 
 ---------------------------------------------------------------------------------------------
--- gated MLP: down(act(gate(x)) * up(x)), GeGLU (gelu tanh) for Gemma, SwiGLU (silu) for Mistral
+-- gated MLP: down(act(gate(x)) * up(x)), GeGLU (gelu tanh) for Gemma, SwiGLU (silu) for the others
 
 local MLP = nn.Module:extend("MLP")
 M.MLP = MLP
 
 function MLP:init(cfg, o)
-  local lo = {bias = false, dtype = o.dtype, device = o.device}
+  local lo = {bias = cfg.mlp_bias or false, dtype = o.dtype, device = o.device}
   self.act = cfg.act
   self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, lo)
   self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, lo)
@@ -95,7 +127,9 @@ end
 
 function MLP:forward(x)                                             -- x [B, T, C]
   local g = self.gate_proj(x)                                       -- [B, T, F]
-  g = self.act == "silu" and g:silu() or g:gelu{approximate = "tanh"}
+  if self.act == "silu" then g = g:silu()
+  elseif self.act == "gelu" then g = g:gelu()                       -- exact (erf)
+  else g = g:gelu{approximate = "tanh"} end
   return self.down_proj(g * self.up_proj(x))                        -- [B, T, C]
 end
 
@@ -170,12 +204,17 @@ function CausalLM:param_dtype() return self.model.embed_tokens.weight.dtype end
 -- hidden(ids [B, T], ctx, caches) -> final-normed hidden states [B, T, C] in the model dtype
 function CausalLM:hidden(ids, ctx, caches)
   local x = self.model.embed_tokens(ids)                            -- [B, T, C]
+  local own_rope = not ctx.rope                                     -- one frequency table per call
+  if own_rope then
+    ctx.rope = rope_options(self.cfg.rope, self.cfg.rope_base or 10000, self.cfg.head_dim, ctx.positions, x.device)
+  end
   if self.cfg.embed_scale then x = x * math.sqrt(self.cfg.hidden) end  -- rounded to x's dtype, as HF
   for i, layer in ipairs(self.model.layers) do
     ctx.cache = caches and caches[i]
     x = layer(x, ctx)                                               -- [B, T, C]
   end
   ctx.cache = nil
+  if own_rope then ctx.rope = nil end
   return self.model.norm(x)                                         -- [B, T, C]
 end
 
@@ -192,20 +231,76 @@ function CausalLM:head(h, raw)
   return y:view{B, T, -1}                                           -- [B, T, V]
 end
 
--- logits(ids) -> f32 [B, T, V] over the whole sequence (causal, sliding window)
-function CausalLM:logits(ids)
-  ids = self:check_ids(ids, 3)
-  local T = ids.shape[2]
-  local pos = keng.arange(T, {device = ids.device})                 -- [T]
-  return self:head(self:hidden(ids, {positions = pos}))
+-- padding_mask(m [B, T] (1/true = real token), window, device) -> bool [B, 1, T, T]: query i
+-- sees key j when j <= i, j is a real token and i - j < window (as transformers' causal mask for
+-- a padded batch); a padding query sees itself only, so that no softmax row is empty (its
+-- output is meaningless, as in transformers). (generate makes its own decode-time masks.)
+local function padding_mask(m, window, device)
+  local B, T = m.shape[1], m.shape[2]
+  local i = keng.arange(T, {device = device}):view{T, 1}            -- [T, 1] query
+  local j = keng.arange(T, {device = device}):view{1, T}            -- [1, T] key
+  local ok = j:le(i):float()                                        -- [T, T] causal
+  if window then ok = ok * (i - j):lt(window):float() end
+  ok = ok * (m.dtype == "bool" and m or m:ne(0)):float():view{B, 1, 1, T}  -- [B, 1, T, T] real keys
+  local eye = j:eq(i):float()                                       -- [T, T]
+  return (ok + eye):gt(0)                                           -- [B, 1, T, T] bool
 end
 
-function CausalLM:forward(ids) return self:logits(ids) end
+local LOGITS_OPTS = {attention_mask = true, position_ids = true}
+
+-- logits(ids, {attention_mask =, position_ids =}) -> f32 [B, T, V] over the whole sequence
+-- (causal, sliding window). attention_mask [B, T] (tensor or nested list; 1/true = real token)
+-- hides padding keys, left or right; position_ids [B, T] or [T] (default 0 .. T-1 whatever the
+-- mask, as transformers' model(input_ids, attention_mask = m)). Logits at padding positions are
+-- meaningless.
+function CausalLM:logits(ids, opts)
+  ids = self:check_ids(ids, 3)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("CausalLM:logits: options must be a table, got " .. type(opts), 2) end
+  for k in pairs(opts) do
+    if not LOGITS_OPTS[k] then
+      error(string.format("CausalLM:logits: unknown option '%s' (valid: attention_mask, position_ids)", tostring(k)), 2)
+    end
+  end
+  local B, T, dev = ids.shape[1], ids.shape[2], ids.device
+  if T == 0 then error("CausalLM:logits: token ids " .. shape_str(ids) .. " hold no tokens (T = 0)", 2) end
+  local pos = keng.arange(T, {device = dev})                        -- [T]
+  if opts.position_ids ~= nil then
+    pos = opts.position_ids
+    if not keng.is_tensor(pos) then pos = keng.tensor(pos, {dtype = "i64", device = dev}) end
+    local okshape = (pos.ndim == 1 and pos.shape[1] == T) or (pos.ndim == 2 and pos.shape[2] == T and
+      (pos.shape[1] == B or pos.shape[1] == 1))
+    if not okshape then
+      error(string.format("CausalLM:logits: position_ids %s must be [T] or [B, T] for ids %s", shape_str(pos),
+        shape_str(ids)), 2)
+    end
+  end
+  local ctx = {positions = pos}
+  if opts.attention_mask ~= nil then
+    local m = opts.attention_mask
+    if not keng.is_tensor(m) then m = keng.tensor(m, {dtype = "i64", device = dev}) end
+    if m.ndim == 1 then m = m:unsqueeze(1) end
+    if m.ndim ~= 2 or m.shape[1] ~= B or m.shape[2] ~= T then
+      error(string.format("CausalLM:logits: attention_mask %s must be [B, T] like ids %s", shape_str(m),
+        shape_str(ids)), 2)
+    end
+    ctx.mask = padding_mask(m:to(dev), self.cfg.window, dev)
+  end
+  return self:head(self:hidden(ids, ctx))
+end
+
+-- lm(ids), lm(ids, {attention_mask =, position_ids =}) or lm(ids, mask): fit passes a table x
+-- {ids, mask} as lm(ids, mask), so padded batches train with their mask
+function CausalLM:forward(ids, opts)
+  if keng.is_tensor(opts) then opts = {attention_mask = opts} end
+  return self:logits(ids, opts)
+end
 
 function CausalLM:extra_repr()
   local c = self.cfg
-  return string.format("vocab=%d, hidden=%d, layers=%d, heads=%d/%d, head_dim=%d, ffn=%d%s",
-    c.vocab, c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.ffn, c.window and (", window=" .. c.window) or "")
+  return string.format("vocab=%d, hidden=%d, layers=%d, heads=%d/%d, head_dim=%d, ffn=%d%s%s",
+    c.vocab, c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.ffn, c.window and (", window=" .. c.window) or "",
+    c.rope and (", rope=" .. c.rope.type) or "")
 end
 
 ---------------------------------------------------------------------------------------------
@@ -421,7 +516,159 @@ function M.load_tokenizer(dir)
 end
 
 ---------------------------------------------------------------------------------------------
--- a model family: presets, from_preset, from_pretrained (gemma.lua and mistral.lua)
+-- config.json -> cfg. Every key is either read (and a value keng does not implement raises
+-- naming it), or known not to change the numbers (ids, dtypes, generation defaults, bookkeeping);
+-- any other key raises, so that nothing in a checkpoint's config is silently ignored.
+
+-- keys that do not change the forward pass (PretrainedConfig's bookkeeping in transformers 4
+-- and 5, generation defaults, initialisation)
+local HARMLESS = {}
+for k in ([[_name_or_path architectures model_type transformers_version torch_dtype dtype use_cache
+  initializer_range id2label label2id is_encoder_decoder is_decoder output_attentions
+  output_hidden_states return_dict chunk_size_feed_forward problem_type tokenizer_class
+  use_bfloat16 torchscript pruned_heads tie_encoder_decoder add_cross_attention finetuning_task
+  prefix sep_token_id decoder_start_token_id task_specific_params tf_legacy_loss max_length
+  min_length do_sample early_stopping num_beams num_beam_groups diversity_penalty temperature top_k
+  top_p typical_p repetition_penalty length_penalty no_repeat_ngram_size
+  encoder_no_repeat_ngram_size bad_words_ids num_return_sequences output_scores
+  return_dict_in_generate forced_bos_token_id forced_eos_token_id remove_invalid_values
+  exponential_decay_length_penalty suppress_tokens begin_suppress_tokens _attn_implementation
+  _attn_implementation_autoset _commit_hash pretraining_tp]]):gmatch("%S+") do
+  HARMLESS[k] = true
+end
+
+-- keys every family reads (the rest are in spec.config_keys)
+local COMMON_KEYS = {}
+for k in ([[vocab_size hidden_size num_hidden_layers num_attention_heads num_key_value_heads
+  intermediate_size head_dim rms_norm_eps hidden_act rope_theta rope_scaling rope_parameters
+  partial_rotary_factor original_max_position_embeddings max_position_embeddings tie_word_embeddings bos_token_id
+  eos_token_id pad_token_id attention_dropout]]):gmatch("%S+") do
+  COMMON_KEYS[k] = true
+end
+
+-- hidden_act -> cfg.act, as transformers' ACT2FN ("gelu" is exact, except in Gemma, whose config
+-- class rewrites it to the tanh form)
+local ACTS = {silu = "silu", swish = "silu", gelu = "gelu", gelu_pytorch_tanh = "gelu_tanh", gelu_new = "gelu_tanh"}
+
+-- parse_config(j, spec, who, level) -> cfg from config.json j for the family spec
+-- (spec.config_keys: the family's own keys -> true; spec.model_types; spec.gelu_tanh: "gelu"
+-- means the tanh form; spec.head_dim: head_dim when absent; spec.qkv_bias: q/k/v biases always)
+function M.parse_config(j, spec, who, level)
+  level = level + 1
+  local own = spec.config_keys or {}
+  for k in pairs(j) do
+    if not (COMMON_KEYS[k] or own[k] or HARMLESS[k]) then
+      local read = {}
+      for key in pairs(COMMON_KEYS) do read[#read + 1] = key end
+      for key in pairs(own) do read[#read + 1] = key end
+      table.sort(read)
+      error(string.format("%s: config.json key '%s' is not implemented by keng's %s (it reads: %s)", who,
+        tostring(k), spec.name, table.concat(read, ", ")), level)
+    end
+  end
+  if j.model_type and spec.model_types and not spec.model_types[j.model_type] then
+    error(string.format("%s: config.json model_type '%s' is not a %s model", who, tostring(j.model_type), spec.name),
+      level)
+  end
+  local cfg = common.overlay(spec.defaults)
+  -- size(key, optional) -> config.json's positive integer at key (nil when optional and absent)
+  local function size(key, optional)
+    local v = j[key]
+    if v == nil and optional then return nil end
+    if v == nil then error(who .. ": config.json lacks " .. key, level + 1) end
+    local n = math.type(v) and math.tointeger(v)
+    if not n or n <= 0 then
+      error(string.format("%s: config.json %s must be a positive integer, got %s", who, key, tostring(v)), level + 1)
+    end
+    return n
+  end
+  -- flag(key) -> config.json's boolean at key (false when absent)
+  local function flag(key)
+    local v = j[key]
+    if v ~= nil and type(v) ~= "boolean" then
+      error(string.format("%s: config.json %s must be true or false, got %s", who, key, tostring(v)), level + 1)
+    end
+    return v or false
+  end
+  cfg.vocab, cfg.hidden, cfg.layers = size("vocab_size"), size("hidden_size"), size("num_hidden_layers")
+  cfg.heads, cfg.ffn = size("num_attention_heads"), size("intermediate_size")
+  cfg.kv_heads = size("num_key_value_heads", true) or cfg.heads
+  cfg.head_dim = size("head_dim", true) or spec.head_dim or cfg.hidden // cfg.heads
+  if cfg.heads % cfg.kv_heads ~= 0 then
+    error(string.format("%s: config.json num_attention_heads %d is not a multiple of num_key_value_heads %d", who,
+      cfg.heads, cfg.kv_heads), level)
+  end
+  cfg.eps = j.rms_norm_eps or 1e-6                                  -- the config classes' default
+  if type(cfg.eps) ~= "number" or not (cfg.eps >= 0) then
+    error(who .. ": config.json rms_norm_eps must be a number >= 0, got " .. tostring(cfg.eps), level)
+  end
+  if j.tie_word_embeddings ~= nil then cfg.tie = flag("tie_word_embeddings") end
+  if (j.attention_dropout or 0) ~= 0 then
+    error(string.format("%s: config.json attention_dropout %s is not implemented (keng's attention has no dropout)",
+      who, tostring(j.attention_dropout)), level)
+  end
+  -- activation
+  local act = j.hidden_act
+  if act ~= nil then
+    if spec.gelu_tanh and act == "gelu" then act = "gelu_pytorch_tanh" end
+    cfg.act = ACTS[act] or error(string.format("%s: config.json hidden_act '%s' is not implemented (valid: %s)", who,
+      tostring(act), "silu, swish, gelu, gelu_pytorch_tanh, gelu_new"), level)
+  end
+  if j.hidden_activation ~= nil then                                -- transformers 4's Gemma key
+    local a = ACTS[j.hidden_activation]
+    if not a then
+      error(string.format("%s: config.json hidden_activation '%s' is not implemented (valid: %s)", who,
+        tostring(j.hidden_activation), "silu, swish, gelu, gelu_pytorch_tanh, gelu_new"), level)
+    end
+    if a ~= cfg.act then                                            -- transformers 4 and 5 would disagree
+      error(string.format("%s: config.json hidden_activation '%s' and hidden_act '%s' name different functions",
+        who, j.hidden_activation, tostring(j.hidden_act or cfg.act)), level)
+    end
+    cfg.act = a
+  end
+  -- biases
+  if flag("attention_bias") then cfg.qkv_bias, cfg.o_bias = true, true end
+  if spec.qkv_bias then cfg.qkv_bias = true end
+  if flag("mlp_bias") then cfg.mlp_bias = true end
+  if flag("use_bidirectional_attention") then
+    error(who .. ": config.json use_bidirectional_attention = true is not implemented (causal attention only)", level)
+  end
+  -- sliding windows: Mistral's on every layer; Qwen 2's only from layer max_window_layers on
+  if spec.uses_window then cfg.window = size("sliding_window", true) end   -- null or absent: no window
+  if own.use_sliding_window then
+    local slides = {}
+    if j.layer_types then
+      for i, t in ipairs(j.layer_types) do
+        if t ~= "full_attention" then
+          if t ~= "sliding_attention" then
+            error(string.format("%s: config.json layer_types[%d] '%s' is not implemented", who, i, tostring(t)), level)
+          end
+          slides[#slides + 1] = i
+        end
+      end
+    elseif flag("use_sliding_window") and size("sliding_window", true) then
+      for i = (size("max_window_layers", true) or 28) + 1, cfg.layers do slides[#slides + 1] = i end
+    end
+    if #slides > 0 then
+      error(string.format("%s: config.json asks for sliding-window attention on layer %d (use_sliding_window, " ..
+        "max_window_layers, layer_types): per-layer windows are not implemented", who, slides[1]), level)
+    end
+  end
+  -- RoPE
+  local r = rope.from_config(j, cfg.head_dim, who, level, spec.default_theta)
+  cfg.rope_base = r.base
+  cfg.rope = r.type ~= "default" and r or nil
+  local function first(v) return type(v) == "table" and v[1] or v end
+  cfg.bos_id = first(j.bos_token_id) or cfg.bos_id
+  cfg.eos_id = first(j.eos_token_id) or cfg.eos_id
+  -- every end token (Llama 3.1 Instruct lists three; transformers' generate stops at any)
+  if type(j.eos_token_id) == "table" then cfg.eos_ids = {table.unpack(j.eos_token_id)} end
+  cfg.pad_id = first(j.pad_token_id) or cfg.pad_id
+  return cfg
+end
+
+---------------------------------------------------------------------------------------------
+-- a model family: presets, from_preset, from_pretrained (gemma.lua, mistral.lua, llama.lua, qwen2.lua)
 
 -- family{name=, presets=, defaults=} -> module table {presets, config, from_preset,
 -- from_pretrained, build}. defaults: the family's fixed facts (act, unit_offset, tie, ...).
@@ -436,6 +683,11 @@ function M.family(spec)
     return cfg
   end
 
+  -- config_from_hf(j) -> a full cfg from a decoded config.json (keys checked as from_pretrained does)
+  function F.config_from_hf(j, level)
+    return M.parse_config(j, spec, spec.name .. ".config_from_hf", (level or 1) + 1)
+  end
+
   -- build(cfg, opts) -> CausalLM (random weights, or shapes only on device = "meta")
   function F.build(cfg, opts)
     local lm = CausalLM(cfg, opts)
@@ -443,44 +695,42 @@ function M.family(spec)
     return lm
   end
 
-  -- from_preset(name, {dtype = "f32", device = "cpu", weights = path}) -> CausalLM
+  -- from_preset(name, {dtype =, device = "cpu", weights = path}) -> CausalLM; dtype defaults to
+  -- f32 for random weights and to the weights' dtype ("auto") with weights
   function F.from_preset(name, opts)
     opts = opts or {}
-    local lm = F.build(F.config(name, 2), opts)
-    if opts.weights then M.load_hf(lm, common.load_tensors(opts.weights, spec.name .. ".from_preset", 2), 3) end
-    return lm
+    for k in pairs(opts) do
+      if k ~= "dtype" and k ~= "device" and k ~= "weights" then
+        error(string.format("%s.from_preset: unknown option '%s' (valid: dtype, device, weights)", spec.name,
+          tostring(k)), 2)
+      end
+    end
+    local cfg = F.config(name, 2)
+    if not opts.weights then
+      return F.build(cfg, {dtype = opts.dtype ~= "auto" and opts.dtype or nil, device = opts.device})
+    end
+    local tensors = common.load_tensors(opts.weights, spec.name .. ".from_preset", 2)
+    local dtype = common.model_dtype(opts, nil, tensors, spec.name .. ".from_preset", 2)   -- the weights' when "auto"
+    return M.load_hf(F.build(cfg, {dtype = dtype, device = opts.device}), tensors, 3)
   end
 
-  -- from_pretrained(dir, {dtype =, device =}) -> CausalLM with dir's config.json, weights
-  -- (model.safetensors or sharded model-*.safetensors + index) and tokenizer.model
+  -- from_pretrained(dir, {dtype = "auto", device =}) -> CausalLM with dir's config.json, weights
+  -- (model.safetensors or sharded model-*.safetensors + index) and tokenizer.model; dtype "auto"
+  -- keeps the checkpoint's (config.json's dtype / torch_dtype, else the weights')
   function F.from_pretrained(dir, opts)
     opts = opts or {}
-    local j = common.read_config(dir, spec.name .. ".from_pretrained", 2)   -- nulls read as absent
-    local cfg = common.overlay(spec.defaults)
-    local function req(key)
-      if j[key] == nil then error(spec.name .. ".from_pretrained: config.json lacks " .. key, 3) end
-      return j[key]
+    local who = spec.name .. ".from_pretrained"
+    for k in pairs(opts) do
+      if k ~= "dtype" and k ~= "device" then
+        error(string.format("%s: unknown option '%s' (valid: dtype, device)", who, tostring(k)), 2)
+      end
     end
-    cfg.vocab, cfg.hidden, cfg.layers = req("vocab_size"), req("hidden_size"), req("num_hidden_layers")
-    cfg.heads, cfg.ffn = req("num_attention_heads"), req("intermediate_size")
-    cfg.kv_heads = j.num_key_value_heads or cfg.heads
-    cfg.head_dim = j.head_dim or cfg.hidden // cfg.heads
-    cfg.eps = j.rms_norm_eps or cfg.eps
-    cfg.rope_base = j.rope_theta or (j.rope_parameters and j.rope_parameters.rope_theta) or 10000
-    if j.tie_word_embeddings ~= nil then cfg.tie = j.tie_word_embeddings end
-    if spec.uses_window then cfg.window = j.sliding_window end       -- null or absent: no window
-    local act = j.hidden_activation or j.hidden_act
-    if act then
-      if act == "silu" or act == "swish" then cfg.act = "silu"
-      elseif act:find("gelu") then cfg.act = "gelu_tanh"
-      else error(spec.name .. ".from_pretrained: unsupported activation " .. act, 2) end
-    end
-    local function first(v) return type(v) == "table" and v[1] or v end
-    cfg.bos_id = first(j.bos_token_id) or cfg.bos_id
-    cfg.eos_id = first(j.eos_token_id) or cfg.eos_id
-    cfg.pad_id = first(j.pad_token_id) or cfg.pad_id
-    local lm = F.build(cfg, opts)
-    M.load_hf(lm, common.load_tensors(dir, spec.name .. ".from_pretrained", 2), 3)
+    local j = common.read_config(dir, who, 2)                       -- nulls read as absent
+    local cfg = M.parse_config(j, spec, who, 2)
+    local tensors = common.load_tensors(dir, who, 2)
+    local dtype = common.model_dtype(opts, j, tensors, who, 2)
+    local lm = F.build(cfg, {dtype = dtype, device = opts.device})
+    M.load_hf(lm, tensors, 3)
     rawset(lm, "tokenizer", M.load_tokenizer(dir))
     return lm
   end

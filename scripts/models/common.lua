@@ -61,13 +61,74 @@ function M.read_config(dir, who, level)
   return M.read_json(dir .. "/config.json", who, level + 1) or error(who .. ": no config.json in " .. dir, level + 1)
 end
 
--- load_tensors(path, who, level) -> keng.load(path) (a .safetensors file, a sharded index or a
--- directory), its error raised as "who: why". (keng is required here, not at the top, so that
--- the config readers above load in a bare Lua state: tests/fuzz/fuzz_config.c.)
+-- the weight files a model directory may hold, in the order they are looked for: transformers'
+-- names, then diffusers' (UNet, VAE), each whole or sharded (an index .json naming the shards)
+local WEIGHT_FILES = {"model.safetensors", "model.safetensors.index.json", "diffusion_pytorch_model.safetensors",
+                      "diffusion_pytorch_model.safetensors.index.json"}
+
+local function is_dir(path)
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local ok, _, code = f:read(1)
+  f:close()
+  return ok == nil and code == 21                                   -- EISDIR
+end
+
+-- weights_path(path) -> the file to load: path itself, or in a directory the first of
+-- WEIGHT_FILES that exists (nil, and path for keng.load's own message, when none does)
+function M.weights_path(path)
+  if not is_dir(path) then return path end
+  for _, name in ipairs(WEIGHT_FILES) do
+    local f = io.open(path .. "/" .. name, "rb")
+    if f then
+      f:close()
+      return path .. "/" .. name
+    end
+  end
+  return path
+end
+
+-- load_tensors(path, who, level) -> keng.load of a .safetensors file, a sharded index, or a
+-- directory (its model[.safetensors|.safetensors.index.json] or
+-- diffusion_pytorch_model[...] — WEIGHT_FILES), its error raised as "who: why". (keng is
+-- required here, not at the top, so that the config readers above load in a bare Lua state:
+-- tests/fuzz/fuzz_config.c.)
 function M.load_tensors(path, who, level)
-  local ok, t = pcall(require("keng").load, path)
+  local ok, t = pcall(require("keng").load, M.weights_path(path))
   if not ok then error(who .. ": " .. tostring(t), level + 1) end
   return t
+end
+
+-- transformers' dtype names -> keng's
+local HF_DTYPES = {float32 = "f32", float = "f32", bfloat16 = "bf16", float16 = "f16", half = "f16", float64 = "f64"}
+
+-- checkpoint_dtype(j, tensors, who, level) -> the dtype that dtype = "auto" keeps, as
+-- transformers' dtype = "auto": config.json's dtype (transformers 5) or torch_dtype
+-- (transformers 4) when present, else the dtype of the first floating tensor by name
+function M.checkpoint_dtype(j, tensors, who, level)
+  local name = j and (j.dtype or j.torch_dtype)
+  if name ~= nil then
+    local d = HF_DTYPES[name]
+    if not d then
+      error(string.format("%s: config.json dtype '%s' is not one keng stores (float32, bfloat16, float16, float64)",
+        who, tostring(name)), level + 1)
+    end
+    return d
+  end
+  local names = {}
+  for k, t in pairs(tensors) do
+    if t.dtype == "f32" or t.dtype == "bf16" or t.dtype == "f16" or t.dtype == "f64" then names[#names + 1] = k end
+  end
+  table.sort(names)
+  return names[1] and tensors[names[1]].dtype or "f32"
+end
+
+-- model_dtype(opts, j, tensors, who, level) -> opts.dtype, or the checkpoint's dtype when it is
+-- nil or "auto" (the default of every from_pretrained that calls this)
+function M.model_dtype(opts, j, tensors, who, level)
+  local d = opts and opts.dtype
+  if d == nil or d == "auto" then return M.checkpoint_dtype(j, tensors, who, level + 1) end
+  return d
 end
 
 -- check_token_ids(who, ids, vocab, level): every id of the integer tensor ids lies in [0, vocab)

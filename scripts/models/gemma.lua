@@ -25,4 +25,10 @@ return lm.family{
   presets = presets,
   defaults = {eps = 1e-6, unit_offset = true, act = "gelu_tanh", tie = true, embed_scale = true,
               rope_base = 10000, pad_id = 0, eos_id = 1, bos_id = 2},
+  -- config.json (transformers' GemmaConfig): "gelu" means the tanh form there; head_dim 256
+  -- when absent; Gemma 2's soft-capping and query_pre_attn_scalar are refused as unknown keys
+  model_types = {gemma = true},
+  config_keys = {attention_bias = true, hidden_activation = true, use_bidirectional_attention = true},
+  gelu_tanh = true,
+  head_dim = 256,
 }

@@ -23,4 +23,6 @@ return lm.family{
   uses_window = true,
   defaults = {eps = 1e-5, unit_offset = false, act = "silu", tie = false, embed_scale = false,
               window = 4096, rope_base = 10000, pad_id = 0, bos_id = 1, eos_id = 2},
+  model_types = {mistral = true},
+  config_keys = {sliding_window = true},                            -- transformers' MistralConfig
 }

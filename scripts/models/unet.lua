@@ -445,7 +445,7 @@ function M.load_weights(m, dir, who, level)
     local idx = io.open(dir .. "/diffusion_pytorch_model.safetensors.index.json", "rb")
     if not idx then error(string.format("%s: missing weight file %s", who, path), level + 1) end
     idx:close()
-    path = dir
+    path = dir .. "/diffusion_pytorch_model.safetensors.index.json"  -- the shards it names
   end
   local ok, sd = pcall(keng.load, path)
   if not ok then error(string.format("%s: %s: %s", who, path, tostring(sd)), level + 1) end

@@ -169,7 +169,10 @@ kg_status kg_multinomial(kg_tensor **out, const kg_tensor *probs, int64_t n, boo
 
 /* ---- transformer blocks (engine/ops/attention.c) ------------------------------------------ */
 
-typedef struct { double base; } kg_rope_params;
+typedef struct {
+  double base;  /* inverse frequencies base^(-2i/D) when no inv_freq tensor is given */
+  double scale; /* cos and sin are multiplied by it (YaRN's / LongRoPE's attention factor); 1 = plain */
+} kg_rope_params;
 typedef struct {
   double scale;   /* 0 = 1/sqrt(D) */
   bool causal;    /* query i sees keys j <= i + (S - T) (aligned bottom-right, as a KV cache) */
@@ -179,6 +182,11 @@ typedef struct {
 /* x: [..., T, D] rotated pairwise over halves (x[:D/2], x[D/2:]) as Hugging Face's
  * rotate_half; positions: [T] or [B, T] integer (0-based) broadcast over x's leading dims. */
 kg_status kg_rope(kg_tensor **out, const kg_tensor *x, const kg_tensor *positions, double base);
+/* kg_rope with the frequencies given: inv_freq NULL (base^(-2i/D)) or a float tensor [D/2] on x's
+ * device (scaled RoPE: linear, dynamic NTK, Llama 3, YaRN, LongRoPE compute it); the rotated pairs
+ * are multiplied by p->scale. */
+kg_status kg_rope_freq(kg_tensor **out, const kg_tensor *x, const kg_tensor *positions, const kg_tensor *inv_freq,
+                       const kg_rope_params *p);
 /* q: [B, H, T, D], k, v: [B, Hkv, S, D] with H % Hkv == 0; mask: NULL, bool (true = attend)
  * or float (added to scores), broadcastable to [B, H, T, S]. out: [B, H, T, D]. The fused
  * routes never materialise [B, H, T, S]; the math route does (engine/ops/sdpa_route.h says
