@@ -783,12 +783,6 @@ kg_status kg_tokenizer_json_load(kg_tokenizer_json **out, const char *path) {
 
 /* ---- encoding --------------------------------------------------------------------------------- */
 
-/* char::is_alphanumeric */
-static bool alnum(uint32_t c) {
-  int g = kg_unicode_gc(c);
-  return kg_unicode_is_alpha(c) || g == KG_GC_ND || g == KG_GC_NL || g == KG_GC_NO;
-}
-
 static uint32_t last_cp(const char *s, size_t n) {
   size_t j = n - 1;
   while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80) j--;
@@ -831,9 +825,9 @@ static kg_status split_added(const kg_tokenizer_json *t, bool want_normalized, c
     size_t ms = at, me = at + best_len;
     pos = me; /* the next search starts after this match, whether it is used or not */
     if (ad->single_word) {
-      bool start_ok = ms == 0 || !alnum(last_cp(s, ms));
+      bool start_ok = ms == 0 || !tj_word_char(last_cp(s, ms));
       size_t q = me;
-      bool stop_ok = me == n || !alnum(tj_next(s, n, &q));
+      bool stop_ok = me == n || !tj_word_char(tj_next(s, n, &q));
       if (!start_ok || !stop_ok) continue;
     }
     if (ad->lstrip) {

@@ -118,6 +118,9 @@ typedef struct tj_pre {
 /* Splits (and rewrites) every piece of l in place. */
 kg_status tj_pre_tokenize(const tj_pre *p, tj_pieces *l);
 void tj_pre_free(tj_pre *p);
+/* Rust regex's \w (Alphabetic, marks, Nd, Pc, Join_Control): the Whitespace pre-tokenizer's
+ * classes and single_word's word test. */
+bool tj_word_char(uint32_t cp);
 /* The regex of GPT-2 that ByteLevel's use_regex applies. */
 extern const char tj_gpt2_pattern[];
 

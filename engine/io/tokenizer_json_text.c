@@ -99,8 +99,7 @@ static bool is_mark(uint32_t cp) {
   return g == KG_GC_MN || g == KG_GC_MC || g == KG_GC_ME;
 }
 
-/* Rust regex's \w: Alphabetic, marks, Nd, Pc, Join_Control */
-static bool rust_word(uint32_t cp) {
+bool tj_word_char(uint32_t cp) {
   if (cp < 0x80) return (cp | 32) - 'a' < 26 || cp - '0' < 10 || cp == '_';
   int g = kg_unicode_gc(cp);
   return kg_unicode_is_alpha(cp) || (g >= KG_GC_MN && g <= KG_GC_ND) || g == KG_GC_PC || cp == 0x200C || cp == 0x200D;
@@ -486,7 +485,7 @@ static void whitespace_split(const tj_piece *pc, tj_pieces *out) {
   for (size_t i = 0; i < n;) {
     size_t j = i;
     uint32_t c = tj_next(s, n, &j);
-    int cls = rust_word(c) ? 1 : kg_unicode_is_space(c) ? 0 : 2;
+    int cls = tj_word_char(c) ? 1 : kg_unicode_is_space(c) ? 0 : 2;
     if (!cls) {
       i = j;
       continue;
@@ -495,7 +494,7 @@ static void whitespace_split(const tj_piece *pc, tj_pieces *out) {
     while (e < n) {
       size_t q = e;
       uint32_t d = tj_next(s, n, &q);
-      int dc = rust_word(d) ? 1 : kg_unicode_is_space(d) ? 0 : 2;
+      int dc = tj_word_char(d) ? 1 : kg_unicode_is_space(d) ? 0 : 2;
       if (dc != cls) break;
       e = q;
     }
