@@ -5,11 +5,12 @@
  *   alternation, groups (...) (?:...) (?<name>...), atomic (?>...), lookahead (?=...) (?!...),
  *   scoped flags (?i:...) (?i) (case-insensitive by simple case folding), quantifiers ? * + {n}
  *   {n,} {n,m} with lazy (?) and possessive (+) forms, classes [...] with ranges and negation,
- *   . (not \n), ^ $ (line anchors, as Ruby), \A \z \Z, escapes \s \S \d \D \w \W \h \H
+ *   . (not \n), ^ $ (line anchors, as Ruby), \A \z \Z, escapes \s \S \d \D \w \W \h \H (hex digit)
  *   \p{..} \P{..} \p{^..} (general categories and their one-letter groups, Any, Alnum, Alpha,
  *   Space, Digit, Word), \t \n \r \f \v \e \a \0 \xHH \x{H..} \uHHHH and escaped punctuation.
  * Anything else (lookbehind, backreferences, \b, POSIX brackets, class intersection, ...) is
- * refused naming it. Onig's classes over Unicode: \s White_Space, \d Nd, \w L|M|N|Pc.
+ * refused naming it. Onig's classes over Unicode: \s White_Space, \d Nd, \w Alphabetic, marks, Nd, Pc
+ * (as the reference behaves: U+2460 and ZWJ are no word characters, U+1F130 and ½ are).
  * A single-character item under a quantifier is matched in a loop (no recursion per
  * character); the whole search has a step budget, so no pattern can run away. */
 #include "tokenizer_json_internal.h"
@@ -22,7 +23,7 @@
 
 enum { R_SET, R_SEQ, R_ALT, R_REPEAT, R_GROUP, R_ATOMIC, R_LOOK, R_BOL, R_EOL, R_BOS, R_EOS, R_EOS_NL };
 /* class items */
-enum { I_RANGE, I_CAT, I_SPACE, I_WORD, I_ANY_NOT_NL, I_HSPACE };
+enum { I_RANGE, I_CAT, I_SPACE, I_WORD, I_ANY_NOT_NL, I_HEX };
 
 typedef struct {
   int kind;
@@ -162,7 +163,7 @@ static bool parse_escape(parser *ps, bool in_class, bool *is_item, item *it, uin
   memset(it, 0, sizeof *it);
   switch (c) {
   case 's': case 'S': ps->i++; *is_item = true; it->kind = I_SPACE; it->neg = c == 'S'; return true;
-  case 'h': case 'H': ps->i++; *is_item = true; it->kind = I_HSPACE; it->neg = c == 'H'; return true;
+  case 'h': case 'H': ps->i++; *is_item = true; it->kind = I_HEX; it->neg = c == 'H'; return true;
   case 'w': case 'W': ps->i++; *is_item = true; it->kind = I_WORD; it->neg = c == 'W'; return true;
   case 'd': case 'D': ps->i++; *is_item = true; it->kind = I_CAT; it->catmask = GC(ND); it->neg = c == 'D'; return true;
   case 'p': case 'P': {
@@ -261,6 +262,7 @@ static bool parse_class(parser *ps, node *set) {
 }
 
 static bool parse_alt(parser *ps, node *out, bool icase);
+/* parse_seq's (?i) without a colon changes *icase for the rest of the enclosing group */
 
 /* {n}, {n,}, {n,m}: true and the bounds when ps->p[i..] is one; otherwise ps->i is unchanged */
 static bool parse_braces(parser *ps, int *mn, int *mx) {
@@ -283,7 +285,8 @@ static bool parse_braces(parser *ps, int *mn, int *mx) {
   return true;
 }
 
-static bool parse_seq(parser *ps, node *seq, bool icase) {
+static bool parse_seq(parser *ps, node *seq, bool *icase_p) {
+  bool icase = *icase_p;
   seq->kind = R_SEQ;
   while (!at_end(ps)) {
     char c = ps->p[ps->i];
@@ -319,7 +322,7 @@ static bool parse_seq(parser *ps, node *seq, bool icase) {
             ps->i++;
             seq->n--;
             ps->depth--;
-            icase = sub_icase;
+            icase = *icase_p = sub_icase;
             continue;
           }
           if (ps->p[ps->i] != ':') return perr(ps, "only the i flag is supported in (?flags)");
@@ -412,7 +415,7 @@ static bool parse_alt(parser *ps, node *out, bool icase) {
   for (;;) {
     node *s = add_kid(out);
     if (!s) return perr(ps, "out of memory");
-    if (!parse_seq(ps, s, icase)) return false;
+    if (!parse_seq(ps, s, &icase)) return false;
     if (at_end(ps) || ps->p[ps->i] != '|') return true;
     ps->i++;
   }
@@ -460,10 +463,11 @@ typedef struct {
 #define STEP_BUDGET 20000000L
 #define MAX_DEPTH 4000 /* frames: a group repeated more often than this fails rather than exhausting the stack */
 
-static bool word_char(uint32_t cp) {
-  if (cp < 0x80) return (cp | 32) - 'a' < 26 || cp - '0' < 10 || cp == '_';
-  int g = kg_unicode_gc(cp);
-  return (g >= KG_GC_LU && g <= KG_GC_ND) || g == KG_GC_NL || g == KG_GC_NO || g == KG_GC_PC;
+/* Oniguruma's \w: Rust's \w without Join_Control, and its Latin-1 table counts the No
+ * characters ² ³ ¹ ¼ ½ ¾ as word characters (measured against the reference) */
+static bool onig_word(uint32_t cp) {
+  if (cp == 0xB2 || cp == 0xB3 || cp == 0xB9 || (cp >= 0xBC && cp <= 0xBE)) return true;
+  return cp != 0x200C && cp != 0x200D && tj_word_char(cp);
 }
 
 static bool item_has(const item *it, uint32_t cp) {
@@ -472,8 +476,8 @@ static bool item_has(const item *it, uint32_t cp) {
   case I_RANGE: r = cp >= it->lo && cp <= it->hi; break;
   case I_CAT: r = (it->catmask >> kg_unicode_gc(cp)) & 1; break;
   case I_SPACE: r = kg_unicode_is_space(cp); break;
-  case I_HSPACE: r = cp == ' ' || cp == '\t' || kg_unicode_gc(cp) == KG_GC_ZS; break;
-  case I_WORD: r = word_char(cp); break;
+  case I_HEX: r = cp < 0x80 && hexval((char)cp) >= 0; break;
+  case I_WORD: r = onig_word(cp); break;
   default: r = cp != '\n'; break; /* I_ANY_NOT_NL */
   }
   return r != it->neg;

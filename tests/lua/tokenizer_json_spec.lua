@@ -12,7 +12,8 @@ local H = require "helper"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local DIR = here .. "/../fixtures/tokenizer_json/"
-local NAMES = {"gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "clip", "misc", "pieces"}
+local NAMES = {"gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "clip", "misc", "pieces", "regex_o200k",
+               "regex_r50k", "regex_deepseek"}
 
 local function read(path)
   local f = assert(io.open(path, "rb"))
