@@ -235,3 +235,55 @@ describe("tokenizer.json files keng refuses", function()
   end)
   os.remove(path)
 end)
+
+describe("model loaders with a transformers-5 tokenizer.json", function()
+  local root = io.popen("pwd"):read("l")
+  local function tmpdir()
+    local d = os.tmpname()
+    os.remove(d)
+    assert(os.execute("mkdir -p '" .. d .. "'"))
+    return d
+  end
+
+  it("CLIP: tokenizer.json gives the ids of vocab.json + merges.txt", function()
+    local raw = keng.clip_tokenizer(here .. "/../fixtures/clip/tokenizer/vocab.json", here .. "/../fixtures/clip/tokenizer/merges.txt")
+    local tok = T.from_file(DIR .. "clip.json")
+    local g = json.decode(read(DIR .. "clip.golden.json"))
+    for i, text in ipairs(g.texts) do
+      local a, b = raw:encode(text), tok:encode(text, {add_special_tokens = false})
+      assert(same(a, b), string.format("text %d %q: clip_tokenizer %s, tokenizer.json %s", i, text, show(a), show(b)))
+    end
+  end)
+
+  it("stable_diffusion.from_pretrained reads a tokenizer/ that holds only tokenizer.json", function()
+    local sd = require "models.stable_diffusion"
+    local d = tmpdir()
+    local links = {}
+    for _, p in ipairs{"tests/fixtures/sd/unet", "tests/fixtures/sd/vae", "tests/fixtures/sd/scheduler",
+                       "tests/fixtures/clip/text_encoder"} do
+      links[#links + 1] = root .. "/" .. p
+    end
+    assert(os.execute("mkdir -p " .. d .. "/tokenizer && ln -s " .. table.concat(links, " ") .. " " .. d .. "/"))
+    write(d .. "/tokenizer/tokenizer.json", read(DIR .. "clip.json"))
+    local ok, pipe = pcall(sd.from_pretrained, d)
+    os.execute("rm -rf '" .. d .. "'")
+    assert(ok, tostring(pipe))
+    local P = {"a photograph of an astronaut riding a horse", "Hello, WORLD!! 123"}
+    local want = require("keng.clip_tokenize").load(here .. "/../fixtures/clip/tokenizer"):encode_batch(P)
+    assert.are.same(want:tolist(), pipe.tokenizer:encode_batch(P):tolist())
+  end)
+
+  it("gemma.from_pretrained takes tokenizer.json (and its config's bos) over nothing", function()
+    local gemma = require "models.gemma"
+    local d = tmpdir()
+    for _, f in ipairs{"config.json", "model.safetensors"} do write(d .. "/" .. f, read("tests/fixtures/gemma/" .. f)) end
+    write(d .. "/tokenizer.json", read(DIR .. "llama2.json"))
+    write(d .. "/tokenizer_config.json", '{"bos_token": "<s>", "eos_token": "</s>"}')
+    local ok, lm = pcall(gemma.from_pretrained, d)
+    os.execute("rm -rf '" .. d .. "'")
+    assert(ok, tostring(lm))
+    assert.are.equal(T.Json, getmetatable(lm.tokenizer))
+    assert.are.same({1, table.unpack(lm.tokenizer:encode("Hi", {add_special_tokens = false}))},
+      lm.tokenizer:encode("Hi", {add_bos = true}))
+  end)
+end)

@@ -84,18 +84,41 @@ local function pad_token(dir)
   end
 end
 
+-- the surface of keng.clip_tokenizer over a tokenizer.json (keng.tokenizers.from_file): ids
+-- without the post-processor's <|startoftext|> / <|endoftext|>, which encode_batch adds
+local function json_raw(path)
+  local tok = require("keng.tokenizers").from_file(path)
+  local raw = {bos_id = tok:token_to_id("<|startoftext|>"), eos_id = tok:token_to_id("<|endoftext|>")}
+  if not raw.bos_id or not raw.eos_id then error("clip_tokenize: " .. path .. " has no <|startoftext|> / <|endoftext|>", 0) end
+  function raw.encode(_, text) return tok:encode(text, {add_special_tokens = false}) end
+  function raw.decode(_, ids) return tok:decode(ids) end
+  function raw.vocab_size() return tok:vocab_size() end
+  function raw.token_to_id(_, s) return tok:token_to_id(s) end
+  function raw.id_to_token(_, id) return tok:id_to_token(id) end
+  return raw
+end
+
 -- load(dir) or load(vocab_json, merges_txt), opts {pad_id=, max_length=77} -> a tokenizer with
 -- encode, decode, vocab_size, token_to_id, id_to_token, encode_batch, and fields bos_id, eos_id,
--- pad_id, max_length, raw (the keng.clip_tokenizer)
+-- pad_id, max_length, raw (the keng.clip_tokenizer). A dir with a tokenizer.json (transformers 5)
+-- is read through keng.tokenizers.from_file instead.
 function M.load(path, merges, opts)
   if type(merges) == "table" then merges, opts = nil, merges end
   opts = opts or {}
-  local vocab, pad_name, max_len = path, nil, nil
+  local vocab, pad_name, max_len, dir = path, nil, nil, nil
   if not merges then
+    dir = path
     vocab, merges = path .. "/vocab.json", path .. "/merges.txt"
     pad_name, max_len = pad_token(path)
   end
-  local ok, raw = pcall(keng.clip_tokenizer, vocab, merges)
+  local ok, raw
+  local tj = dir and io.open(dir .. "/tokenizer.json", "rb")
+  if tj then   -- transformers 5 saves only tokenizer.json
+    tj:close()
+    ok, raw = pcall(json_raw, dir .. "/tokenizer.json")
+  else
+    ok, raw = pcall(keng.clip_tokenizer, vocab, merges)
+  end
   if not ok then error(tostring(raw), 2) end
   local pad_id = opts.pad_id
   if not pad_id and pad_name then

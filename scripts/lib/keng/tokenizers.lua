@@ -400,4 +400,17 @@ function tokenizers.from_dir(dir, opts)
   return tok
 end
 
+-- tokenizers.find(dir, opts) -> from_dir(dir, opts), or nil when dir holds none of its files
+-- (what model loaders call: a broken tokenizer file still raises)
+function tokenizers.find(dir, opts)
+  for _, f in ipairs{"/tokenizer.json", "/vocab.txt", "/tokenizer.model", "/vocab.json"} do
+    if exists(dir .. f) then
+      local ok, tok = pcall(tokenizers.from_dir, dir, opts)
+      if not ok then error(tostring(tok), 2) end
+      return tok
+    end
+  end
+  return nil
+end
+
 return tokenizers
