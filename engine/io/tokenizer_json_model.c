@@ -109,7 +109,7 @@ static kg_status load_vocab_object(tj_model *m, const kg_json *v, const char *la
   if (!v || v->type != KG_JSON_OBJECT) return tj_bad(label, "model.vocab must be an object of token: id");
   int64_t n = v->n;
   if (!kg_vocab_alloc(&m->vocab, n)) return oom();
-  m->vocab.n = 0;
+  m->vocab.n = n; /* all NULL until filled: freed whatever the exit */
   for (int i = 0; i < v->n; i++) {
     const kg_json *id = &v->items[i];
     if (id->type != KG_JSON_NUMBER || !id->is_uint || id->uint >= (uint64_t)n)
@@ -120,7 +120,6 @@ static kg_status load_vocab_object(tj_model *m, const kg_json *v, const char *la
     if (!m->vocab.tokens[id->uint]) return oom();
     m->vocab.lens[id->uint] = v->key_lens[i];
   }
-  m->vocab.n = n;
   if (!kg_vocab_index(&m->vocab)) return oom();
   return KG_OK;
 }
