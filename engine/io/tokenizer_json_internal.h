@@ -164,11 +164,13 @@ typedef struct {
   int32_t byte_ids[256]; /* <0xNN> ids, -1 when absent */
   /* WordPiece */
   size_t max_chars;
+  size_t max_token_len; /* the longest vocabulary entry in bytes: no longer candidate can match */
   /* Unigram */
+  struct tj_prefix *pfx; /* every piece prefix (at character boundaries) by hash: the lattice's trie */
+  size_t pfx_slots;
   double *scores;
   double min_score;
   int64_t unk_id; /* -1 when none */
-  size_t max_piece_len;
 } tj_model;
 /* Appends the ids of one pre-tokenized piece s[0..n) to out. */
 kg_status tj_model_tokenize(const tj_model *m, const char *s, size_t n, kg_ids *out);

@@ -52,9 +52,51 @@ static int32_t merge_get(const tj_model *m, int32_t a, int32_t b, int32_t *out) 
   }
 }
 
-/* ---- loading ------------------------------------------------------------------------------- */
-
 static kg_status oom(void) { return kg_error(KG_ERR_OOM, TJ_OP, "out of memory"); }
+
+/* ---- the Unigram prefix table ------------------------------------------------------------------ */
+
+/* A prefix of a piece, keyed by the FNV-1a hash of its bytes and its length: id is the piece it
+ * completes (the last one, as the reference's token map), or -1. Scanning the text byte by byte
+ * with a running hash then finds every piece that starts at a position, stopping as soon as no
+ * piece continues the prefix (the reference walks a trie). */
+struct tj_prefix {
+  uint64_t h;
+  uint32_t len; /* 0: empty slot */
+  int32_t id;
+};
+
+#define FNV0 1469598103934665603ull
+#define FNV(h, b) (((h) ^ (uint8_t)(b)) * 1099511628211ull)
+
+static struct tj_prefix *pfx_slot(struct tj_prefix *t, size_t slots, uint64_t h, uint32_t len) {
+  for (size_t i = mix(h ^ len) & (slots - 1);; i = (i + 1) & (slots - 1))
+    if (t[i].len == 0 || (t[i].h == h && t[i].len == len)) return &t[i];
+}
+
+static kg_status build_prefixes(tj_model *m) {
+  size_t total = 0;
+  for (int64_t i = 0; i < m->vocab.n; i++) total += m->vocab.lens[i];
+  m->pfx_slots = 16;
+  while (m->pfx_slots < total * 2) m->pfx_slots *= 2;
+  m->pfx = calloc(m->pfx_slots, sizeof *m->pfx);
+  if (!m->pfx) return oom();
+  for (int64_t id = 0; id < m->vocab.n; id++) {
+    const char *s = m->vocab.tokens[id];
+    size_t n = m->vocab.lens[id];
+    uint64_t h = FNV0;
+    for (size_t i = 0; i < n; i++) {
+      h = FNV(h, s[i]);
+      if (i + 1 < n && ((uint8_t)s[i + 1] & 0xC0) == 0x80) continue; /* not a character boundary */
+      struct tj_prefix *e = pfx_slot(m->pfx, m->pfx_slots, h, (uint32_t)(i + 1));
+      if (e->len == 0) *e = (struct tj_prefix){h, (uint32_t)(i + 1), -1};
+      if (i + 1 == n) e->id = (int32_t)id;
+    }
+  }
+  return KG_OK;
+}
+
+/* ---- loading ------------------------------------------------------------------------------- */
 
 static char *dup(const char *s, size_t n) {
   char *c = malloc(n + 1);
@@ -226,6 +268,8 @@ static kg_status load_wordpiece(tj_model *m, const kg_json *j, const char *label
     m->prefix_len = 2;
   }
   if (!m->unk || !m->prefix) return oom();
+  for (int64_t i = 0; i < m->vocab.n; i++)
+    if (m->vocab.lens[i] > m->max_token_len) m->max_token_len = m->vocab.lens[i];
   const kg_json *mx = kg_json_get(j, "max_input_chars_per_word");
   m->max_chars = 100;
   if (mx && mx->type != KG_JSON_NULL) {
@@ -258,9 +302,10 @@ static kg_status load_unigram(tj_model *m, const kg_json *j, const char *label) 
     m->vocab.n = i + 1;
     m->scores[i] = e->items[1].number;
     if (m->scores[i] < m->min_score) m->min_score = m->scores[i];
-    if (e->items[0].len > m->max_piece_len) m->max_piece_len = e->items[0].len;
+    if (e->items[0].len > UINT32_MAX / 2) return tj_bad(label, "model Unigram: piece %d is too long", i + 1);
   }
   if (!kg_vocab_index(&m->vocab)) return oom();
+  if ((st = build_prefixes(m))) return st;
   const kg_json *u = kg_json_get(j, "unk_id");
   m->unk_id = -1;
   if (u && u->type != KG_JSON_NULL) {
@@ -299,6 +344,7 @@ void tj_model_free(tj_model *m) {
   free(m->prefix);
   free(m->suffix);
   free(m->scores);
+  free(m->pfx);
   memset(m, 0, sizeof *m);
 }
 
@@ -475,7 +521,12 @@ static kg_status wordpiece(const tj_model *m, const char *s, size_t n, kg_ids *o
   bool bad = chars > m->max_chars;
   tj_buf t = {0};
   for (size_t start = 0; start < n && !bad;) {
-    size_t end = n;
+    size_t end = n, room = m->max_token_len - (start > 0 ? m->prefix_len : 0);
+    if (m->max_token_len < (start > 0 ? m->prefix_len : 0)) room = 0;
+    if (end - start > room) { /* longer than any token: start at a character boundary within reach */
+      end = start + room;
+      while (end > start && ((uint8_t)s[end] & 0xC0) == 0x80) end--;
+    }
     int64_t found = -1;
     while (start < end) {
       t.n = 0;
@@ -548,15 +599,19 @@ static kg_status unigram(const tj_model *m, const char *s, size_t n, kg_ids *out
     size_t mb = at;
     tj_next(s, n, &mb);
     bool single = false;
-    for (size_t e = mb; e <= n && e - at <= m->max_piece_len;) {
-      int64_t id = kg_vocab_find(&m->vocab, s + at, e - at);
-      if (id >= 0) {
+    uint64_t h = FNV0;
+    for (size_t e = at; e < n;) {
+      h = FNV(h, s[e]);
+      e++;
+      if (e < n && ((uint8_t)s[e] & 0xC0) == 0x80) continue; /* inside a character */
+      const struct tj_prefix *p = pfx_slot(m->pfx, m->pfx_slots, h, (uint32_t)(e - at));
+      if (p->len == 0) break; /* no piece goes on like this */
+      int32_t id = p->id;
+      if (id >= 0 && m->vocab.lens[id] == e - at && !memcmp(m->vocab.tokens[id], s + at, e - at)) {
         double cand = m->scores[id] + here;
         if (best[e].start < 0 || cand > best[e].score) best[e] = (node){id, cand, (long)at};
         if (e == mb) single = true;
       }
-      if (e == n) break;
-      tj_next(s, n, &e);
     }
     if (!single) {
       if (m->unk_id < 0) {
