@@ -62,6 +62,7 @@ struct kg_tokenizer_json {
   int nadded;
   kg_vocab added_vocab; /* content -> index into added (ids 0..nadded-1 of this table) */
   uint8_t first_byte[2][32]; /* [normalized] bit set of the bytes an added token starts with */
+  int32_t *added_of_id;      /* [vocab_size] index into added, or -1 */
   int64_t vocab_size;
   tj_norm *norm;
   tj_pre *pre;
@@ -696,6 +697,10 @@ static kg_status normalize_added(kg_tokenizer_json *t) {
     ad->norm_len = b.n;
     if (!ad->norm) return oom();
   }
+  t->added_of_id = malloc(((size_t)t->vocab_size + 1) * sizeof *t->added_of_id);
+  if (!t->added_of_id) return oom();
+  for (int64_t i = 0; i < t->vocab_size; i++) t->added_of_id[i] = -1;
+  for (int i = 0; i < t->nadded; i++) t->added_of_id[t->added[i].id] = i;
   for (int i = 0; i < t->nadded; i++) {
     const added *ad = &t->added[i];
     size_t n = ad->normalized ? ad->norm_len : ad->len;
@@ -715,6 +720,7 @@ void kg_tokenizer_json_free(kg_tokenizer_json *t) {
     free(t->added[i].norm);
   }
   free(t->added);
+  free(t->added_of_id);
   kg_vocab_free(&t->added_vocab);
   if (t->norm) tj_norm_free(t->norm);
   if (t->pre) tj_pre_free(t->pre);
@@ -1038,9 +1044,8 @@ size_t kg_tokenizer_json_num_special(const kg_tokenizer_json *t, bool pair) {
 /* ---- decoding and lookups ---------------------------------------------------------------------- */
 
 static const added *added_by_id(const kg_tokenizer_json *t, int64_t id) {
-  for (int i = 0; i < t->nadded; i++)
-    if (t->added[i].id == id) return &t->added[i];
-  return NULL;
+  if (id < 0 || id >= t->vocab_size || t->added_of_id[id] < 0) return NULL;
+  return &t->added[t->added_of_id[id]];
 }
 
 /* the reference gives a normalized added token's normalized content back */
