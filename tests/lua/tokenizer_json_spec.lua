@@ -287,3 +287,21 @@ describe("model loaders with a transformers-5 tokenizer.json", function()
       lm.tokenizer:encode("Hi", {add_bos = true}))
   end)
 end)
+
+describe("directories saved by transformers 5", function()
+  for _, name in ipairs{"bert", "qwen2", "llama", "gemma"} do
+    it(name .. ": from_dir encodes, decodes and names bos/eos/pad as transformers' AutoTokenizer", function()
+      local d = DIR .. "tf5_" .. name
+      local g = json.decode(read(d .. "/golden.json"))
+      local tok = T.from_dir(d)
+      for i, text in ipairs(g.texts) do
+        local ids = tok:encode(text)
+        assert(same(ids, g.ids[i]), string.format("text %d %q: got %s, transformers %s", i, text, show(ids), show(g.ids[i])))
+        assert.are.equal(g.decoded[i], tok:decode(g.ids[i]))
+      end
+      for _, k in ipairs{"bos", "eos", "pad"} do
+        if g.special[k] ~= json.null then assert.are.equal(g.special[k], tok[k .. "_id"], k) end
+      end
+    end)
+  end
+end)
