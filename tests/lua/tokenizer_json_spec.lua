@@ -64,6 +64,15 @@ for _, name in ipairs(NAMES) do
       end
     end)
 
+    it("post-processes pairs with the reference's ids and type ids", function()
+      for _, c in ipairs(g.pairs) do
+        local a, b = tok:encode(c[1], {add_special_tokens = false}), tok:encode(c[2], {add_special_tokens = false})
+        local ids, types = tok.raw:post_process(a, b, true)
+        assert(same(ids, c[3]), string.format("pair %q %q: got %s, reference %s", c[1], c[2], show(ids), show(c[3])))
+        assert(same(types, c[4]), string.format("pair %q %q: type ids %s, reference %s", c[1], c[2], show(types), show(c[4])))
+      end
+    end)
+
     it("decodes random id lists as the reference does", function()
       for _, c in ipairs(g.decode) do
         local got, skip = tok:decode(c[1]), tok:decode(c[1], {skip_special_tokens = true})
