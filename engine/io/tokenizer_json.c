@@ -1081,7 +1081,8 @@ bool kg_tokenizer_json_is_special(const kg_tokenizer_json *t, int64_t id) {
 int64_t kg_tokenizer_json_vocab_size(const kg_tokenizer_json *t) { return t->vocab_size; }
 
 const char *kg_tokenizer_json_model_type(const kg_tokenizer_json *t) {
-  return t->model.kind == TJ_M_BPE ? "BPE" : t->model.kind == TJ_M_WORDPIECE ? "WordPiece" : "Unigram";
+  static const char *names[] = {"BPE", "WordPiece", "Unigram", "WordLevel"};
+  return names[t->model.kind];
 }
 
 kg_status kg_tokenizer_json_decode(const kg_tokenizer_json *t, const int32_t *ids, size_t n, bool skip_special,

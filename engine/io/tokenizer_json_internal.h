@@ -2,7 +2,7 @@
  *   tokenizer_json.c        loading, added tokens, the encode / decode pipeline, post-processors
  *   tokenizer_json_regex.c  the Oniguruma-flavoured regex subset of Split / Replace patterns
  *   tokenizer_json_text.c   normalizers, pre-tokenizers, decoders
- *   tokenizer_json_model.c  the models: BPE, WordPiece, Unigram
+ *   tokenizer_json_model.c  the models: BPE, WordPiece, Unigram, WordLevel
  * Strings are UTF-8 byte runs with lengths; the text reaching them is well-formed UTF-8. */
 #ifndef KENG_IO_TOKENIZER_JSON_INTERNAL_H
 #define KENG_IO_TOKENIZER_JSON_INTERNAL_H
@@ -148,7 +148,7 @@ void tj_dec_free(tj_dec *d);
 
 /* ---- models (tokenizer_json_model.c) ------------------------------------------------------ */
 
-enum { TJ_M_BPE, TJ_M_WORDPIECE, TJ_M_UNIGRAM };
+enum { TJ_M_BPE, TJ_M_WORDPIECE, TJ_M_UNIGRAM, TJ_M_WORDLEVEL };
 typedef struct {
   int kind;
   kg_vocab vocab; /* ids 0..n-1 */

@@ -11,6 +11,7 @@
  *   Unigram: the Viterbi best segmentation by piece log-probabilities (sentencepiece's optimized
  *     encoder), a character no piece covers scored min_score - 10 as unk; unk runs fused; a
  *     segment that is no piece becomes its byte pieces (byte_fallback) or unk.
+ *   WordLevel: the piece's id, else the unk token's.
  * dropout must be null (or 0): encoding is deterministic. */
 #include "tokenizer_json_internal.h"
 
@@ -279,6 +280,19 @@ static kg_status load_wordpiece(tj_model *m, const kg_json *j, const char *label
   return KG_OK;
 }
 
+static kg_status load_wordlevel(tj_model *m, const kg_json *j, const char *label) {
+  static const char *const known[] = {"type", "vocab", "unk_token", NULL};
+  kg_status st = check_keys(j, known, "model WordLevel", label);
+  if (st || (st = opt_str(j, "unk_token", &m->unk, &m->unk_len, label)) ||
+      (st = load_vocab_object(m, kg_json_get(j, "vocab"), label)))
+    return st;
+  if (!m->unk) {
+    if (!(m->unk = dup("<unk>", 5))) return oom();
+    m->unk_len = 5;
+  }
+  return KG_OK;
+}
+
 static kg_status load_unigram(tj_model *m, const kg_json *j, const char *label) {
   static const char *const known[] = {"type", "unk_id", "vocab", "byte_fallback", NULL};
   kg_status st = check_keys(j, known, "model Unigram", label);
@@ -332,7 +346,8 @@ kg_status tj_model_load(tj_model *m, const kg_json *j, const char *label) {
   if (!strcmp(type, "BPE")) return m->kind = TJ_M_BPE, load_bpe(m, j, label);
   if (!strcmp(type, "WordPiece")) return m->kind = TJ_M_WORDPIECE, load_wordpiece(m, j, label);
   if (!strcmp(type, "Unigram")) return m->kind = TJ_M_UNIGRAM, load_unigram(m, j, label);
-  return tj_bad(label, "model: the type '%.40s' is not supported (BPE, WordPiece, Unigram)", type);
+  if (!strcmp(type, "WordLevel")) return m->kind = TJ_M_WORDLEVEL, load_wordlevel(m, j, label);
+  return tj_bad(label, "model: the type '%.40s' is not supported (BPE, WordPiece, Unigram, WordLevel)", type);
 }
 
 void tj_model_free(tj_model *m) {
@@ -666,6 +681,12 @@ kg_status tj_model_tokenize(const tj_model *m, const char *s, size_t n, kg_ids *
   switch (m->kind) {
   case TJ_M_BPE: return bpe(m, s, n, out);
   case TJ_M_WORDPIECE: return wordpiece(m, s, n, out);
+  case TJ_M_WORDLEVEL: {
+    int64_t id = kg_vocab_find(&m->vocab, s, n);
+    if (id < 0) id = kg_vocab_find(&m->vocab, m->unk, m->unk_len);
+    if (id < 0) return kg_error(KG_ERR_VALUE, TJ_OP, "WordLevel: the unk token '%.60s' is not in the vocabulary", m->unk);
+    return kg_ids_push(out, (int32_t)id) ? KG_OK : oom();
+  }
   default: return unigram(m, s, n, out);
   }
 }

@@ -12,7 +12,7 @@ local H = require "helper"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local DIR = here .. "/../fixtures/tokenizer_json/"
-local NAMES = {"gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "unigram_bf", "clip", "misc", "pieces", "regex_o200k",
+local NAMES = {"wordlevel", "gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "unigram_bf", "clip", "misc", "pieces", "regex_o200k",
                "regex_r50k", "regex_deepseek"}
 
 local function read(path)
@@ -216,7 +216,7 @@ describe("tokenizer.json files keng refuses", function()
       "precompiled_charsmap is not base64")
     refuses(edit(function(j) j.pre_tokenizer = {type = "UnicodeScripts"} end),
       "pre_tokenizer: the type 'UnicodeScripts' is not supported")
-    refuses(edit(function(j) j.model.type = "WordLevel" end), "model: the type 'WordLevel' is not supported")
+    refuses(edit(function(j) j.model.type = "Frob" end), "model: the type 'Frob' is not supported")
     refuses(edit(function(j) j.extra_key = 1 end), "tokenizer.json: the key 'extra_key' is not supported")
     refuses(edit(function(j) j.version = "2.0" end), "version must be \"1.0\"")
   end)

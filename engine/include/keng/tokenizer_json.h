@@ -1,6 +1,6 @@
 /* tokenizer_json.h — Hugging Face `tokenizers` pipelines read from a tokenizer.json
  * (engine/io/tokenizer_json*.c, docs/tokenizers.md): added tokens, normalizer, pre-tokenizer,
- * model (BPE, WordPiece, Unigram), post-processor and decoder, id for id with the reference
+ * model (BPE, WordPiece, Unigram, WordLevel), post-processor and decoder, id for id with the reference
  * library's Tokenizer.encode / decode. Ids are 0-based; strings are UTF-8 with explicit lengths.
  * A component or key the file uses and keng does not implement fails the load, naming it. */
 #ifndef KENG_TOKENIZER_JSON_H
@@ -46,7 +46,7 @@ int64_t kg_tokenizer_json_token_to_id(const kg_tokenizer_json *t, const char *s,
 const char *kg_tokenizer_json_id_to_token(const kg_tokenizer_json *t, int64_t id, size_t *n);
 /* Whether id is a special added token. */
 bool kg_tokenizer_json_is_special(const kg_tokenizer_json *t, int64_t id);
-/* "BPE", "WordPiece" or "Unigram". */
+/* "BPE", "WordPiece", "Unigram" or "WordLevel". */
 const char *kg_tokenizer_json_model_type(const kg_tokenizer_json *t);
 
 #ifdef __cplusplus
