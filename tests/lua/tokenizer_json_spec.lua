@@ -113,6 +113,22 @@ describe("tokenizers.from_file objects", function()
     H.raises(function() T.from_file(DIR .. "bert.json", {pad = "[PAD]"}) end, "tokenizers.from_file: unknown option 'pad'")
     H.raises(function() T.from_dir(DIR, {lowercase = true}) end, "tokenizers.from_dir: unknown option 'lowercase'")
     H.raises(function() T.from_file(DIR .. "bert.json", {pad_token = "<pad>"}) end, "pad_token '<pad>' is not in")
+    H.raises(function() bert:encode_batch({"x"}, {side = "middle"}) end, 'side must be "left" or "right"')
+  end)
+
+  it("the legacy tokenizers refuse unknown option keys too", function()
+    local sp = T.sentencepiece(here .. "/../fixtures/sentencepiece/bpe.model")
+    H.raises(function() sp:encode("x", {add_bo = true}) end, "encode: unknown option 'add_bo' (valid: add_bos, add_eos)")
+    H.raises(function() sp:encode_batch({"x"}, {maxlen = 3}) end, "encode_batch: unknown option 'maxlen'")
+    H.raises(function() sp:pack({"x"}, {len = 3}) end, "pack: unknown option 'len' (valid: add_bos, add_eos, seq_len)")
+    H.raises(function() sp:encode_batch({"x"}, {side = "up"}) end, 'side must be "left" or "right"')
+    H.raises(function() T.bert(here .. "/../fixtures/bert/vocab.txt", {lower = true}) end, "tokenizers.bert: unknown option 'lower'")
+    local b = T.bert(here .. "/../fixtures/bert/vocab.txt")
+    H.raises(function() b:encode_batch({"x"}, {side = "left"}) end, "encode_batch: unknown option 'side' (valid: max_length, padding, truncation)")
+    local ct = require "keng.clip_tokenize"
+    H.raises(function() ct.load(here .. "/../fixtures/clip/tokenizer", {pad = 0}) end, "clip_tokenize.load: unknown option 'pad'")
+    H.raises(function() ct.load(here .. "/../fixtures/clip/tokenizer"):encode_batch({"x"}, {length = 7}) end,
+      "encode_batch: unknown option 'length' (valid: max_length, pad_id)")
   end)
 
   it("puts bos / eos around the ids with add_bos / add_eos (the SentencePiece surface)", function()

@@ -25,8 +25,20 @@ end
 
 -- encode_batch(tok, texts, {max_length=77, pad_id=tok.eos_id}) -> i64 [B, max_length]
 -- tok: a keng.clip_tokenizer; texts: a string or a list of strings
+local function check_opts(opts, known, who)
+  for k in pairs(opts or {}) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(string.format("%s: unknown option '%s' (valid: %s)", who, tostring(k), table.concat(names, ", ")), 3)
+    end
+  end
+  return opts or {}
+end
+
 function M.encode_batch(tok, texts, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {max_length = true, pad_id = true}, "clip_tokenize.encode_batch")
   if type(texts) == "string" then texts = {texts} end
   if type(texts) ~= "table" or #texts == 0 then
     error("clip_tokenize: texts must be a string or a non-empty list of strings", 2)
@@ -63,7 +75,7 @@ function Tokenizer:vocab_size() return self.raw:vocab_size() end
 function Tokenizer:token_to_id(s) return self.raw:token_to_id(s) end
 function Tokenizer:id_to_token(id) return self.raw:id_to_token(id) end
 function Tokenizer:encode_batch(texts, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {max_length = true, pad_id = true}, "encode_batch")
   return M.encode_batch(self.raw, texts, {max_length = opts.max_length or self.max_length,
                                           pad_id = opts.pad_id or self.pad_id})
 end
@@ -104,7 +116,7 @@ end
 -- is read through keng.tokenizers.from_file instead.
 function M.load(path, merges, opts)
   if type(merges) == "table" then merges, opts = nil, merges end
-  opts = opts or {}
+  opts = check_opts(opts, {max_length = true, pad_id = true}, "clip_tokenize.load")
   local vocab, pad_name, max_len, dir = path, nil, nil, nil
   if not merges then
     dir = path

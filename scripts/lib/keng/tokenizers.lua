@@ -17,6 +17,22 @@ local keng = require "keng"
 
 local tokenizers = {}
 
+-- raises naming the keys of opts that are not in known (a set), listing the valid ones
+local function check_opts(opts, known, who, level)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(string.format("%s: options must be a table, not a %s", who, type(opts)), level + 1) end
+  for k in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(string.format("%s: unknown option '%s' (valid: %s)", who, tostring(k), table.concat(names, ", ")), level + 1)
+    end
+  end
+  return opts
+end
+
+
 ---------------------------------------------------------------------------------------------
 -- BERT (WordPiece, engine/io/wordpiece.c)
 
@@ -26,7 +42,8 @@ Bert.__index = Bert
 -- tokenizers.bert(vocab_path, {lowercase=false, strip_accents=, tokenize_chinese_chars=true,
 -- max_length=512}) -> a tokenizer; the vocabulary must hold [CLS], [SEP], [PAD] and [UNK]
 function tokenizers.bert(vocab_path, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {lowercase = true, strip_accents = true, tokenize_chinese_chars = true, max_length = true,
+    max_chars_per_word = true, split_special_tokens = true, unk_token = true}, "tokenizers.bert", 2)
   if type(vocab_path) ~= "string" then error("tokenizers.bert: vocab_path must be a string", 2) end
   local ok, wp = pcall(keng.wordpiece, vocab_path, opts)
   if not ok then error(tostring(wp), 2) end
@@ -65,7 +82,7 @@ end
 -- Each element of texts is a string or a pair {a, b}. padding=true pads every row to max_length
 -- (as keras-hub does), "longest" to the longest row.
 function Bert:encode_batch(texts, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {max_length = true, padding = true, truncation = true}, "encode_batch", 2)
   if type(texts) == "string" then texts = {texts} end
   if type(texts) ~= "table" or #texts == 0 then error("encode_batch: a non-empty list of texts expected", 2) end
   local T = opts.max_length or self.max_length
@@ -131,7 +148,10 @@ function tokenizers.sentencepiece(model_path)
                        pad_id = (sp.pad_id and sp.pad_id >= 0) and sp.pad_id or 0}, SentencePiece)
 end
 
-function SentencePiece:encode(text, opts) return self.sp:encode(text, opts) end
+function SentencePiece:encode(text, opts)
+  check_opts(opts, {add_bos = true, add_eos = true}, "encode", 2)
+  return self.sp:encode(text, opts)
+end
 function SentencePiece:decode(ids) return self.sp:decode(ids) end
 function SentencePiece:vocab_size() return self.sp:vocab_size() end
 
@@ -139,7 +159,11 @@ function SentencePiece:vocab_size() return self.sp:vocab_size() end
 -- add_eos=false, side="right"|"left"}) -> {token_ids = i64 [B, T], padding_mask = bool [B, T]}.
 -- Truncation keeps the first tokens; left padding is what batched generation wants.
 function SentencePiece:encode_batch(texts, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {max_length = true, padding = true, truncation = true, add_bos = true, add_eos = true,
+    side = true}, "encode_batch", 2)
+  if opts.side ~= nil and opts.side ~= "left" and opts.side ~= "right" then
+    error("encode_batch: side must be \"left\" or \"right\"", 2)
+  end
   if type(texts) == "string" then texts = {texts} end
   if type(texts) ~= "table" or #texts == 0 then error("encode_batch: a non-empty list of texts expected", 2) end
   local add = {add_bos = opts.add_bos ~= false, add_eos = opts.add_eos == true}
@@ -175,7 +199,7 @@ end
 -- each wrapped in BOS/EOS, laid end to end and cut into rows (the last partial row is dropped),
 -- as packed causal-LM training data is made
 function SentencePiece:pack(texts, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {seq_len = true, add_bos = true, add_eos = true}, "pack", 2)
   local L = opts.seq_len or 128
   local stream = {}
   for _, t in ipairs(texts) do
@@ -196,21 +220,6 @@ tokenizers.SentencePiece = SentencePiece
 
 local Json = {}
 Json.__index = Json
-
--- raises naming the keys of opts that are not in known (a set), listing the valid ones
-local function check_opts(opts, known, who, level)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(string.format("%s: options must be a table, not a %s", who, type(opts)), level + 1) end
-  for k in pairs(opts) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      error(string.format("%s: unknown option '%s' (valid: %s)", who, tostring(k), table.concat(names, ", ")), level + 1)
-    end
-  end
-  return opts
-end
 
 local function read_file(path)
   local f = io.open(path, "rb")
