@@ -5,6 +5,7 @@
  * ASCII punctuation) and the marks that StripAccents removes. */
 #include "tokenizer_json_internal.h"
 
+#include "json.h"
 #include "unicode.h"
 
 #include <stdlib.h>
@@ -205,7 +206,7 @@ static const char *charsmap_first(const tj_norm *z, const char *chunk, size_t n,
       if (v >= z->norm_len) return NULL;
       const char *r = z->norm + v;
       *rlen = strnlen(r, z->norm_len - v);
-      return r;
+      return kg_utf8_valid(r, *rlen) ? r : NULL; /* a corrupt map must not make text that is not UTF-8 */
     }
   }
   return NULL;
