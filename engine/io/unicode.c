@@ -6,6 +6,7 @@
 
 #include "unicode_tables.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -76,6 +77,34 @@ int kg_unicode_clip_class(uint32_t cp) {
 
 int kg_unicode_wp_class(uint32_t cp) {
   return run_value(kg_uni_wp_class_runs, (int)COUNT(kg_uni_wp_class_runs), cp);
+}
+
+int kg_unicode_gc(uint32_t cp) { return run_value(kg_uni_gc_runs, (int)COUNT(kg_uni_gc_runs), cp) & 31; }
+
+bool kg_unicode_is_space(uint32_t cp) {
+  if (cp < 0x80) return cp == ' ' || (cp >= 0x9 && cp <= 0xD);
+  return run_value(kg_uni_gc_runs, (int)COUNT(kg_uni_gc_runs), cp) & 32;
+}
+
+bool kg_unicode_is_alpha(uint32_t cp) {
+  if (cp < 0x80) return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
+  int v = run_value(kg_uni_gc_runs, (int)COUNT(kg_uni_gc_runs), cp), g = v & 31;
+  return (g >= KG_GC_LU && g <= KG_GC_LO) || g == KG_GC_NL || (v & 64);
+}
+
+uint32_t kg_unicode_fold(uint32_t cp) {
+  if (cp < 0x80) return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
+  int lo = 0, hi = (int)COUNT(kg_uni_fold) - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (kg_uni_fold[mid][0] == cp) return kg_uni_fold[mid][1];
+    if (kg_uni_fold[mid][0] < cp)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
+  }
+  uint32_t l[3];
+  return kg_unicode_lower(cp, l) == 1 ? l[0] : cp;
 }
 
 static int ccc(uint32_t cp) {
@@ -161,12 +190,36 @@ static uint32_t compose(uint32_t a, uint32_t b) {
   return 0;
 }
 
+int kg_unicode_decompose_compat(uint32_t cp, uint32_t *out) {
+  int lo = 0, hi = (int)COUNT(kg_uni_kdecomp) - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (kg_uni_kdecomp[mid].cp == cp) {
+      int n = kg_uni_kdecomp[mid].len;
+      for (int k = 0; k < n; k++)
+        out[k] = kg_uni_kdecomp_pool[kg_uni_kdecomp[mid].off + k];
+      return n;
+    }
+    if (kg_uni_kdecomp[mid].cp < cp)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
+  }
+  return kg_unicode_decompose(cp, out);
+}
+
 bool kg_unicode_nfc(const uint32_t *cp, size_t n, uint32_t **res, size_t *rn) {
-  uint32_t *d = malloc((4 * n + 1) * sizeof *d);
+  return kg_unicode_normalize(cp, n, false, true, res, rn);
+}
+
+bool kg_unicode_normalize(const uint32_t *cp, size_t n, bool compat, bool recompose, uint32_t **res, size_t *rn) {
+  size_t per = compat ? KG_UNICODE_MAX_KDECOMP : 4;
+  if (n > (SIZE_MAX / sizeof(uint32_t) - 1) / per) return false;
+  uint32_t *d = malloc((per * n + 1) * sizeof *d);
   if (!d) return false;
   size_t m = 0;
   for (size_t i = 0; i < n; i++)
-    m += (size_t)kg_unicode_decompose(cp[i], d + m);
+    m += (size_t)(compat ? kg_unicode_decompose_compat(cp[i], d + m) : kg_unicode_decompose(cp[i], d + m));
   /* canonical ordering: a stable sort of each run of non-starters by combining class */
   for (size_t i = 1; i < m; i++) {
     int c = ccc(d[i]);
@@ -176,6 +229,11 @@ bool kg_unicode_nfc(const uint32_t *cp, size_t n, uint32_t **res, size_t *rn) {
       d[j] = d[j - 1];
       d[j - 1] = x;
     }
+  }
+  if (!recompose) {
+    *res = d;
+    *rn = m;
+    return true;
   }
   /* canonical composition (UAX #15): a mark joins the last starter unless blocked */
   size_t out = m ? 1 : 0, starter = 0;

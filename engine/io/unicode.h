@@ -36,5 +36,29 @@ int kg_unicode_decompose(uint32_t cp, uint32_t *out);
 /* NFC of cp[0..n): [out] *res (malloc'd, the caller frees) of *rn code points; false when out
  * of memory. */
 bool kg_unicode_nfc(const uint32_t *cp, size_t n, uint32_t **res, size_t *rn);
+/* The four normalization forms: compat selects NFK*, compose NF*C. As kg_unicode_nfc. */
+bool kg_unicode_normalize(const uint32_t *cp, size_t n, bool compat, bool compose, uint32_t **res, size_t *rn);
+/* The longest full compatibility decomposition (U+FDFA) */
+#define KG_UNICODE_MAX_KDECOMP 18
+/* The full compatibility decomposition of cp into out (room for KG_UNICODE_MAX_KDECOMP); returns
+ * the count. */
+int kg_unicode_decompose_compat(uint32_t cp, uint32_t *out);
+
+/* ---- general categories and properties (tokenizer.json's regexes and pre-tokenizers) ---- */
+
+enum {
+  KG_GC_CN, KG_GC_LU, KG_GC_LL, KG_GC_LT, KG_GC_LM, KG_GC_LO, KG_GC_MN, KG_GC_MC, KG_GC_ME, KG_GC_ND,
+  KG_GC_NL, KG_GC_NO, KG_GC_PC, KG_GC_PD, KG_GC_PS, KG_GC_PE, KG_GC_PI, KG_GC_PF, KG_GC_PO, KG_GC_SM,
+  KG_GC_SC, KG_GC_SK, KG_GC_SO, KG_GC_ZS, KG_GC_ZL, KG_GC_ZP, KG_GC_CC, KG_GC_CF, KG_GC_CS, KG_GC_CO
+};
+/* The general category of cp (KG_GC_*; unassigned is KG_GC_CN). */
+int kg_unicode_gc(uint32_t cp);
+/* The White_Space property (Rust's char::is_whitespace, the regexes' \s). */
+bool kg_unicode_is_space(uint32_t cp);
+/* Rust's char::is_alphabetic: letters, letter numbers and the Other_Alphabetic symbols (the
+ * Other_Alphabetic marks are not told apart from other marks: they count as not alphabetic). */
+bool kg_unicode_is_alpha(uint32_t cp);
+/* Simple case folding (lowercase, except for the few characters whose folding differs). */
+uint32_t kg_unicode_fold(uint32_t cp);
 
 #endif

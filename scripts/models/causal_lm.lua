@@ -505,8 +505,11 @@ function M.load_hf(lm, tensors, level)
   return lm
 end
 
+-- keng.tokenizers.from_dir(dir) when there is a tokenizer.json (transformers 5), else
 -- keng.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else nil
 function M.load_tokenizer(dir)
+  local tj = io.open(dir .. "/tokenizer.json", "rb")
+  if tj then tj:close() return require("keng.tokenizers").from_dir(dir) end
   local path = dir .. "/tokenizer.model"
   local f = io.open(path, "rb")
   if not f then return nil end

@@ -376,7 +376,7 @@ function M.from_pretrained(dir, opts)
   opts = options.check("stable_diffusion.from_pretrained", opts, {"dtype", "device"})
   local o = {dtype = opts.dtype, device = opts.device}
   for _, part in ipairs{"unet", "vae", "text_encoder", "tokenizer"} do
-    local probe = part == "tokenizer" and "/vocab.json" or "/config.json"
+    local probe = part == "tokenizer" and (exists(dir .. "/tokenizer/tokenizer.json") and "/tokenizer.json" or "/vocab.json") or "/config.json"
     if not exists(dir .. "/" .. part .. probe) then
       error(string.format("stable_diffusion.from_pretrained: missing %s/%s%s", dir, part, probe), 2)
     end

@@ -173,3 +173,50 @@ put("png", "big_dims", png(30000, 30000, rows=b"\0" * 64))
 good = png(4, 3)
 put("png", "bad_crc", good[:41] + bytes([good[41] ^ 1]) + good[42:])  # a flipped IDAT byte
 put("png", "short_idat", png(8, 8, rows=b"\0\1\2"))
+
+# ---- tokenizer.json: the JSON, then a NUL and the text to encode ------------------------------
+TEXT = "Hello w\u00f6rld  I'm <|endoftext|> 123 \u4e2d\u6587 e\u0301 \U0001F600\r\n\t x".encode()
+for name in ["gpt2", "llama3", "bert", "t5", "unigram_bf", "misc", "pieces", "regex_deepseek"]:
+    put("tokenizer_json", name, read("tokenizer_json", name + ".json") + b"\0" + TEXT)
+
+
+def tj(model, **parts):
+    j = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": parts.pop("added", []),
+         "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None, "model": model}
+    j.update(parts)
+    return json.dumps(j).encode()
+
+
+bpe = {"type": "BPE", "dropout": None, "unk_token": "u", "continuing_subword_prefix": "##", "end_of_word_suffix": "</w>",
+       "fuse_unk": True, "byte_fallback": True, "ignore_merges": True,
+       "vocab": {"u": 0, "a": 1, "b": 2, "##b": 3, "ab": 4, "<0x41>": 5, "a</w>": 6}, "merges": [["a", "##b"], "a b"]}
+put("tokenizer_json", "bpe_affixes", tj(bpe, added=[{"id": 7, "content": "<x>", "single_word": True, "lstrip": True,
+    "rstrip": True, "normalized": True, "special": True}]) + b"\0ab <x> A b\xc3\xa9")
+put("tokenizer_json", "every_component", tj(
+    {"type": "WordPiece", "unk_token": "[U]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 5,
+     "vocab": {"[U]": 0, "a": 1, "##b": 2, "[S]": 3}},
+    normalizer={"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "BertNormalizer", "clean_text": True,
+        "handle_chinese_chars": True, "strip_accents": None, "lowercase": True}, {"type": "Prepend", "prepend": "_"},
+        {"type": "Replace", "pattern": {"Regex": "(?i:x+?y|(?>a+)b)"}, "content": "-"}, {"type": "Strip",
+        "strip_left": True, "strip_right": False}, {"type": "Nmt"}, {"type": "NFD"}, {"type": "StripAccents"}]},
+    pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "Metaspace", "replacement": "_", "prepend_scheme": "first",
+        "split": True}, {"type": "Split", "pattern": {"Regex": "\\p{L}{1,3}+|\\s+(?!\\S)|[^\\w\\s]"}, "behavior": "Contiguous",
+        "invert": True}, {"type": "Punctuation", "behavior": "MergedWithNext"}, {"type": "Digits", "individual_digits": True},
+        {"type": "BertPreTokenizer"}, {"type": "Whitespace"}, {"type": "WhitespaceSplit"}]},
+    post_processor={"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+        "use_regex": True}, {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "[S]", "type_id": 0}},
+        {"Sequence": {"id": "A", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+        {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {"[S]": {"id": "[S]", "ids": [3, 0], "tokens": ["[S]", "[U]"]}}}]},
+    decoder={"type": "Sequence", "decoders": [{"type": "WordPiece", "prefix": "##", "cleanup": True}, {"type": "ByteFallback"},
+        {"type": "Metaspace", "replacement": "_", "prepend_scheme": "always", "split": True}, {"type": "Strip", "content": "a",
+        "start": 3, "stop": 9}, {"type": "Replace", "pattern": {"String": "b"}, "content": "cc"}, {"type": "Fuse"},
+        {"type": "ByteLevel"}, {"type": "BPEDecoder", "suffix": "</w>"}]}) + b"\0aB ab xxy 12 \xe4\xb8\xad,!")
+put("tokenizer_json", "unigram_unk", tj({"type": "Unigram", "unk_id": 0, "byte_fallback": True,
+    "vocab": [["<unk>", 0.0], ["a", -1.5], ["ab", -2.0], ["<0x62>", -3.0], ["\u2581", -1.0]]},
+    pre_tokenizer={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}) + b"\0abbc a\xc3\xa9")
+put("tokenizer_json", "bad_regex", tj(bpe, pre_tokenizer={"type": "Split", "pattern": {"Regex": "((a|b)*)*c(?<=x)"},
+    "behavior": "Isolated", "invert": False}))
+put("tokenizer_json", "deep_regex", tj(bpe, pre_tokenizer={"type": "Split", "pattern": {"Regex": "(" * 60 + "a" + ")*" * 60},
+    "behavior": "Removed", "invert": False}) + b"\0" + b"a" * 3000)
+put("tokenizer_json", "precompiled_bad", tj(bpe, normalizer={"type": "Precompiled", "precompiled_charsmap": "CAAAAP////8AAAAA"}))
+put("tokenizer_json", "not_object", b"[1, 2]\0x")

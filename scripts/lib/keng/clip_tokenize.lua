@@ -25,8 +25,20 @@ end
 
 -- encode_batch(tok, texts, {max_length=77, pad_id=tok.eos_id}) -> i64 [B, max_length]
 -- tok: a keng.clip_tokenizer; texts: a string or a list of strings
+local function check_opts(opts, known, who)
+  for k in pairs(opts or {}) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(string.format("%s: unknown option '%s' (valid: %s)", who, tostring(k), table.concat(names, ", ")), 3)
+    end
+  end
+  return opts or {}
+end
+
 function M.encode_batch(tok, texts, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {max_length = true, pad_id = true}, "clip_tokenize.encode_batch")
   if type(texts) == "string" then texts = {texts} end
   if type(texts) ~= "table" or #texts == 0 then
     error("clip_tokenize: texts must be a string or a non-empty list of strings", 2)
@@ -63,7 +75,7 @@ function Tokenizer:vocab_size() return self.raw:vocab_size() end
 function Tokenizer:token_to_id(s) return self.raw:token_to_id(s) end
 function Tokenizer:id_to_token(id) return self.raw:id_to_token(id) end
 function Tokenizer:encode_batch(texts, opts)
-  opts = opts or {}
+  opts = check_opts(opts, {max_length = true, pad_id = true}, "encode_batch")
   return M.encode_batch(self.raw, texts, {max_length = opts.max_length or self.max_length,
                                           pad_id = opts.pad_id or self.pad_id})
 end
@@ -84,18 +96,41 @@ local function pad_token(dir)
   end
 end
 
+-- the surface of keng.clip_tokenizer over a tokenizer.json (keng.tokenizers.from_file): ids
+-- without the post-processor's <|startoftext|> / <|endoftext|>, which encode_batch adds
+local function json_raw(path)
+  local tok = require("keng.tokenizers").from_file(path)
+  local raw = {bos_id = tok:token_to_id("<|startoftext|>"), eos_id = tok:token_to_id("<|endoftext|>")}
+  if not raw.bos_id or not raw.eos_id then error("clip_tokenize: " .. path .. " has no <|startoftext|> / <|endoftext|>", 0) end
+  function raw.encode(_, text) return tok:encode(text, {add_special_tokens = false}) end
+  function raw.decode(_, ids) return tok:decode(ids) end
+  function raw.vocab_size() return tok:vocab_size() end
+  function raw.token_to_id(_, s) return tok:token_to_id(s) end
+  function raw.id_to_token(_, id) return tok:id_to_token(id) end
+  return raw
+end
+
 -- load(dir) or load(vocab_json, merges_txt), opts {pad_id=, max_length=77} -> a tokenizer with
 -- encode, decode, vocab_size, token_to_id, id_to_token, encode_batch, and fields bos_id, eos_id,
--- pad_id, max_length, raw (the keng.clip_tokenizer)
+-- pad_id, max_length, raw (the keng.clip_tokenizer). A dir with a tokenizer.json (transformers 5)
+-- is read through keng.tokenizers.from_file instead.
 function M.load(path, merges, opts)
   if type(merges) == "table" then merges, opts = nil, merges end
-  opts = opts or {}
-  local vocab, pad_name, max_len = path, nil, nil
+  opts = check_opts(opts, {max_length = true, pad_id = true}, "clip_tokenize.load")
+  local vocab, pad_name, max_len, dir = path, nil, nil, nil
   if not merges then
+    dir = path
     vocab, merges = path .. "/vocab.json", path .. "/merges.txt"
     pad_name, max_len = pad_token(path)
   end
-  local ok, raw = pcall(keng.clip_tokenizer, vocab, merges)
+  local ok, raw
+  local tj = dir and io.open(dir .. "/tokenizer.json", "rb")
+  if tj then   -- transformers 5 saves only tokenizer.json
+    tj:close()
+    ok, raw = pcall(json_raw, dir .. "/tokenizer.json")
+  else
+    ok, raw = pcall(keng.clip_tokenizer, vocab, merges)
+  end
   if not ok then error(tostring(raw), 2) end
   local pad_id = opts.pad_id
   if not pad_id and pad_name then
