@@ -656,6 +656,8 @@ static int l_to(lua_State *L) {
   kg_dtype dt = t->dtype;
   kg_device dev = t->device;
   if (lua_istable(L, 2)) {
+    static const char *const valid[] = {"dtype", "device", NULL};
+    kgl_check_options(L, 2, "to", valid);
     lua_getfield(L, 2, "dtype");
     if (!lua_isnil(L, -1)) dt = kgl_dtype(L, -1);
     lua_getfield(L, 2, "device");
@@ -899,6 +901,8 @@ static int l_backward(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1), *g = NULL;
   bool retain = false;
   if (lua_istable(L, 2) && !kgl_test(L, 2)) {
+    static const char *const valid[] = {"gradient", "retain_graph", NULL};
+    kgl_check_options(L, 2, "backward", valid);
     lua_getfield(L, 2, "gradient");
     g = kgl_opt(L, -1);
     retain = kgl_field_bool(L, 2, "retain_graph", false);
