@@ -15,6 +15,8 @@ static int l_layer_norm(lua_State *L) {
 static int l_rms_norm(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *w = kgl_opt(L, 2), *r;
   double eps = luaL_optnumber(L, 3, 1e-6);
+  static const char *const valid[] = {"unit_offset", NULL};
+  kgl_check_options(L, 4, "rms_norm", valid);
   bool unit_offset = kgl_field_bool(L, 4, "unit_offset", false);
   KGL_CALL(L, kg_rms_norm(&r, x, w, eps, unit_offset));
   kgl_push(L, r);

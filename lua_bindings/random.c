@@ -16,6 +16,8 @@ static int l_dropout(lua_State *L) {
 static int l_multinomial(lua_State *L) {
   kg_tensor *probs = kgl_check(L, 1), *r;
   lua_Integer n = luaL_optinteger(L, 2, 1);
+  static const char *const valid[] = {"replacement", NULL};
+  kgl_check_options(L, 3, "multinomial", valid);
   bool replacement = kgl_field_bool(L, 3, "replacement", false);
   KGL_CALL(L, kg_multinomial(&r, probs, n, replacement));
   kgl_push(L, r);

@@ -224,6 +224,14 @@ kgl_opts kgl_options(lua_State *L, int idx, kg_dtype def_dtype) {
   if (idx == 0 || lua_isnoneornil(L, idx)) return o; /* 0: no options slot (sizes given as varargs) */
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) { /* a misspelt key (dtyp =) must not make an f32 tensor on the cpu */
+    lua_pop(L, 1);
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (!k || (strcmp(k, "dtype") && strcmp(k, "device") && strcmp(k, "requires_grad")))
+      luaL_argerror(L, idx, lua_pushfstring(L, "unknown option '%s' (valid: dtype, device, requires_grad)",
+                                            luaL_tolstring(L, -1, NULL)));
+  }
   lua_getfield(L, idx, "dtype");
   if (!lua_isnil(L, -1)) o.dtype = kgl_dtype(L, -1), o.has_dtype = true;
   lua_getfield(L, idx, "device");
@@ -688,6 +696,8 @@ static int l_to(lua_State *L) {
   kg_dtype dt = t->dtype;
   kg_device dev = t->device;
   if (lua_istable(L, 2)) {
+    static const char *const valid[] = {"dtype", "device", NULL};
+    kgl_check_options(L, 2, "to", valid);
     lua_getfield(L, 2, "dtype");
     if (!lua_isnil(L, -1)) dt = kgl_dtype(L, -1);
     lua_getfield(L, 2, "device");
@@ -931,6 +941,8 @@ static int l_backward(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1), *g = NULL;
   bool retain = false;
   if (lua_istable(L, 2) && !kgl_test(L, 2)) {
+    static const char *const valid[] = {"gradient", "retain_graph", NULL};
+    kgl_check_options(L, 2, "backward", valid);
     lua_getfield(L, 2, "gradient");
     g = kgl_opt(L, -1);
     retain = kgl_field_bool(L, 2, "retain_graph", false);
