@@ -134,7 +134,11 @@ local function peak_tflops(dtype)
   local p
   if opts.tier == "gpu" then
     for _, g in ipairs(config.gpu_peaks) do
-      if device_name:find(g.match, 1, true) then p = g[dtype] or g.bf16; break end
+      -- f32 under TF32 is measured against the TF32 tensor-core peak, where the GPU has one
+      if device_name:find(g.match, 1, true) then
+        p = (dtype == "f32" and opts.tf32 and g.tf32) or g[dtype] or g.bf16
+        break
+      end
     end
   else
     local file, key = opts.out .. "/cpu-peak.json", device_name .. " / " .. threads .. " threads / " .. dtype

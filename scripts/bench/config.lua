@@ -101,17 +101,18 @@ config.default_steps = {gpu = 100, cpu = 10}
 -- difference of two runs on a shared 2-core machine moved by 20-40% from run to run
 config.diff_repeats = {gpu = 1, cpu = 3}
 
--- dense peak TFLOP/s of known GPUs {f32 (non-tensor-core), bf16 tensor core, dense}
+-- dense peak TFLOP/s of known GPUs {f32 (non-tensor-core), tf32 (f32 on TF32 tensor cores, the
+-- peak of f32 rows under --tf32; V100 has none), bf16 tensor core}
 config.gpu_peaks = {
-  {match = "H200", f32 = 67, bf16 = 989},
-  {match = "H100 PCIe", f32 = 51, bf16 = 756},
-  {match = "H100", f32 = 67, bf16 = 989},
-  {match = "A100", f32 = 19.5, bf16 = 312},
-  {match = "L40S", f32 = 91.6, bf16 = 362},
-  {match = "L4", f32 = 30.3, bf16 = 121},
-  {match = "A10", f32 = 31.2, bf16 = 125},
+  {match = "H200", f32 = 67, tf32 = 494.7, bf16 = 989},
+  {match = "H100 PCIe", f32 = 51, tf32 = 378, bf16 = 756},
+  {match = "H100", f32 = 67, tf32 = 494.7, bf16 = 989},
+  {match = "A100", f32 = 19.5, tf32 = 156, bf16 = 312},
+  {match = "L40S", f32 = 91.6, tf32 = 183, bf16 = 362},
+  {match = "L4", f32 = 30.3, tf32 = 60, bf16 = 121},
+  {match = "A10", f32 = 31.2, tf32 = 62.5, bf16 = 125},
   {match = "V100", f32 = 15.7, bf16 = 125},
-  {match = "4090", f32 = 82.6, bf16 = 165},
+  {match = "4090", f32 = 82.6, tf32 = 82.6, bf16 = 165},
 }
 
 return config
