@@ -115,7 +115,7 @@ function M.build(work)
     if r then
       row.row, row.batch, row.dtype, row.task = r.row, r.batch, r.dtype, r.task
       row.keras_best = type(r.keras) == "table" and r.keras.best or nil
-      row.graph = r.graph
+      row.graph, row.graph_error = r.graph, r.graph_error
       if r.status == "ok" then
         row.status = "ok"
         row.mean_ms, row.median_ms, row.min_ms, row.tflops = r.mean_ms, r.median_ms, r.min_ms, r.tflops
@@ -192,7 +192,10 @@ function M.markdown(res)
     local keng_ms = r.mean_ms and string.format("%.2f (%.2f, %.2f)", r.mean_ms, r.median_ms or 0, r.min_ms or 0) or ""
     local peer = r.peer_ms and fmt(r.peer_ms) or (r.peer_status and r.peer_status or "")
     local status = r.status
-    if r.status == "ok" and r.graph ~= nil then status = status .. (r.graph and " (graph)" or " (eager)") end
+    if r.status == "ok" and r.graph ~= nil then
+      status = status .. (r.graph and " (graph)" or
+        (" (eager" .. (type(r.graph_error) == "string" and ": " .. r.graph_error:sub(1, 80) or "") .. ")"))
+    end
     if r.status ~= "ok" then status = status .. ": " .. (r.reason or "") end
     add(string.format("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", r.id, r.batch or "", r.dtype or "",
       r.steps or "", keng_ms, peer, fmt(r.ratio), fmt(r.floor_ms, "%.1f") .. (r.floor_by and " (" .. r.floor_by .. ")" or ""),
