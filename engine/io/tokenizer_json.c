@@ -847,14 +847,13 @@ static kg_status split_added(const kg_tokenizer_json *t, bool want_normalized, c
       }
       ms = ns > start ? ns : start;
     }
-    if (ad->rstrip) {
+    if (ad->rstrip) /* the search goes on from the match's own end, as the reference's iterator */
       while (me < n) {
         size_t q = me;
         if (!kg_unicode_is_space(tj_next(s, n, &q))) break;
         me = q;
       }
-      pos = me;
-    }
+
     if (k + 2 > cap) {
       cut *nv = realloc(v, cap * 2 * sizeof *v);
       if (!nv) {
@@ -866,7 +865,9 @@ static kg_status split_added(const kg_tokenizer_json *t, bool want_normalized, c
     }
     if (start < ms) v[k++] = (cut){start, ms, -1};
     v[k++] = (cut){ms, me, ad->id};
-    start = me;
+    /* a token inside the spaces an rstrip token took (one that starts with spaces) still counts,
+     * as in the reference, whose later matches may overlap the stretch it already cut */
+    if (me > start) start = me;
   }
   if (k + 1 > cap) {
     cut *nv = realloc(v, (cap + 1) * sizeof *v);

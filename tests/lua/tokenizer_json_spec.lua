@@ -12,7 +12,7 @@ local H = require "helper"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local DIR = here .. "/../fixtures/tokenizer_json/"
-local NAMES = {"wordlevel", "gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "unigram_bf", "clip", "misc", "pieces", "regex_o200k",
+local NAMES = {"added", "wordlevel", "gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "unigram_bf", "clip", "misc", "pieces", "regex_o200k",
                "regex_r50k", "regex_deepseek"}
 
 local function read(path)
