@@ -10,7 +10,7 @@
  *   decode: ids -> tokens (added first, then the model; special ones dropped on request) ->
  *   the decoder chain -> joined (with spaces when there is no decoder).
  * The stages live in tokenizer_json_text.c (normalizers, pre-tokenizers, decoders),
- * tokenizer_json_model.c (BPE, WordPiece, Unigram) and tokenizer_json_regex.c. A component,
+ * tokenizer_json_model.c (BPE, WordPiece, Unigram, WordLevel) and tokenizer_json_regex.c. A component,
  * type or key that keng does not implement fails the load, naming it. The "truncation" and
  * "padding" members are not applied: transformers sets both per call (keng's batch helpers
  * take max_length and padding). */
