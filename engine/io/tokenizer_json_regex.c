@@ -10,7 +10,8 @@
  *   Space, Digit, Word), \t \n \r \f \v \e \a \0 \xHH \x{H..} \uHHHH and escaped punctuation.
  * Anything else (lookbehind, backreferences, \b, POSIX brackets, class intersection, ...) is
  * refused naming it. Onig's classes over Unicode: \s White_Space, \d Nd, \w Alphabetic, marks, Nd, Pc
- * (as the reference behaves: U+2460 and ZWJ are no word characters, U+1F130 and ½ are).
+ * (as the reference behaves: U+2460 and ZWJ are no word characters, U+1F130 is, and ½ is one for a
+ * bare \w but not inside a class).
  * A single-character item under a quantifier is matched in a loop (no recursion per
  * character); the whole search has a step budget, so no pattern can run away. */
 #include "tokenizer_json_internal.h"
@@ -23,7 +24,7 @@
 
 enum { R_SET, R_SEQ, R_ALT, R_REPEAT, R_GROUP, R_ATOMIC, R_LOOK, R_BOL, R_EOL, R_BOS, R_EOS, R_EOS_NL };
 /* class items */
-enum { I_RANGE, I_CAT, I_SPACE, I_WORD, I_ANY_NOT_NL, I_HEX };
+enum { I_RANGE, I_CAT, I_SPACE, I_WORD, I_WORD_IN_CLASS, I_ANY_NOT_NL, I_HEX };
 
 typedef struct {
   int kind;
@@ -164,7 +165,7 @@ static bool parse_escape(parser *ps, bool in_class, bool *is_item, item *it, uin
   switch (c) {
   case 's': case 'S': ps->i++; *is_item = true; it->kind = I_SPACE; it->neg = c == 'S'; return true;
   case 'h': case 'H': ps->i++; *is_item = true; it->kind = I_HEX; it->neg = c == 'H'; return true;
-  case 'w': case 'W': ps->i++; *is_item = true; it->kind = I_WORD; it->neg = c == 'W'; return true;
+  case 'w': case 'W': ps->i++; *is_item = true; it->kind = in_class ? I_WORD_IN_CLASS : I_WORD; it->neg = c == 'W'; return true;
   case 'd': case 'D': ps->i++; *is_item = true; it->kind = I_CAT; it->catmask = GC(ND); it->neg = c == 'D'; return true;
   case 'p': case 'P': {
     ps->i++;
@@ -206,7 +207,6 @@ static bool parse_escape(parser *ps, bool in_class, bool *is_item, item *it, uin
     *cp = (uint32_t)c;
     return true;
   }
-  (void)in_class;
   char msg[64];
   snprintf(msg, sizeof msg, "the escape \\%c is not supported", c);
   return perr(ps, msg);
@@ -463,10 +463,11 @@ typedef struct {
 #define STEP_BUDGET 20000000L
 #define MAX_DEPTH 4000 /* frames: a group repeated more often than this fails rather than exhausting the stack */
 
-/* Oniguruma's \w: Rust's \w without Join_Control, and its Latin-1 table counts the No
- * characters ² ³ ¹ ¼ ½ ¾ as word characters (measured against the reference) */
-static bool onig_word(uint32_t cp) {
-  if (cp == 0xB2 || cp == 0xB3 || cp == 0xB9 || (cp >= 0xBC && cp <= 0xBE)) return true;
+/* Oniguruma's \w: Rust's \w without Join_Control; a bare \w or \W (not inside [...]) also
+ * counts the Latin-1 No characters ² ³ ¹ ¼ ½ ¾ as word characters (its Latin-1 table; measured
+ * against the reference) */
+static bool onig_word(uint32_t cp, bool bare) {
+  if (bare && (cp == 0xB2 || cp == 0xB3 || cp == 0xB9 || (cp >= 0xBC && cp <= 0xBE))) return true;
   return cp != 0x200C && cp != 0x200D && tj_word_char(cp);
 }
 
@@ -477,7 +478,8 @@ static bool item_has(const item *it, uint32_t cp) {
   case I_CAT: r = (it->catmask >> kg_unicode_gc(cp)) & 1; break;
   case I_SPACE: r = kg_unicode_is_space(cp); break;
   case I_HEX: r = cp < 0x80 && hexval((char)cp) >= 0; break;
-  case I_WORD: r = onig_word(cp); break;
+  case I_WORD: r = onig_word(cp, true); break;
+  case I_WORD_IN_CLASS: r = onig_word(cp, false); break;
   default: r = cp != '\n'; break; /* I_ANY_NOT_NL */
   }
   return r != it->neg;

@@ -86,7 +86,7 @@ static kg_status oom(void) { return kg_error(KG_ERR_OOM, TJ_OP, "out of memory")
 static bool is_punct(uint32_t cp) { /* char::is_ascii_punctuation || P* */
   if (cp < 0x80) return (cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) || (cp >= 123 && cp <= 126);
   int g = kg_unicode_gc(cp);
-  return g >= KG_GC_PC && g <= KG_GC_PO;
+  return g >= KG_GC_PC && g <= KG_GC_PO && !(kg_unicode_tok_unknown(cp) & KG_TOK_NEW_PUNCT);
 }
 
 static bool is_numeric(uint32_t cp) { /* char::is_numeric */
@@ -99,6 +99,9 @@ static bool is_mark(uint32_t cp) {
   int g = kg_unicode_gc(cp);
   return g == KG_GC_MN || g == KG_GC_MC || g == KG_GC_ME;
 }
+
+/* what StripAccents removes: a mark the reference knows */
+static bool strip_mark(uint32_t cp) { return is_mark(cp) && !(kg_unicode_tok_unknown(cp) & KG_TOK_NEW_MARK); }
 
 bool tj_word_char(uint32_t cp) {
   if (cp < 0x80) return (cp | 32) - 'a' < 26 || cp - '0' < 10 || cp == '_';
@@ -250,7 +253,7 @@ static kg_status bert_norm(const tj_norm *z, const char *s, size_t n, tj_buf *ou
     if (z->clean_text) {
       if (c == 0 || c == 0xFFFD) continue;
       int k = kg_unicode_wp_class(c);
-      if (k == KG_WP_CONTROL) continue;
+      if (k == KG_WP_CONTROL && !(kg_unicode_tok_unknown(c) & KG_TOK_NEW_CONTROL)) continue;
       if (c == '\t' || c == '\n' || c == '\r' || kg_unicode_is_space(c)) c = ' ';
     }
     if (z->chinese && is_cjk(c)) {
@@ -277,7 +280,7 @@ static kg_status bert_norm(const tj_norm *z, const char *s, size_t n, tj_buf *ou
     for (size_t i = 0; i < b.n;) {
       size_t j = i;
       uint32_t c = tj_next(b.p, b.n, &j);
-      if (kg_unicode_gc(c) != KG_GC_MN) tj_put(&a, b.p + i, j - i);
+      if (kg_unicode_gc(c) != KG_GC_MN || (kg_unicode_tok_unknown(c) & KG_TOK_NEW_MN)) tj_put(&a, b.p + i, j - i);
       i = j;
     }
     tj_buf_free(&b);
@@ -334,7 +337,7 @@ kg_status tj_normalize(const tj_norm *z, const char *s, size_t n, tj_buf *out) {
   case TJ_N_STRIP_ACCENTS:
     for (size_t i = 0; i < n;) {
       size_t j = i;
-      if (!is_mark(tj_next(s, n, &j))) tj_put(out, s + i, j - i);
+      if (!strip_mark(tj_next(s, n, &j))) tj_put(out, s + i, j - i);
       i = j;
     }
     break;

@@ -58,6 +58,10 @@ bool kg_unicode_is_space(uint32_t cp);
 /* Rust's char::is_alphabetic: letters, letter numbers and the Other_Alphabetic symbols (the
  * Other_Alphabetic marks are not told apart from other marks: they count as not alphabetic). */
 bool kg_unicode_is_alpha(uint32_t cp);
+/* What the tokenizers library's older tables do not know cp as (a KG_TOK_NEW_* mask, 0 for most):
+ * tokenizer.json pipelines treat such a character as the reference does, as plain text. */
+enum { KG_TOK_NEW_PUNCT = 1, KG_TOK_NEW_CONTROL = 2, KG_TOK_NEW_MN = 4, KG_TOK_NEW_MARK = 8 };
+int kg_unicode_tok_unknown(uint32_t cp);
 /* Simple case folding (lowercase, except for the few characters whose folding differs). */
 uint32_t kg_unicode_fold(uint32_t cp);
 
