@@ -46,11 +46,13 @@ int kg_unicode_decompose_compat(uint32_t cp, uint32_t *out);
 
 /* ---- general categories and properties (tokenizer.json's regexes and pre-tokenizers) ---- */
 
+/* clang-format off */
 enum {
   KG_GC_CN, KG_GC_LU, KG_GC_LL, KG_GC_LT, KG_GC_LM, KG_GC_LO, KG_GC_MN, KG_GC_MC, KG_GC_ME, KG_GC_ND,
   KG_GC_NL, KG_GC_NO, KG_GC_PC, KG_GC_PD, KG_GC_PS, KG_GC_PE, KG_GC_PI, KG_GC_PF, KG_GC_PO, KG_GC_SM,
   KG_GC_SC, KG_GC_SK, KG_GC_SO, KG_GC_ZS, KG_GC_ZL, KG_GC_ZP, KG_GC_CC, KG_GC_CF, KG_GC_CS, KG_GC_CO
 };
+/* clang-format on */
 /* The general category of cp (KG_GC_*; unassigned is KG_GC_CN). */
 int kg_unicode_gc(uint32_t cp);
 /* The White_Space property (Rust's char::is_whitespace, the regexes' \s). */
