@@ -62,7 +62,11 @@ struct kg_tokenizer_json {
   int nadded;
   kg_vocab added_vocab;      /* content -> index into added (ids 0..nadded-1 of this table) */
   uint8_t first_byte[2][32]; /* [normalized] bit set of the bytes an added token starts with */
-  int32_t *added_of_id;      /* [vocab_size] index into added, or -1 */
+  kg_vocab match[2];         /* [normalized] the forms matched in text (raw / normalized content) */
+  int *match_added[2];       /* [normalized][id in match] -> index into added */
+  size_t *match_lens[2];     /* [normalized] their distinct lengths, longest first */
+  int nmatch_lens[2];
+  int32_t *added_of_id; /* [vocab_size] index into added, or -1 */
   int64_t vocab_size;
   tj_norm *norm;
   tj_pre *pre;
@@ -742,11 +746,31 @@ static kg_status normalize_added(kg_tokenizer_json *t) {
     t->added_of_id[i] = -1;
   for (int i = 0; i < t->nadded; i++)
     t->added_of_id[t->added[i].id] = i;
-  for (int i = 0; i < t->nadded; i++) {
-    const added *ad = &t->added[i];
-    size_t n = ad->normalized ? ad->norm_len : ad->len;
-    uint8_t c = (uint8_t)(ad->normalized ? ad->norm : ad->content)[0];
-    if (n) t->first_byte[ad->normalized][c >> 3] |= (uint8_t)(1u << (c & 7));
+  for (int mode = 0; mode < 2; mode++) { /* the match tables: a hash of the forms, their lengths */
+    kg_vocab *v = &t->match[mode];
+    if (!kg_vocab_alloc(v, t->nadded) || !(t->match_added[mode] = malloc(((size_t)t->nadded + 1) * sizeof(int))) ||
+        !(t->match_lens[mode] = malloc(((size_t)t->nadded + 1) * sizeof(size_t))))
+      return oom();
+    for (int i = t->nadded - 1; i >= 0; i--) { /* backwards: of equal forms the index keeps the first */
+      const added *ad = &t->added[i];
+      size_t n = ad->normalized ? ad->norm_len : ad->len;
+      const char *c = ad->normalized ? ad->norm : ad->content;
+      if (ad->normalized != mode || !n) continue;
+      if (!(v->tokens[v->n] = dup(c, n))) return oom();
+      v->lens[v->n] = n;
+      t->match_added[mode][v->n++] = i;
+      t->first_byte[mode][(uint8_t)c[0] >> 3] |= (uint8_t)(1u << ((uint8_t)c[0] & 7));
+      int k = 0;
+      while (k < t->nmatch_lens[mode] && t->match_lens[mode][k] > n)
+        k++;
+      if (k == t->nmatch_lens[mode] || t->match_lens[mode][k] != n) {
+        memmove(&t->match_lens[mode][k + 1], &t->match_lens[mode][k],
+                (size_t)(t->nmatch_lens[mode] - k) * sizeof(size_t));
+        t->match_lens[mode][k] = n;
+        t->nmatch_lens[mode]++;
+      }
+    }
+    if (!kg_vocab_index(v)) return oom();
   }
   return KG_OK;
 }
@@ -763,6 +787,11 @@ void kg_tokenizer_json_free(kg_tokenizer_json *t) {
   free(t->added);
   free(t->added_of_id);
   kg_vocab_free(&t->added_vocab);
+  for (int mode = 0; mode < 2; mode++) {
+    kg_vocab_free(&t->match[mode]);
+    free(t->match_added[mode]);
+    free(t->match_lens[mode]);
+  }
   if (t->norm) tj_norm_free(t->norm);
   if (t->pre) tj_pre_free(t->pre);
   if (t->post) post_free(t->post);
@@ -861,12 +890,13 @@ static kg_status split_added(const kg_tokenizer_json *t, bool want_normalized, c
     for (; at < n && best < 0; at++) {
       uint8_t c0 = (uint8_t)s[at];
       if (!(fb[c0 >> 3] >> (c0 & 7) & 1)) continue;
-      for (int i = 0; i < t->nadded; i++) {
-        const added *ad = &t->added[i];
-        if (ad->normalized != want_normalized) continue;
-        const char *c = want_normalized ? ad->norm : ad->content;
-        size_t cl = want_normalized ? ad->norm_len : ad->len;
-        if (cl && cl > best_len && cl <= n - at && !memcmp(s + at, c, cl)) best = i, best_len = cl;
+      for (int k = 0; k < t->nmatch_lens[want_normalized]; k++) { /* the longest form that matches here */
+        size_t cl = t->match_lens[want_normalized][k];
+        int64_t id = cl <= n - at ? kg_vocab_find(&t->match[want_normalized], s + at, cl) : -1;
+        if (id >= 0) {
+          best = t->match_added[want_normalized][id], best_len = cl;
+          break;
+        }
       }
       if (best >= 0) break;
     }
