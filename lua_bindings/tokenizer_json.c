@@ -146,15 +146,15 @@ static int l_is_special(lua_State *L) {
 
 static int l_tostring(lua_State *L) {
   kg_tokenizer_json *t = check(L);
-  lua_pushfstring(L, "TokenizerJson(%s, vocab %d)", kg_tokenizer_json_model_type(t), (int)kg_tokenizer_json_vocab_size(t));
+  lua_pushfstring(L, "TokenizerJson(%s, vocab %d)", kg_tokenizer_json_model_type(t),
+                  (int)kg_tokenizer_json_vocab_size(t));
   return 1;
 }
 
-static const luaL_Reg methods[] = {{"encode", l_encode},         {"post_process", l_post_process},
-                                   {"num_special", l_num_special}, {"decode", l_decode},
-                                   {"vocab_size", l_vocab_size}, {"token_to_id", l_token_to_id},
-                                   {"id_to_token", l_id_to_token}, {"is_special", l_is_special},
-                                   {NULL, NULL}};
+static const luaL_Reg methods[] = {
+    {"encode", l_encode},           {"post_process", l_post_process}, {"num_special", l_num_special},
+    {"decode", l_decode},           {"vocab_size", l_vocab_size},     {"token_to_id", l_token_to_id},
+    {"id_to_token", l_id_to_token}, {"is_special", l_is_special},     {NULL, NULL}};
 
 static int l_index(lua_State *L) {
   kg_tokenizer_json *t = check(L);
@@ -162,8 +162,10 @@ static int l_index(lua_State *L) {
   const char *k = lua_tostring(L, 2);
   lua_getfield(L, lua_upvalueindex(1), k);
   if (!lua_isnil(L, -1)) return 1;
-  if (!strcmp(k, "model_type")) lua_pushstring(L, kg_tokenizer_json_model_type(t));
-  else lua_pushnil(L);
+  if (!strcmp(k, "model_type"))
+    lua_pushstring(L, kg_tokenizer_json_model_type(t));
+  else
+    lua_pushnil(L);
   return 1;
 }
 

@@ -10,7 +10,7 @@
  *   decode: ids -> tokens (added first, then the model; special ones dropped on request) ->
  *   the decoder chain -> joined (with spaces when there is no decoder).
  * The stages live in tokenizer_json_text.c (normalizers, pre-tokenizers, decoders),
- * tokenizer_json_model.c (BPE, WordPiece, Unigram) and tokenizer_json_regex.c. A component,
+ * tokenizer_json_model.c (BPE, WordPiece, Unigram, WordLevel) and tokenizer_json_regex.c. A component,
  * type or key that keng does not implement fails the load, naming it. The "truncation" and
  * "padding" members are not applied: transformers sets both per call (keng's batch helpers
  * take max_length and padding). */
@@ -60,9 +60,13 @@ struct kg_tokenizer_json {
   tj_model model;
   added *added;
   int nadded;
-  kg_vocab added_vocab; /* content -> index into added (ids 0..nadded-1 of this table) */
+  kg_vocab added_vocab;      /* content -> index into added (ids 0..nadded-1 of this table) */
   uint8_t first_byte[2][32]; /* [normalized] bit set of the bytes an added token starts with */
-  int32_t *added_of_id;      /* [vocab_size] index into added, or -1 */
+  kg_vocab match[2];         /* [normalized] the forms matched in text (raw / normalized content) */
+  int *match_added[2];       /* [normalized][id in match] -> index into added */
+  size_t *match_lens[2];     /* [normalized] their distinct lengths, longest first */
+  int nmatch_lens[2];
+  int32_t *added_of_id; /* [vocab_size] index into added, or -1 */
   int64_t vocab_size;
   tj_norm *norm;
   tj_pre *pre;
@@ -147,11 +151,13 @@ static kg_status get_char(const kg_json *j, const char *key, uint32_t def, uint3
   return KG_OK;
 }
 
-static kg_status get_uint(const kg_json *j, const char *key, size_t def, size_t *out, const char *what, const char *label) {
+static kg_status get_uint(const kg_json *j, const char *key, size_t def, size_t *out, const char *what,
+                          const char *label) {
   const kg_json *v = kg_json_get(j, key);
   *out = def;
   if (!v || v->type == KG_JSON_NULL) return KG_OK;
-  if (v->type != KG_JSON_NUMBER || !v->is_uint || v->uint > 1u << 30) return tj_bad(label, "%s: %s must be a small non-negative integer", what, key);
+  if (v->type != KG_JSON_NUMBER || !v->is_uint || v->uint > 1u << 30)
+    return tj_bad(label, "%s: %s must be a small non-negative integer", what, key);
   *out = (size_t)v->uint;
   return KG_OK;
 }
@@ -187,17 +193,22 @@ static kg_status get_behavior(const kg_json *j, int def, int *out, const char *w
   if (v->type == KG_JSON_STRING)
     for (int k = 0; k < 5; k++)
       if (!strcmp(v->str, names[k])) return *out = k, KG_OK;
-  return tj_bad(label, "%s: behavior must be one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous", what);
+  return tj_bad(label, "%s: behavior must be one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous",
+                what);
 }
 
 static kg_status get_prepend(const kg_json *j, int *out, const char *what, const char *label) {
   const kg_json *v = kg_json_get(j, "prepend_scheme"), *a = kg_json_get(j, "add_prefix_space");
   *out = TJ_PREPEND_ALWAYS;
   if (v && v->type != KG_JSON_NULL) {
-    if (v->type == KG_JSON_STRING && !strcmp(v->str, "always")) *out = TJ_PREPEND_ALWAYS;
-    else if (v->type == KG_JSON_STRING && !strcmp(v->str, "first")) *out = TJ_PREPEND_FIRST;
-    else if (v->type == KG_JSON_STRING && !strcmp(v->str, "never")) *out = TJ_PREPEND_NEVER;
-    else return tj_bad(label, "%s: prepend_scheme must be always, first or never", what);
+    if (v->type == KG_JSON_STRING && !strcmp(v->str, "always"))
+      *out = TJ_PREPEND_ALWAYS;
+    else if (v->type == KG_JSON_STRING && !strcmp(v->str, "first"))
+      *out = TJ_PREPEND_FIRST;
+    else if (v->type == KG_JSON_STRING && !strcmp(v->str, "never"))
+      *out = TJ_PREPEND_NEVER;
+    else
+      return tj_bad(label, "%s: prepend_scheme must be always, first or never", what);
   } else if (a && a->type == KG_JSON_BOOL) { /* older files */
     *out = a->boolean ? TJ_PREPEND_ALWAYS : TJ_PREPEND_NEVER;
   }
@@ -213,8 +224,13 @@ static uint8_t *base64(const char *s, size_t n, size_t *out_len) {
   int bits = 0;
   for (size_t i = 0; i < n; i++) {
     char c = s[i];
-    int v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
-          : c == '+' ? 62 : c == '/' ? 63 : c == '=' ? -2 : -1;
+    int v = c >= 'A' && c <= 'Z'   ? c - 'A'
+            : c >= 'a' && c <= 'z' ? c - 'a' + 26
+            : c >= '0' && c <= '9' ? c - '0' + 52
+            : c == '+'             ? 62
+            : c == '/'             ? 63
+            : c == '='             ? -2
+                                   : -1;
     if (v == -2) break;
     if (v < 0) {
       free(o);
@@ -260,9 +276,14 @@ static kg_status load_norm(tj_norm *z, const kg_json *j, const char *label, int 
   struct {
     const char *name;
     int kind;
-  } simple[] = {{"NFC", TJ_N_NFC},         {"NFD", TJ_N_NFD},       {"NFKC", TJ_N_NFKC},
-                {"NFKD", TJ_N_NFKD},       {"Lowercase", TJ_N_LOWERCASE}, {"StripAccents", TJ_N_STRIP_ACCENTS},
-                {"Nmt", TJ_N_NMT},         {"ByteLevel", TJ_N_BYTELEVEL}};
+  } simple[] = {{"NFC", TJ_N_NFC},
+                {"NFD", TJ_N_NFD},
+                {"NFKC", TJ_N_NFKC},
+                {"NFKD", TJ_N_NFKD},
+                {"Lowercase", TJ_N_LOWERCASE},
+                {"StripAccents", TJ_N_STRIP_ACCENTS},
+                {"Nmt", TJ_N_NMT},
+                {"ByteLevel", TJ_N_BYTELEVEL}};
   for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
     if (!strcmp(t, simple[i].name)) {
       z->kind = simple[i].kind;
@@ -287,7 +308,8 @@ static kg_status load_norm(tj_norm *z, const kg_json *j, const char *label, int 
   if (!strcmp(t, "Prepend")) {
     static const char *const k[] = {"type", "prepend", NULL};
     z->kind = TJ_N_PREPEND;
-    if ((st = keys_ok(j, what, k, label)) || (st = get_str(j, "prepend", NULL, &z->content, &z->content_len, what, label)))
+    if ((st = keys_ok(j, what, k, label)) ||
+        (st = get_str(j, "prepend", NULL, &z->content, &z->content_len, what, label)))
       return st;
     return KG_OK;
   }
@@ -314,7 +336,8 @@ static kg_status load_norm(tj_norm *z, const kg_json *j, const char *label, int 
       free(blob);
       return tj_bad(label, "%s: precompiled_charsmap is truncated", what);
     }
-    uint32_t trie_bytes = (uint32_t)blob[0] | (uint32_t)blob[1] << 8 | (uint32_t)blob[2] << 16 | (uint32_t)blob[3] << 24;
+    uint32_t trie_bytes =
+        (uint32_t)blob[0] | (uint32_t)blob[1] << 8 | (uint32_t)blob[2] << 16 | (uint32_t)blob[3] << 24;
     if (trie_bytes == 0 || trie_bytes % 4 || trie_bytes > n - 4) {
       free(blob);
       return tj_bad(label, "%s: precompiled_charsmap: bad trie size", what);
@@ -332,8 +355,10 @@ static kg_status load_norm(tj_norm *z, const kg_json *j, const char *label, int 
     z->norm_len = n - 4 - trie_bytes;
     return KG_OK;
   }
-  return tj_bad(label, "normalizer: the type '%.40s' is not supported (Sequence, NFC, NFD, NFKC, NFKD, Lowercase, "
-                       "StripAccents, Strip, Replace, Prepend, BertNormalizer, Precompiled, Nmt, ByteLevel)", t);
+  return tj_bad(label,
+                "normalizer: the type '%.40s' is not supported (Sequence, NFC, NFD, NFKC, NFKD, Lowercase, "
+                "StripAccents, Strip, Replace, Prepend, BertNormalizer, Precompiled, Nmt, ByteLevel)",
+                t);
 }
 
 static kg_status load_pre(tj_pre *p, const kg_json *j, const char *label, int depth) {
@@ -364,7 +389,8 @@ static kg_status load_pre(tj_pre *p, const kg_json *j, const char *label, int de
     static const char *const k[] = {"type", "add_prefix_space", "trim_offsets", "use_regex", NULL};
     p->kind = TJ_P_BYTELEVEL;
     bool trim;
-    if ((st = keys_ok(j, what, k, label)) || (st = get_bool(j, "add_prefix_space", true, &p->add_prefix_space, what, label)) ||
+    if ((st = keys_ok(j, what, k, label)) ||
+        (st = get_bool(j, "add_prefix_space", true, &p->add_prefix_space, what, label)) ||
         (st = get_bool(j, "trim_offsets", true, &trim, what, label)) ||
         (st = get_bool(j, "use_regex", true, &p->use_regex, what, label)))
       return st;
@@ -372,7 +398,8 @@ static kg_status load_pre(tj_pre *p, const kg_json *j, const char *label, int de
     return KG_OK;
   }
   if (!strcmp(t, "Metaspace")) {
-    static const char *const k[] = {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep", NULL};
+    static const char *const k[] = {"type",    "replacement", "prepend_scheme", "split", "add_prefix_space",
+                                    "str_rep", NULL};
     p->kind = TJ_P_METASPACE;
     if ((st = keys_ok(j, what, k, label)) || (st = get_char(j, "replacement", 0x2581, &p->ch, what, label)) ||
         (st = get_prepend(j, &p->prepend, what, label)) || (st = get_bool(j, "split", true, &p->split, what, label)))
@@ -383,7 +410,8 @@ static kg_status load_pre(tj_pre *p, const kg_json *j, const char *label, int de
   struct {
     const char *name;
     int kind;
-  } simple[] = {{"Whitespace", TJ_P_WHITESPACE}, {"WhitespaceSplit", TJ_P_WHITESPACE_SPLIT}, {"BertPreTokenizer", TJ_P_BERT}};
+  } simple[] = {
+      {"Whitespace", TJ_P_WHITESPACE}, {"WhitespaceSplit", TJ_P_WHITESPACE_SPLIT}, {"BertPreTokenizer", TJ_P_BERT}};
   for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
     if (!strcmp(t, simple[i].name)) {
       p->kind = simple[i].kind;
@@ -393,7 +421,8 @@ static kg_status load_pre(tj_pre *p, const kg_json *j, const char *label, int de
     static const char *const k[] = {"type", "pattern", "behavior", "invert", NULL};
     p->kind = TJ_P_SPLIT;
     if ((st = keys_ok(j, what, k, label)) || (st = get_pattern(j, &p->pat, what, label)) ||
-        (st = get_behavior(j, -1, &p->behavior, what, label)) || (st = get_bool(j, "invert", false, &p->invert, what, label)))
+        (st = get_behavior(j, -1, &p->behavior, what, label)) ||
+        (st = get_bool(j, "invert", false, &p->invert, what, label)))
       return st;
     if (p->behavior < 0) return tj_bad(label, "%s: behavior is missing", what);
     return KG_OK;
@@ -401,13 +430,15 @@ static kg_status load_pre(tj_pre *p, const kg_json *j, const char *label, int de
   if (!strcmp(t, "Punctuation")) {
     static const char *const k[] = {"type", "behavior", NULL};
     p->kind = TJ_P_PUNCTUATION;
-    if ((st = keys_ok(j, what, k, label)) || (st = get_behavior(j, TJ_B_ISOLATED, &p->behavior, what, label))) return st;
+    if ((st = keys_ok(j, what, k, label)) || (st = get_behavior(j, TJ_B_ISOLATED, &p->behavior, what, label)))
+      return st;
     return KG_OK;
   }
   if (!strcmp(t, "Digits")) {
     static const char *const k[] = {"type", "individual_digits", NULL};
     p->kind = TJ_P_DIGITS;
-    if ((st = keys_ok(j, what, k, label)) || (st = get_bool(j, "individual_digits", false, &p->individual, what, label)))
+    if ((st = keys_ok(j, what, k, label)) ||
+        (st = get_bool(j, "individual_digits", false, &p->individual, what, label)))
       return st;
     return KG_OK;
   }
@@ -417,8 +448,10 @@ static kg_status load_pre(tj_pre *p, const kg_json *j, const char *label, int de
     if ((st = keys_ok(j, what, k, label)) || (st = get_char(j, "delimiter", ' ', &p->ch, what, label))) return st;
     return KG_OK;
   }
-  return tj_bad(label, "pre_tokenizer: the type '%.40s' is not supported (Sequence, ByteLevel, Metaspace, Whitespace, "
-                       "WhitespaceSplit, Split, Punctuation, Digits, BertPreTokenizer, CharDelimiterSplit)", t);
+  return tj_bad(label,
+                "pre_tokenizer: the type '%.40s' is not supported (Sequence, ByteLevel, Metaspace, Whitespace, "
+                "WhitespaceSplit, Split, Punctuation, Digits, BertPreTokenizer, CharDelimiterSplit)",
+                t);
 }
 
 static kg_status load_dec(tj_dec *d, const kg_json *j, const char *label, int depth) {
@@ -455,7 +488,8 @@ static kg_status load_dec(tj_dec *d, const kg_json *j, const char *label, int de
     return keys_ok(j, what, only_type, label);
   }
   if (!strcmp(t, "Metaspace")) {
-    static const char *const k[] = {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep", NULL};
+    static const char *const k[] = {"type",    "replacement", "prepend_scheme", "split", "add_prefix_space",
+                                    "str_rep", NULL};
     d->kind = TJ_D_METASPACE;
     if ((st = keys_ok(j, what, k, label)) || (st = get_char(j, "replacement", 0x2581, &d->ch, what, label)) ||
         (st = get_prepend(j, &d->prepend, what, label)))
@@ -465,7 +499,8 @@ static kg_status load_dec(tj_dec *d, const kg_json *j, const char *label, int de
   if (!strcmp(t, "WordPiece")) {
     static const char *const k[] = {"type", "prefix", "cleanup", NULL};
     d->kind = TJ_D_WORDPIECE;
-    if ((st = keys_ok(j, what, k, label)) || (st = get_str(j, "prefix", "##", &d->prefix, &d->prefix_len, what, label)) ||
+    if ((st = keys_ok(j, what, k, label)) ||
+        (st = get_str(j, "prefix", "##", &d->prefix, &d->prefix_len, what, label)) ||
         (st = get_bool(j, "cleanup", true, &d->cleanup, what, label)))
       return st;
     return KG_OK;
@@ -473,7 +508,8 @@ static kg_status load_dec(tj_dec *d, const kg_json *j, const char *label, int de
   if (!strcmp(t, "BPEDecoder")) {
     static const char *const k[] = {"type", "suffix", NULL};
     d->kind = TJ_D_BPE;
-    if ((st = keys_ok(j, what, k, label)) || (st = get_str(j, "suffix", "</w>", &d->prefix, &d->prefix_len, what, label)))
+    if ((st = keys_ok(j, what, k, label)) ||
+        (st = get_str(j, "suffix", "</w>", &d->prefix, &d->prefix_len, what, label)))
       return st;
     return KG_OK;
   }
@@ -493,8 +529,10 @@ static kg_status load_dec(tj_dec *d, const kg_json *j, const char *label, int de
       return st;
     return KG_OK;
   }
-  return tj_bad(label, "decoder: the type '%.40s' is not supported (Sequence, ByteLevel, Metaspace, WordPiece, "
-                       "ByteFallback, Fuse, Strip, Replace, BPEDecoder)", t);
+  return tj_bad(label,
+                "decoder: the type '%.40s' is not supported (Sequence, ByteLevel, Metaspace, WordPiece, "
+                "ByteFallback, Fuse, Strip, Replace, BPEDecoder)",
+                t);
 }
 
 static void post_free(tj_post *p) {
@@ -551,14 +589,17 @@ static kg_status load_template(tj_post *p, const kg_json *j, const char *label) 
     if (!a || a->type != KG_JSON_ARRAY) return tj_bad(label, "%s: %s must be an array", what, key);
     titem *items = calloc((size_t)a->n + 1, sizeof *items);
     if (!items) return oom();
-    if (w) p->pair = items, p->npair = a->n;
-    else p->single = items, p->nsingle = a->n;
+    if (w)
+      p->pair = items, p->npair = a->n;
+    else
+      p->single = items, p->nsingle = a->n;
     for (int i = 0; i < a->n; i++) {
       const kg_json *e = &a->items[i];
       if (e->type != KG_JSON_OBJECT || e->n != 1 || e->items[0].type != KG_JSON_OBJECT)
         return tj_bad(label, "%s: %s item %d must be {\"Sequence\": ...} or {\"SpecialToken\": ...}", what, key, i + 1);
       const kg_json *body = &e->items[0], *id = kg_json_get(body, "id"), *ty = kg_json_get(body, "type_id");
-      if (!id || id->type != KG_JSON_STRING || !ty || ty->type != KG_JSON_NUMBER || !ty->is_uint || ty->uint > INT32_MAX)
+      if (!id || id->type != KG_JSON_STRING || !ty || ty->type != KG_JSON_NUMBER || !ty->is_uint ||
+          ty->uint > INT32_MAX)
         return tj_bad(label, "%s: %s item %d needs an id and a type_id", what, key, i + 1);
       items[i].type_id = (int32_t)ty->uint;
       if (!strcmp(e->keys[0], "Sequence")) {
@@ -616,13 +657,15 @@ static kg_status load_post(tj_post *p, const kg_json *j, const char *label, int 
     static const char *const kb[] = {"type", "sep", "cls", NULL};
     static const char *const kr[] = {"type", "sep", "cls", "trim_offsets", "add_prefix_space", NULL};
     p->kind = t[0] == 'B' ? TJ_PP_BERT : TJ_PP_ROBERTA;
-    if ((st = keys_ok(j, what, p->kind == TJ_PP_BERT ? kb : kr, label)) || (st = get_named_id(j, "sep", &p->sep, what, label)) ||
-        (st = get_named_id(j, "cls", &p->cls, what, label)))
+    if ((st = keys_ok(j, what, p->kind == TJ_PP_BERT ? kb : kr, label)) ||
+        (st = get_named_id(j, "sep", &p->sep, what, label)) || (st = get_named_id(j, "cls", &p->cls, what, label)))
       return st;
     return KG_OK;
   }
-  return tj_bad(label, "post_processor: the type '%.40s' is not supported (TemplateProcessing, BertProcessing, "
-                       "RobertaProcessing, ByteLevel, Sequence)", t);
+  return tj_bad(label,
+                "post_processor: the type '%.40s' is not supported (TemplateProcessing, BertProcessing, "
+                "RobertaProcessing, ByteLevel, Sequence)",
+                t);
 }
 
 /* ---- added tokens ----------------------------------------------------------------------------- */
@@ -644,7 +687,7 @@ static kg_status load_added(kg_tokenizer_json *t, const kg_json *a, const char *
     const kg_json *c = kg_json_get(e, "content");
     if (!c || c->type != KG_JSON_STRING) return tj_bad(label, "%s: content must be a string", what);
     if (c->len == 0) continue; /* the reference skips empty tokens */
-    bool repeat = false; /* a repeat adds nothing */
+    bool repeat = false;       /* a repeat adds nothing */
     for (int q = 0; q < t->nadded && !repeat; q++)
       repeat = t->added[q].len == c->len && !memcmp(t->added[q].content, c->str, c->len);
     if (repeat) continue;
@@ -699,13 +742,35 @@ static kg_status normalize_added(kg_tokenizer_json *t) {
   }
   t->added_of_id = malloc(((size_t)t->vocab_size + 1) * sizeof *t->added_of_id);
   if (!t->added_of_id) return oom();
-  for (int64_t i = 0; i < t->vocab_size; i++) t->added_of_id[i] = -1;
-  for (int i = 0; i < t->nadded; i++) t->added_of_id[t->added[i].id] = i;
-  for (int i = 0; i < t->nadded; i++) {
-    const added *ad = &t->added[i];
-    size_t n = ad->normalized ? ad->norm_len : ad->len;
-    uint8_t c = (uint8_t)(ad->normalized ? ad->norm : ad->content)[0];
-    if (n) t->first_byte[ad->normalized][c >> 3] |= (uint8_t)(1u << (c & 7));
+  for (int64_t i = 0; i < t->vocab_size; i++)
+    t->added_of_id[i] = -1;
+  for (int i = 0; i < t->nadded; i++)
+    t->added_of_id[t->added[i].id] = i;
+  for (int mode = 0; mode < 2; mode++) { /* the match tables: a hash of the forms, their lengths */
+    kg_vocab *v = &t->match[mode];
+    if (!kg_vocab_alloc(v, t->nadded) || !(t->match_added[mode] = malloc(((size_t)t->nadded + 1) * sizeof(int))) ||
+        !(t->match_lens[mode] = malloc(((size_t)t->nadded + 1) * sizeof(size_t))))
+      return oom();
+    for (int i = t->nadded - 1; i >= 0; i--) { /* backwards: of equal forms the index keeps the first */
+      const added *ad = &t->added[i];
+      size_t n = ad->normalized ? ad->norm_len : ad->len;
+      const char *c = ad->normalized ? ad->norm : ad->content;
+      if (ad->normalized != mode || !n) continue;
+      if (!(v->tokens[v->n] = dup(c, n))) return oom();
+      v->lens[v->n] = n;
+      t->match_added[mode][v->n++] = i;
+      t->first_byte[mode][(uint8_t)c[0] >> 3] |= (uint8_t)(1u << ((uint8_t)c[0] & 7));
+      int k = 0;
+      while (k < t->nmatch_lens[mode] && t->match_lens[mode][k] > n)
+        k++;
+      if (k == t->nmatch_lens[mode] || t->match_lens[mode][k] != n) {
+        memmove(&t->match_lens[mode][k + 1], &t->match_lens[mode][k],
+                (size_t)(t->nmatch_lens[mode] - k) * sizeof(size_t));
+        t->match_lens[mode][k] = n;
+        t->nmatch_lens[mode]++;
+      }
+    }
+    if (!kg_vocab_index(v)) return oom();
   }
   return KG_OK;
 }
@@ -722,6 +787,11 @@ void kg_tokenizer_json_free(kg_tokenizer_json *t) {
   free(t->added);
   free(t->added_of_id);
   kg_vocab_free(&t->added_vocab);
+  for (int mode = 0; mode < 2; mode++) {
+    kg_vocab_free(&t->match[mode]);
+    free(t->match_added[mode]);
+    free(t->match_lens[mode]);
+  }
   if (t->norm) tj_norm_free(t->norm);
   if (t->pre) tj_pre_free(t->pre);
   if (t->post) post_free(t->post);
@@ -745,20 +815,22 @@ kg_status kg_tokenizer_json_parse(kg_tokenizer_json **out, const char *json, siz
     return oom();
   }
   snprintf(t->label, sizeof t->label, "%s", label);
-  static const char *const known[] = {"version", "truncation", "padding", "added_tokens", "normalizer",
-                                      "pre_tokenizer", "model", "post_processor", "decoder", NULL};
+  static const char *const known[] = {"version",       "truncation", "padding",        "added_tokens", "normalizer",
+                                      "pre_tokenizer", "model",      "post_processor", "decoder",      NULL};
   const kg_json *v;
-  if (root->type != KG_JSON_OBJECT) st = kg_error(KG_ERR_IO, TJ_OP, "%s: not a tokenizer.json (the top level is not an object)", label);
-  else if (!kg_json_get(root, "model")) st = kg_error(KG_ERR_IO, TJ_OP, "%s: not a tokenizer.json (no model)", label);
+  if (root->type != KG_JSON_OBJECT)
+    st = kg_error(KG_ERR_IO, TJ_OP, "%s: not a tokenizer.json (the top level is not an object)", label);
+  else if (!kg_json_get(root, "model"))
+    st = kg_error(KG_ERR_IO, TJ_OP, "%s: not a tokenizer.json (no model)", label);
   else if ((st = keys_ok(root, "tokenizer.json", known, label))) {
   } else if ((v = kg_json_get(root, "version")) && !(v->type == KG_JSON_STRING && !strcmp(v->str, "1.0")))
     st = tj_bad(label, "version must be \"1.0\"");
   if (!st) st = tj_model_load(&t->model, kg_json_get(root, "model"), label);
   if (!st) t->vocab_size = t->model.vocab.n;
-#define COMPONENT(field, key, loader)                                                         \
-  if (!st && (v = kg_json_get(root, key)) && v->type != KG_JSON_NULL) {                      \
-    t->field = calloc(1, sizeof *t->field);                                                  \
-    st = t->field ? loader(t->field, v, label, 0) : oom();                                   \
+#define COMPONENT(field, key, loader)                                                                                  \
+  if (!st && (v = kg_json_get(root, key)) && v->type != KG_JSON_NULL) {                                                \
+    t->field = calloc(1, sizeof *t->field);                                                                            \
+    st = t->field ? loader(t->field, v, label, 0) : oom();                                                             \
   }
   COMPONENT(norm, "normalizer", load_norm)
   COMPONENT(pre, "pre_tokenizer", load_pre)
@@ -791,7 +863,8 @@ kg_status kg_tokenizer_json_load(kg_tokenizer_json **out, const char *path) {
 
 static uint32_t last_cp(const char *s, size_t n) {
   size_t j = n - 1;
-  while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80) j--;
+  while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80)
+    j--;
   return tj_next(s, n, &j);
 }
 
@@ -817,12 +890,13 @@ static kg_status split_added(const kg_tokenizer_json *t, bool want_normalized, c
     for (; at < n && best < 0; at++) {
       uint8_t c0 = (uint8_t)s[at];
       if (!(fb[c0 >> 3] >> (c0 & 7) & 1)) continue;
-      for (int i = 0; i < t->nadded; i++) {
-        const added *ad = &t->added[i];
-        if (ad->normalized != want_normalized) continue;
-        const char *c = want_normalized ? ad->norm : ad->content;
-        size_t cl = want_normalized ? ad->norm_len : ad->len;
-        if (cl && cl > best_len && cl <= n - at && !memcmp(s + at, c, cl)) best = i, best_len = cl;
+      for (int k = 0; k < t->nmatch_lens[want_normalized]; k++) { /* the longest form that matches here */
+        size_t cl = t->match_lens[want_normalized][k];
+        int64_t id = cl <= n - at ? kg_vocab_find(&t->match[want_normalized], s + at, cl) : -1;
+        if (id >= 0) {
+          best = t->match_added[want_normalized][id], best_len = cl;
+          break;
+        }
       }
       if (best >= 0) break;
     }
@@ -840,21 +914,21 @@ static kg_status split_added(const kg_tokenizer_json *t, bool want_normalized, c
       size_t ns = ms;
       while (ns > 0) {
         size_t j = ns - 1;
-        while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80) j--;
+        while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80)
+          j--;
         size_t q = j;
         if (!kg_unicode_is_space(tj_next(s, n, &q))) break;
         ns = j;
       }
       ms = ns > start ? ns : start;
     }
-    if (ad->rstrip) {
+    if (ad->rstrip) /* the search goes on from the match's own end, as the reference's iterator */
       while (me < n) {
         size_t q = me;
         if (!kg_unicode_is_space(tj_next(s, n, &q))) break;
         me = q;
       }
-      pos = me;
-    }
+
     if (k + 2 > cap) {
       cut *nv = realloc(v, cap * 2 * sizeof *v);
       if (!nv) {
@@ -866,7 +940,9 @@ static kg_status split_added(const kg_tokenizer_json *t, bool want_normalized, c
     }
     if (start < ms) v[k++] = (cut){start, ms, -1};
     v[k++] = (cut){ms, me, ad->id};
-    start = me;
+    /* a token inside the spaces an rstrip token took (one that starts with spaces) still counts,
+     * as in the reference, whose later matches may overlap the stretch it already cut */
+    if (me > start) start = me;
   }
   if (k + 1 > cap) {
     cut *nv = realloc(v, (cap + 1) * sizeof *v);
@@ -925,8 +1001,10 @@ kg_status kg_tokenizer_json_encode(const kg_tokenizer_json *t, const char *text,
       continue;
     }
     tj_buf b = {0};
-    if (t->norm) st = tj_normalize(t->norm, text + cs[i].a, cs[i].b - cs[i].a, &b);
-    else tj_put(&b, text + cs[i].a, cs[i].b - cs[i].a);
+    if (t->norm)
+      st = tj_normalize(t->norm, text + cs[i].a, cs[i].b - cs[i].a, &b);
+    else
+      tj_put(&b, text + cs[i].a, cs[i].b - cs[i].a);
     if (!st && b.oom) st = oom();
     if (!st && b.n) st = encode_normalized(t, b.p, b.n, cs[i].a == 0, &ids);
     tj_buf_free(&b);
@@ -951,7 +1029,9 @@ typedef struct {
   kg_ids ids, types;
 } seqbuf;
 
-static bool push2(seqbuf *s, int32_t id, int32_t type) { return kg_ids_push(&s->ids, id) && kg_ids_push(&s->types, type); }
+static bool push2(seqbuf *s, int32_t id, int32_t type) {
+  return kg_ids_push(&s->ids, id) && kg_ids_push(&s->types, type);
+}
 
 static bool push_seq(seqbuf *o, const seqbuf *in, int32_t type, bool keep_types) {
   for (size_t i = 0; i < in->ids.n; i++)
@@ -1010,8 +1090,10 @@ kg_status kg_tokenizer_json_post_process(const kg_tokenizer_json *t, const int32
   memset(seqs, 0, sizeof seqs);
   int nseq = pair ? 2 : 1;
   bool ok = true;
-  for (size_t i = 0; i < na && ok; i++) ok = push2(&seqs[0], a[i], 0);
-  for (size_t i = 0; pair && i < nb && ok; i++) ok = push2(&seqs[1], b[i], 1);
+  for (size_t i = 0; i < na && ok; i++)
+    ok = push2(&seqs[0], a[i], 0);
+  for (size_t i = 0; pair && i < nb && ok; i++)
+    ok = push2(&seqs[1], b[i], 1);
   if (ok && t->post) ok = post_one(t->post, seqs, &nseq, add_special);
   if (ok && nseq == 2) { /* no post-processor: the pair joined */
     ok = push_seq(&seqs[0], &seqs[1], 1, true);

@@ -72,19 +72,31 @@ void tj_pattern_free(tj_pattern *p);
 /* ---- normalizers, pre-tokenizers, decoders (tokenizer_json_text.c) ------------------------ */
 
 enum {
-  TJ_N_SEQUENCE, TJ_N_NFC, TJ_N_NFD, TJ_N_NFKC, TJ_N_NFKD, TJ_N_LOWERCASE, TJ_N_STRIP_ACCENTS, TJ_N_STRIP,
-  TJ_N_REPLACE, TJ_N_PREPEND, TJ_N_BERT, TJ_N_PRECOMPILED, TJ_N_NMT, TJ_N_BYTELEVEL
+  TJ_N_SEQUENCE,
+  TJ_N_NFC,
+  TJ_N_NFD,
+  TJ_N_NFKC,
+  TJ_N_NFKD,
+  TJ_N_LOWERCASE,
+  TJ_N_STRIP_ACCENTS,
+  TJ_N_STRIP,
+  TJ_N_REPLACE,
+  TJ_N_PREPEND,
+  TJ_N_BERT,
+  TJ_N_PRECOMPILED,
+  TJ_N_NMT,
+  TJ_N_BYTELEVEL
 };
 typedef struct tj_norm {
   int kind;
   struct tj_norm *kids; /* Sequence */
   int nkids;
-  bool left, right;                                         /* Strip */
-  tj_pattern pat;                                           /* Replace */
-  char *content;                                            /* Replace, Prepend */
+  bool left, right; /* Strip */
+  tj_pattern pat;   /* Replace */
+  char *content;    /* Replace, Prepend */
   size_t content_len;
-  bool clean_text, chinese, strip_accents, lowercase;       /* BertNormalizer */
-  uint8_t *charsmap;                                        /* Precompiled: the decoded blob */
+  bool clean_text, chinese, strip_accents, lowercase; /* BertNormalizer */
+  uint8_t *charsmap;                                  /* Precompiled: the decoded blob */
   const uint32_t *trie;
   size_t trie_units;
   const char *norm;
@@ -97,8 +109,16 @@ void tj_norm_free(tj_norm *z);
 enum { TJ_B_REMOVED, TJ_B_ISOLATED, TJ_B_MERGED_PREV, TJ_B_MERGED_NEXT, TJ_B_CONTIGUOUS };
 enum { TJ_PREPEND_ALWAYS, TJ_PREPEND_FIRST, TJ_PREPEND_NEVER };
 enum {
-  TJ_P_SEQUENCE, TJ_P_BYTELEVEL, TJ_P_METASPACE, TJ_P_WHITESPACE, TJ_P_WHITESPACE_SPLIT, TJ_P_SPLIT,
-  TJ_P_PUNCTUATION, TJ_P_DIGITS, TJ_P_BERT, TJ_P_CHAR_DELIMITER
+  TJ_P_SEQUENCE,
+  TJ_P_BYTELEVEL,
+  TJ_P_METASPACE,
+  TJ_P_WHITESPACE,
+  TJ_P_WHITESPACE_SPLIT,
+  TJ_P_SPLIT,
+  TJ_P_PUNCTUATION,
+  TJ_P_DIGITS,
+  TJ_P_BERT,
+  TJ_P_CHAR_DELIMITER
 };
 typedef struct tj_pre {
   int kind;
@@ -108,11 +128,11 @@ typedef struct tj_pre {
   uint32_t ch;                      /* Metaspace replacement, CharDelimiterSplit delimiter */
   char ch_utf8[4];
   int ch_len;
-  int prepend; /* Metaspace TJ_PREPEND_* */
-  bool split;  /* Metaspace */
-  tj_pattern pat; /* Split; ByteLevel with use_regex: GPT-2's pattern */
-  int behavior; /* Split, Punctuation: TJ_B_* */
-  bool invert;  /* Split */
+  int prepend;     /* Metaspace TJ_PREPEND_* */
+  bool split;      /* Metaspace */
+  tj_pattern pat;  /* Split; ByteLevel with use_regex: GPT-2's pattern */
+  int behavior;    /* Split, Punctuation: TJ_B_* */
+  bool invert;     /* Split */
   bool individual; /* Digits */
 } tj_pre;
 /* Splits (and rewrites) every piece of l in place. */
@@ -125,20 +145,27 @@ bool tj_word_char(uint32_t cp);
 extern const char tj_gpt2_pattern[];
 
 enum {
-  TJ_D_SEQUENCE, TJ_D_BYTELEVEL, TJ_D_METASPACE, TJ_D_WORDPIECE, TJ_D_BYTEFALLBACK, TJ_D_FUSE, TJ_D_STRIP,
-  TJ_D_REPLACE, TJ_D_BPE
+  TJ_D_SEQUENCE,
+  TJ_D_BYTELEVEL,
+  TJ_D_METASPACE,
+  TJ_D_WORDPIECE,
+  TJ_D_BYTEFALLBACK,
+  TJ_D_FUSE,
+  TJ_D_STRIP,
+  TJ_D_REPLACE,
+  TJ_D_BPE
 };
 typedef struct tj_dec {
   int kind;
   struct tj_dec *kids;
   int nkids;
-  uint32_t ch; /* Metaspace replacement, Strip content */
-  int prepend; /* Metaspace */
+  uint32_t ch;  /* Metaspace replacement, Strip content */
+  int prepend;  /* Metaspace */
   char *prefix; /* WordPiece prefix, BPEDecoder suffix */
   size_t prefix_len;
-  bool cleanup;             /* WordPiece */
-  size_t start, stop;       /* Strip */
-  tj_pattern pat;           /* Replace */
+  bool cleanup;       /* WordPiece */
+  size_t start, stop; /* Strip */
+  tj_pattern pat;     /* Replace */
   char *content;
   size_t content_len;
 } tj_dec;

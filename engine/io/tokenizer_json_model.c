@@ -77,9 +77,11 @@ static struct tj_prefix *pfx_slot(struct tj_prefix *t, size_t slots, uint64_t h,
 
 static kg_status build_prefixes(tj_model *m) {
   size_t total = 0;
-  for (int64_t i = 0; i < m->vocab.n; i++) total += m->vocab.lens[i];
+  for (int64_t i = 0; i < m->vocab.n; i++)
+    total += m->vocab.lens[i];
   m->pfx_slots = 16;
-  while (m->pfx_slots < total * 2) m->pfx_slots *= 2;
+  while (m->pfx_slots < total * 2)
+    m->pfx_slots *= 2;
   m->pfx = calloc(m->pfx_slots, sizeof *m->pfx);
   if (!m->pfx) return oom();
   for (int64_t id = 0; id < m->vocab.n; id++) {
@@ -176,14 +178,23 @@ static void byte_ids(tj_model *m) {
 }
 
 static kg_status load_bpe(tj_model *m, const kg_json *j, const char *label) {
-  static const char *const known[] = {"type", "dropout", "unk_token", "continuing_subword_prefix",
-                                      "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
-                                      "vocab", "merges", NULL};
+  static const char *const known[] = {"type",
+                                      "dropout",
+                                      "unk_token",
+                                      "continuing_subword_prefix",
+                                      "end_of_word_suffix",
+                                      "fuse_unk",
+                                      "byte_fallback",
+                                      "ignore_merges",
+                                      "vocab",
+                                      "merges",
+                                      NULL};
   kg_status st = check_keys(j, known, "model BPE", label);
   if (st) return st;
   const kg_json *d = kg_json_get(j, "dropout");
   if (d && d->type != KG_JSON_NULL && !(d->type == KG_JSON_NUMBER && d->number == 0))
-    return tj_bad(label, "model BPE: dropout must be null (BPE dropout samples segmentations; keng encodes deterministically)");
+    return tj_bad(
+        label, "model BPE: dropout must be null (BPE dropout samples segmentations; keng encodes deterministically)");
   if ((st = opt_str(j, "unk_token", &m->unk, &m->unk_len, label)) ||
       (st = opt_str(j, "continuing_subword_prefix", &m->prefix, &m->prefix_len, label)) ||
       (st = opt_str(j, "end_of_word_suffix", &m->suffix, &m->suffix_len, label)) ||
@@ -196,12 +207,14 @@ static kg_status load_bpe(tj_model *m, const kg_json *j, const char *label) {
   const kg_json *mg = kg_json_get(j, "merges");
   if (!mg || mg->type != KG_JSON_ARRAY) return tj_bad(label, "model BPE: merges must be an array");
   m->mslots = 16;
-  while (m->mslots < (size_t)mg->n * 2) m->mslots *= 2;
+  while (m->mslots < (size_t)mg->n * 2)
+    m->mslots *= 2;
   m->mkeys = malloc(m->mslots * sizeof *m->mkeys);
   m->mrank = malloc(m->mslots * sizeof *m->mrank);
   m->mout = malloc(m->mslots * sizeof *m->mout);
   if (!m->mkeys || !m->mrank || !m->mout) return oom();
-  for (size_t i = 0; i < m->mslots; i++) m->mkeys[i] = UINT64_MAX;
+  for (size_t i = 0; i < m->mslots; i++)
+    m->mkeys[i] = UINT64_MAX;
   tj_buf cat = {0};
   for (int r = 0; r < mg->n; r++) {
     const kg_json *e = &mg->items[r];
@@ -229,7 +242,8 @@ static kg_status load_bpe(tj_model *m, const kg_json *j, const char *label) {
     }
     if (bl < m->prefix_len) {
       tj_buf_free(&cat);
-      return tj_bad(label, "model BPE: merge %d: '%.*s' is shorter than continuing_subword_prefix", r + 1, (int)bl % 100, b);
+      return tj_bad(label, "model BPE: merge %d: '%.*s' is shorter than continuing_subword_prefix", r + 1,
+                    (int)bl % 100, b);
     }
     cat.n = 0;
     tj_put(&cat, a, al);
@@ -252,7 +266,7 @@ static kg_status load_bpe(tj_model *m, const kg_json *j, const char *label) {
 }
 
 static kg_status load_wordpiece(tj_model *m, const kg_json *j, const char *label) {
-  static const char *const known[] = {"type", "unk_token", "continuing_subword_prefix", "max_input_chars_per_word",
+  static const char *const known[] = {"type",  "unk_token", "continuing_subword_prefix", "max_input_chars_per_word",
                                       "vocab", NULL};
   kg_status st = check_keys(j, known, "model WordPiece", label);
   if (st) return st;
@@ -274,7 +288,8 @@ static kg_status load_wordpiece(tj_model *m, const kg_json *j, const char *label
   const kg_json *mx = kg_json_get(j, "max_input_chars_per_word");
   m->max_chars = 100;
   if (mx && mx->type != KG_JSON_NULL) {
-    if (mx->type != KG_JSON_NUMBER || !mx->is_uint) return tj_bad(label, "model WordPiece: max_input_chars_per_word must be a non-negative integer");
+    if (mx->type != KG_JSON_NUMBER || !mx->is_uint)
+      return tj_bad(label, "model WordPiece: max_input_chars_per_word must be a non-negative integer");
     m->max_chars = mx->uint > SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)mx->uint;
   }
   return KG_OK;
@@ -307,8 +322,8 @@ static kg_status load_unigram(tj_model *m, const kg_json *j, const char *label) 
   m->min_score = INFINITY;
   for (int i = 0; i < v->n; i++) {
     const kg_json *e = &v->items[i];
-    if (e->type != KG_JSON_ARRAY || e->n != 2 || e->items[0].type != KG_JSON_STRING || e->items[1].type != KG_JSON_NUMBER ||
-        !isfinite(e->items[1].number))
+    if (e->type != KG_JSON_ARRAY || e->n != 2 || e->items[0].type != KG_JSON_STRING ||
+        e->items[1].type != KG_JSON_NUMBER || !isfinite(e->items[1].number))
       return tj_bad(label, "model Unigram: vocab entry %d must be [piece, finite score]", i + 1);
     m->vocab.tokens[i] = dup(e->items[0].str, e->items[0].len);
     if (!m->vocab.tokens[i]) return oom();
@@ -338,10 +353,14 @@ kg_status tj_model_load(tj_model *m, const kg_json *j, const char *label) {
   const kg_json *t = kg_json_get(j, "type");
   const char *type = t && t->type == KG_JSON_STRING ? t->str : NULL;
   if (!type) { /* older files: the type is implied by the keys */
-    if (kg_json_get(j, "merges")) type = "BPE";
-    else if (kg_json_get(j, "unk_id") || (kg_json_get(j, "vocab") && kg_json_get(j, "vocab")->type == KG_JSON_ARRAY)) type = "Unigram";
-    else if (kg_json_get(j, "max_input_chars_per_word")) type = "WordPiece";
-    else return tj_bad(label, "model: no type");
+    if (kg_json_get(j, "merges"))
+      type = "BPE";
+    else if (kg_json_get(j, "unk_id") || (kg_json_get(j, "vocab") && kg_json_get(j, "vocab")->type == KG_JSON_ARRAY))
+      type = "Unigram";
+    else if (kg_json_get(j, "max_input_chars_per_word"))
+      type = "WordPiece";
+    else
+      return tj_bad(label, "model: no type");
   }
   if (!strcmp(type, "BPE")) return m->kind = TJ_M_BPE, load_bpe(m, j, label);
   if (!strcmp(type, "WordPiece")) return m->kind = TJ_M_WORDPIECE, load_wordpiece(m, j, label);
@@ -540,7 +559,8 @@ static kg_status wordpiece(const tj_model *m, const char *s, size_t n, kg_ids *o
     if (m->max_token_len < (start > 0 ? m->prefix_len : 0)) room = 0;
     if (end - start > room) { /* longer than any token: start at a character boundary within reach */
       end = start + room;
-      while (end > start && ((uint8_t)s[end] & 0xC0) == 0x80) end--;
+      while (end > start && ((uint8_t)s[end] & 0xC0) == 0x80)
+        end--;
     }
     int64_t found = -1;
     while (start < end) {
@@ -550,7 +570,8 @@ static kg_status wordpiece(const tj_model *m, const char *s, size_t n, kg_ids *o
       if (t.oom) break;
       found = kg_vocab_find(&m->vocab, t.p, t.n);
       if (found >= 0) break;
-      do end--;
+      do
+        end--;
       while (end > start && ((uint8_t)s[end] & 0xC0) == 0x80);
     }
     if (t.oom) {
@@ -570,7 +591,8 @@ static kg_status wordpiece(const tj_model *m, const char *s, size_t n, kg_ids *o
   tj_buf_free(&t);
   if (bad) {
     out->n = first;
-    if (unk < 0) return kg_error(KG_ERR_VALUE, TJ_OP, "WordPiece: the unk token '%.60s' is not in the vocabulary", m->unk);
+    if (unk < 0)
+      return kg_error(KG_ERR_VALUE, TJ_OP, "WordPiece: the unk token '%.60s' is not in the vocabulary", m->unk);
     if (!kg_ids_push(out, (int32_t)unk)) return oom();
   }
   return KG_OK;
@@ -597,7 +619,8 @@ static kg_status push_piece(const tj_model *m, const char *s, size_t n, kg_ids *
     }
   }
   if (id < 0) id = m->unk_id;
-  if (id < 0) return kg_error(KG_ERR_VALUE, TJ_OP, "Unigram: a piece is not in the vocabulary and the model has no unk_id");
+  if (id < 0)
+    return kg_error(KG_ERR_VALUE, TJ_OP, "Unigram: a piece is not in the vocabulary and the model has no unk_id");
   return kg_ids_push(out, (int32_t)id) ? KG_OK : oom();
 }
 
@@ -631,7 +654,8 @@ static kg_status unigram(const tj_model *m, const char *s, size_t n, kg_ids *out
     if (!single) {
       if (m->unk_id < 0) {
         free(best);
-        return kg_error(KG_ERR_VALUE, TJ_OP, "Unigram: a character is not in the vocabulary and the model has no unk_id");
+        return kg_error(KG_ERR_VALUE, TJ_OP,
+                        "Unigram: a character is not in the vocabulary and the model has no unk_id");
       }
       double cand = unk_score + here;
       if (best[mb].start < 0 || cand > best[mb].score) best[mb] = (node){m->unk_id, cand, (long)at};
@@ -679,14 +703,18 @@ static kg_status unigram(const tj_model *m, const char *s, size_t n, kg_ids *out
 
 kg_status tj_model_tokenize(const tj_model *m, const char *s, size_t n, kg_ids *out) {
   switch (m->kind) {
-  case TJ_M_BPE: return bpe(m, s, n, out);
-  case TJ_M_WORDPIECE: return wordpiece(m, s, n, out);
+  case TJ_M_BPE:
+    return bpe(m, s, n, out);
+  case TJ_M_WORDPIECE:
+    return wordpiece(m, s, n, out);
   case TJ_M_WORDLEVEL: {
     int64_t id = kg_vocab_find(&m->vocab, s, n);
     if (id < 0) id = kg_vocab_find(&m->vocab, m->unk, m->unk_len);
-    if (id < 0) return kg_error(KG_ERR_VALUE, TJ_OP, "WordLevel: the unk token '%.60s' is not in the vocabulary", m->unk);
+    if (id < 0)
+      return kg_error(KG_ERR_VALUE, TJ_OP, "WordLevel: the unk token '%.60s' is not in the vocabulary", m->unk);
     return kg_ids_push(out, (int32_t)id) ? KG_OK : oom();
   }
-  default: return unigram(m, s, n, out);
+  default:
+    return unigram(m, s, n, out);
   }
 }

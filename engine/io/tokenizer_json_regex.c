@@ -10,7 +10,8 @@
  *   Space, Digit, Word), \t \n \r \f \v \e \a \0 \xHH \x{H..} \uHHHH and escaped punctuation.
  * Anything else (lookbehind, backreferences, \b, POSIX brackets, class intersection, ...) is
  * refused naming it. Onig's classes over Unicode: \s White_Space, \d Nd, \w Alphabetic, marks, Nd, Pc
- * (as the reference behaves: U+2460 and ZWJ are no word characters, U+1F130 and ½ are).
+ * (as the reference behaves: U+2460 and ZWJ are no word characters, U+1F130 is, and ½ is one for a
+ * bare \w but not inside a class).
  * A single-character item under a quantifier is matched in a loop (no recursion per
  * character); the whole search has a step budget, so no pattern can run away. */
 #include "tokenizer_json_internal.h"
@@ -23,13 +24,13 @@
 
 enum { R_SET, R_SEQ, R_ALT, R_REPEAT, R_GROUP, R_ATOMIC, R_LOOK, R_BOL, R_EOL, R_BOS, R_EOS, R_EOS_NL };
 /* class items */
-enum { I_RANGE, I_CAT, I_SPACE, I_WORD, I_ANY_NOT_NL, I_HEX };
+enum { I_RANGE, I_CAT, I_SPACE, I_WORD, I_WORD_IN_CLASS, I_ANY_NOT_NL, I_HEX };
 
 typedef struct {
   int kind;
   bool neg;
-  uint32_t lo, hi;   /* I_RANGE */
-  uint32_t catmask;  /* I_CAT: a bit per KG_GC_* */
+  uint32_t lo, hi;  /* I_RANGE */
+  uint32_t catmask; /* I_CAT: a bit per KG_GC_* */
 } item;
 
 typedef struct node {
@@ -113,11 +114,29 @@ static uint32_t prop_mask(const char *s, size_t n) {
   struct {
     const char *name;
     uint32_t m;
-  } groups[] = {{"L", M_L},        {"Letter", M_L},      {"M", M_M},          {"Mark", M_M},    {"N", M_N},
-                {"Number", M_N},   {"P", M_P},           {"Punctuation", M_P}, {"S", M_S},       {"Symbol", M_S},
-                {"Z", M_Z},        {"Separator", M_Z},   {"C", M_C},          {"Other", M_C},   {"Any", 0x3FFFFFFFu},
-                {"Alnum", M_L | M_N}, {"Alpha", M_L}, {"Digit", GC(ND)},     {"Lower", GC(LL)}, {"Upper", GC(LU)},
-                {"Punct", M_P},    {"L&", GC(LU) | GC(LL) | GC(LT)}, {"LC", GC(LU) | GC(LL) | GC(LT)}};
+  } groups[] = {{"L", M_L},
+                {"Letter", M_L},
+                {"M", M_M},
+                {"Mark", M_M},
+                {"N", M_N},
+                {"Number", M_N},
+                {"P", M_P},
+                {"Punctuation", M_P},
+                {"S", M_S},
+                {"Symbol", M_S},
+                {"Z", M_Z},
+                {"Separator", M_Z},
+                {"C", M_C},
+                {"Other", M_C},
+                {"Any", 0x3FFFFFFFu},
+                {"Alnum", M_L | M_N},
+                {"Alpha", M_L},
+                {"Digit", GC(ND)},
+                {"Lower", GC(LL)},
+                {"Upper", GC(LU)},
+                {"Punct", M_P},
+                {"L&", GC(LU) | GC(LL) | GC(LT)},
+                {"LC", GC(LU) | GC(LL) | GC(LT)}};
   for (size_t k = 0; k < sizeof groups / sizeof groups[0]; k++)
     if (!strcmp(b, groups[k].name)) return groups[k].m;
   return 0;
@@ -162,23 +181,51 @@ static bool parse_escape(parser *ps, bool in_class, bool *is_item, item *it, uin
   *is_item = false;
   memset(it, 0, sizeof *it);
   switch (c) {
-  case 's': case 'S': ps->i++; *is_item = true; it->kind = I_SPACE; it->neg = c == 'S'; return true;
-  case 'h': case 'H': ps->i++; *is_item = true; it->kind = I_HEX; it->neg = c == 'H'; return true;
-  case 'w': case 'W': ps->i++; *is_item = true; it->kind = I_WORD; it->neg = c == 'W'; return true;
-  case 'd': case 'D': ps->i++; *is_item = true; it->kind = I_CAT; it->catmask = GC(ND); it->neg = c == 'D'; return true;
-  case 'p': case 'P': {
+  case 's':
+  case 'S':
+    ps->i++;
+    *is_item = true;
+    it->kind = I_SPACE;
+    it->neg = c == 'S';
+    return true;
+  case 'h':
+  case 'H':
+    ps->i++;
+    *is_item = true;
+    it->kind = I_HEX;
+    it->neg = c == 'H';
+    return true;
+  case 'w':
+  case 'W':
+    ps->i++;
+    *is_item = true;
+    it->kind = in_class ? I_WORD_IN_CLASS : I_WORD;
+    it->neg = c == 'W';
+    return true;
+  case 'd':
+  case 'D':
+    ps->i++;
+    *is_item = true;
+    it->kind = I_CAT;
+    it->catmask = GC(ND);
+    it->neg = c == 'D';
+    return true;
+  case 'p':
+  case 'P': {
     ps->i++;
     if (at_end(ps) || ps->p[ps->i] != '{') return perr(ps, "\\p without {...}");
     ps->i++;
     bool neg = c == 'P';
     if (!at_end(ps) && ps->p[ps->i] == '^') neg = !neg, ps->i++;
     size_t s = ps->i;
-    while (!at_end(ps) && ps->p[ps->i] != '}') ps->i++;
+    while (!at_end(ps) && ps->p[ps->i] != '}')
+      ps->i++;
     if (at_end(ps)) return perr(ps, "unterminated \\p{");
     uint32_t m = prop_mask(ps->p + s, ps->i - s);
     if (!m) {
       char msg[96];
-      snprintf(msg, sizeof msg, "the property \\p{%.*s} is not supported", (int)(ps->i - s < 40 ? ps->i - s : 40), ps->p + s);
+      snprintf(msg, sizeof msg, "the property \\p{%.*s} is not supported", (int)(ps->i - s < 40 ? ps->i - s : 40),
+               ps->p + s);
       ps->i = s;
       return perr(ps, msg);
     }
@@ -189,24 +236,52 @@ static bool parse_escape(parser *ps, bool in_class, bool *is_item, item *it, uin
     it->neg = neg;
     return true;
   }
-  case 't': ps->i++; *cp = '\t'; return true;
-  case 'n': ps->i++; *cp = '\n'; return true;
-  case 'r': ps->i++; *cp = '\r'; return true;
-  case 'f': ps->i++; *cp = '\f'; return true;
-  case 'v': ps->i++; *cp = '\v'; return true;
-  case 'a': ps->i++; *cp = 7; return true;
-  case 'e': ps->i++; *cp = 27; return true;
-  case '0': ps->i++; *cp = 0; return true;
-  case 'x': ps->i++; return parse_hex(ps, at_end(ps) || ps->p[ps->i] != '{' ? 2 : 0, cp);
-  case 'u': ps->i++; return parse_hex(ps, 4, cp);
-  default: break;
+  case 't':
+    ps->i++;
+    *cp = '\t';
+    return true;
+  case 'n':
+    ps->i++;
+    *cp = '\n';
+    return true;
+  case 'r':
+    ps->i++;
+    *cp = '\r';
+    return true;
+  case 'f':
+    ps->i++;
+    *cp = '\f';
+    return true;
+  case 'v':
+    ps->i++;
+    *cp = '\v';
+    return true;
+  case 'a':
+    ps->i++;
+    *cp = 7;
+    return true;
+  case 'e':
+    ps->i++;
+    *cp = 27;
+    return true;
+  case '0':
+    ps->i++;
+    *cp = 0;
+    return true;
+  case 'x':
+    ps->i++;
+    return parse_hex(ps, at_end(ps) || ps->p[ps->i] != '{' ? 2 : 0, cp);
+  case 'u':
+    ps->i++;
+    return parse_hex(ps, 4, cp);
+  default:
+    break;
   }
   if ((unsigned char)c < 0x80 && !((c | 32) >= 'a' && (c | 32) <= 'z') && !(c >= '0' && c <= '9')) {
     ps->i++; /* escaped punctuation or space: itself */
     *cp = (uint32_t)c;
     return true;
   }
-  (void)in_class;
   char msg[64];
   snprintf(msg, sizeof msg, "the escape \\%c is not supported", c);
   return perr(ps, msg);
@@ -226,7 +301,8 @@ static bool parse_class(parser *ps, node *set) {
     }
     first = false;
     if (c == '[') return perr(ps, "nested classes and [:posix:] brackets are not supported");
-    if (c == '&' && ps->i + 1 < ps->n && ps->p[ps->i + 1] == '&') return perr(ps, "class intersection && is not supported");
+    if (c == '&' && ps->i + 1 < ps->n && ps->p[ps->i + 1] == '&')
+      return perr(ps, "class intersection && is not supported");
     uint32_t lo;
     item it;
     if (c == '\\') {
@@ -269,11 +345,13 @@ static bool parse_braces(parser *ps, int *mn, int *mx) {
   size_t i = ps->i + 1;
   long a = -1, b = -1;
   bool comma = false;
-  while (i < ps->n && ps->p[i] >= '0' && ps->p[i] <= '9' && a < 100000) a = (a < 0 ? 0 : a * 10) + (ps->p[i++] - '0');
+  while (i < ps->n && ps->p[i] >= '0' && ps->p[i] <= '9' && a < 100000)
+    a = (a < 0 ? 0 : a * 10) + (ps->p[i++] - '0');
   if (i < ps->n && ps->p[i] == ',') {
     comma = true;
     i++;
-    while (i < ps->n && ps->p[i] >= '0' && ps->p[i] <= '9' && b < 100000) b = (b < 0 ? 0 : b * 10) + (ps->p[i++] - '0');
+    while (i < ps->n && ps->p[i] >= '0' && ps->p[i] <= '9' && b < 100000)
+      b = (b < 0 ? 0 : b * 10) + (ps->p[i++] - '0');
   }
   if (i >= ps->n || ps->p[i] != '}' || (a < 0 && (!comma || b < 0))) return false;
   if (a < 0) a = 0;
@@ -301,20 +379,26 @@ static bool parse_seq(parser *ps, node *seq, bool *icase_p) {
       if (!at_end(ps) && ps->p[ps->i] == '?') {
         ps->i++;
         char d = at_end(ps) ? 0 : ps->p[ps->i];
-        if (d == ':') ps->i++;
-        else if (d == '>') ps->i++, a->kind = R_ATOMIC;
-        else if (d == '=' || d == '!') ps->i++, a->kind = R_LOOK, a->look_neg = d == '!';
+        if (d == ':')
+          ps->i++;
+        else if (d == '>')
+          ps->i++, a->kind = R_ATOMIC;
+        else if (d == '=' || d == '!')
+          ps->i++, a->kind = R_LOOK, a->look_neg = d == '!';
         else if (d == '<' && ps->i + 1 < ps->n && (ps->p[ps->i + 1] == '=' || ps->p[ps->i + 1] == '!'))
           return perr(ps, "lookbehind (?<= (?<! is not supported");
         else if (d == '<') { /* named group: a plain group */
-          while (!at_end(ps) && ps->p[ps->i] != '>') ps->i++;
+          while (!at_end(ps) && ps->p[ps->i] != '>')
+            ps->i++;
           if (at_end(ps)) return perr(ps, "unterminated group name");
           ps->i++;
         } else if (d == 'i' || d == '-') {
           bool on = true;
           while (!at_end(ps) && (ps->p[ps->i] == 'i' || ps->p[ps->i] == '-')) {
-            if (ps->p[ps->i] == '-') on = false;
-            else sub_icase = on;
+            if (ps->p[ps->i] == '-')
+              on = false;
+            else
+              sub_icase = on;
             ps->i++;
           }
           if (at_end(ps)) return perr(ps, "unterminated group");
@@ -383,11 +467,15 @@ static bool parse_seq(parser *ps, node *seq, bool *icase_p) {
     while (!at_end(ps)) {
       char q = ps->p[ps->i];
       int mn, mx;
-      if (q == '*') mn = 0, mx = -1, ps->i++;
-      else if (q == '+') mn = 1, mx = -1, ps->i++;
-      else if (q == '?') mn = 0, mx = 1, ps->i++;
+      if (q == '*')
+        mn = 0, mx = -1, ps->i++;
+      else if (q == '+')
+        mn = 1, mx = -1, ps->i++;
+      else if (q == '?')
+        mn = 0, mx = 1, ps->i++;
       else if (q == '{' && parse_braces(ps, &mn, &mx)) {
-      } else break;
+      } else
+        break;
       if (a->kind == R_BOL || a->kind == R_EOL || a->kind == R_BOS || a->kind == R_EOS || a->kind == R_EOS_NL ||
           a->kind == R_LOOK)
         return perr(ps, "a quantifier after an anchor or lookahead is not supported");
@@ -403,8 +491,10 @@ static bool parse_seq(parser *ps, node *seq, bool *icase_p) {
       }
       a->kids[0] = child;
       a->n = 1;
-      if (!at_end(ps) && ps->p[ps->i] == '?') a->mode = 1, ps->i++;
-      else if (!at_end(ps) && ps->p[ps->i] == '+') a->mode = 2, ps->i++;
+      if (!at_end(ps) && ps->p[ps->i] == '?')
+        a->mode = 1, ps->i++;
+      else if (!at_end(ps) && ps->p[ps->i] == '+')
+        a->mode = 2, ps->i++;
     }
   }
   return true;
@@ -463,22 +553,38 @@ typedef struct {
 #define STEP_BUDGET 20000000L
 #define MAX_DEPTH 4000 /* frames: a group repeated more often than this fails rather than exhausting the stack */
 
-/* Oniguruma's \w: Rust's \w without Join_Control, and its Latin-1 table counts the No
- * characters ² ³ ¹ ¼ ½ ¾ as word characters (measured against the reference) */
-static bool onig_word(uint32_t cp) {
-  if (cp == 0xB2 || cp == 0xB3 || cp == 0xB9 || (cp >= 0xBC && cp <= 0xBE)) return true;
+/* Oniguruma's \w: Rust's \w without Join_Control; a bare \w or \W (not inside [...]) also
+ * counts the Latin-1 No characters ² ³ ¹ ¼ ½ ¾ as word characters (its Latin-1 table; measured
+ * against the reference) */
+static bool onig_word(uint32_t cp, bool bare) {
+  if (bare && (cp == 0xB2 || cp == 0xB3 || cp == 0xB9 || (cp >= 0xBC && cp <= 0xBE))) return true;
   return cp != 0x200C && cp != 0x200D && tj_word_char(cp);
 }
 
 static bool item_has(const item *it, uint32_t cp) {
   bool r;
   switch (it->kind) {
-  case I_RANGE: r = cp >= it->lo && cp <= it->hi; break;
-  case I_CAT: r = (it->catmask >> kg_unicode_gc(cp)) & 1; break;
-  case I_SPACE: r = kg_unicode_is_space(cp); break;
-  case I_HEX: r = cp < 0x80 && hexval((char)cp) >= 0; break;
-  case I_WORD: r = onig_word(cp); break;
-  default: r = cp != '\n'; break; /* I_ANY_NOT_NL */
+  case I_RANGE:
+    r = cp >= it->lo && cp <= it->hi;
+    break;
+  case I_CAT:
+    r = (it->catmask >> kg_unicode_gc(cp)) & 1;
+    break;
+  case I_SPACE:
+    r = kg_unicode_is_space(cp);
+    break;
+  case I_HEX:
+    r = cp < 0x80 && hexval((char)cp) >= 0;
+    break;
+  case I_WORD:
+    r = onig_word(cp, true);
+    break;
+  case I_WORD_IN_CLASS:
+    r = onig_word(cp, false);
+    break;
+  default:
+    r = cp != '\n';
+    break; /* I_ANY_NOT_NL */
   }
   return r != it->neg;
 }
@@ -491,8 +597,10 @@ static bool set_has(const node *nd, uint32_t cp) {
     uint32_t f = kg_unicode_fold(cp);
     for (int k = 0; k < nd->nitems && !in; k++) {
       const item *it = &nd->items[k];
-      if (it->kind == I_RANGE && it->lo == it->hi) in = kg_unicode_fold(it->lo) == f;
-      else if (f != cp) in = item_has(it, f);
+      if (it->kind == I_RANGE && it->lo == it->hi)
+        in = kg_unicode_fold(it->lo) == f;
+      else if (f != cp)
+        in = item_has(it, f);
     }
   }
   return in != nd->neg;
@@ -502,7 +610,8 @@ static bool set_has(const node *nd, uint32_t cp) {
 static uint32_t at(const ctx *c, size_t *i) { return tj_next(c->s, c->n, i); }
 
 static size_t prev_boundary(const ctx *c, size_t i) {
-  do i--;
+  do
+    i--;
   while (i > 0 && ((uint8_t)c->s[i] & 0xC0) == 0x80);
   return i;
 }
@@ -569,7 +678,9 @@ static int m(ctx *c, const node *nd, size_t pos, const cont *k) {
     for (int j = 0; j < nd->n && !r; j++)
       r = m(c, &nd->kids[j], pos, k);
     break;
-  case R_GROUP: r = m(c, &nd->kids[0], pos, k); break;
+  case R_GROUP:
+    r = m(c, &nd->kids[0], pos, k);
+    break;
   case R_ATOMIC: {
     long e = sub_match(c, &nd->kids[0], pos);
     r = e == -2 ? -1 : e < 0 ? 0 : resume(c, k, (size_t)e);
@@ -577,8 +688,10 @@ static int m(ctx *c, const node *nd, size_t pos, const cont *k) {
   }
   case R_LOOK: {
     long e = sub_match(c, &nd->kids[0], pos);
-    if (e == -2) r = -1;
-    else if ((e >= 0) != nd->look_neg) r = resume(c, k, pos);
+    if (e == -2)
+      r = -1;
+    else if ((e >= 0) != nd->look_neg)
+      r = resume(c, k, pos);
     break;
   }
   case R_BOL:
@@ -658,7 +771,8 @@ static int m(ctx *c, const node *nd, size_t pos, const cont *k) {
       if (r == 0 && count >= nd->min) r = resume(c, k, i);
       break;
     }
-    if (nd->max == 0) r = resume(c, k, pos);
+    if (nd->max == 0)
+      r = resume(c, k, pos);
     else if (nd->mode == 1 && nd->min == 0) {
       r = resume(c, k, pos);
       if (!r) {

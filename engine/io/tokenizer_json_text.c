@@ -17,7 +17,8 @@ void tj_put(tj_buf *b, const void *s, size_t n) {
   if (b->oom || !n) return;
   if (b->n + n + 1 > b->cap) {
     size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + n + 1) cap *= 2;
+    while (cap < b->n + n + 1)
+      cap *= 2;
     char *p = realloc(b->p, cap);
     if (!p) {
       b->oom = true;
@@ -84,9 +85,10 @@ static kg_status oom(void) { return kg_error(KG_ERR_OOM, TJ_OP, "out of memory")
 /* ---- character predicates -------------------------------------------------------------------- */
 
 static bool is_punct(uint32_t cp) { /* char::is_ascii_punctuation || P* */
-  if (cp < 0x80) return (cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) || (cp >= 123 && cp <= 126);
+  if (cp < 0x80)
+    return (cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) || (cp >= 123 && cp <= 126);
   int g = kg_unicode_gc(cp);
-  return g >= KG_GC_PC && g <= KG_GC_PO;
+  return g >= KG_GC_PC && g <= KG_GC_PO && !(kg_unicode_tok_unknown(cp) & KG_TOK_NEW_PUNCT);
 }
 
 static bool is_numeric(uint32_t cp) { /* char::is_numeric */
@@ -99,6 +101,9 @@ static bool is_mark(uint32_t cp) {
   int g = kg_unicode_gc(cp);
   return g == KG_GC_MN || g == KG_GC_MC || g == KG_GC_ME;
 }
+
+/* what StripAccents removes: a mark the reference knows */
+static bool strip_mark(uint32_t cp) { return is_mark(cp) && !(kg_unicode_tok_unknown(cp) & KG_TOK_NEW_MARK); }
 
 bool tj_word_char(uint32_t cp) {
   if (cp < 0x80) return (cp | 32) - 'a' < 26 || cp - '0' < 10 || cp == '_';
@@ -176,7 +181,8 @@ static size_t grapheme_end(const char *s, size_t n, size_t i) {
   uint32_t c = tj_next(s, n, &j);
   if (c == '\r' && j < n && s[j] == '\n') return j + 1;
   int g = kg_unicode_gc(c);
-  if (c == '\r' || c == '\n' || g == KG_GC_CC || g == KG_GC_ZL || g == KG_GC_ZP || (g == KG_GC_CF && c != 0x200D && c != 0x200C))
+  if (c == '\r' || c == '\n' || g == KG_GC_CC || g == KG_GC_ZL || g == KG_GC_ZP ||
+      (g == KG_GC_CF && c != 0x200D && c != 0x200C))
     return j;
   while (j < n) {
     size_t k = j;
@@ -225,8 +231,10 @@ static void precompiled(const tj_norm *z, const char *s, size_t n, tj_buf *out) 
       size_t j = i;
       tj_next(s, n, &j);
       r = charsmap_first(z, s + i, j - i, &rl);
-      if (r) tj_put(out, r, rl);
-      else tj_put(out, s + i, j - i);
+      if (r)
+        tj_put(out, r, rl);
+      else
+        tj_put(out, s + i, j - i);
       i = j;
     }
   }
@@ -250,7 +258,7 @@ static kg_status bert_norm(const tj_norm *z, const char *s, size_t n, tj_buf *ou
     if (z->clean_text) {
       if (c == 0 || c == 0xFFFD) continue;
       int k = kg_unicode_wp_class(c);
-      if (k == KG_WP_CONTROL) continue;
+      if (k == KG_WP_CONTROL && !(kg_unicode_tok_unknown(c) & KG_TOK_NEW_CONTROL)) continue;
       if (c == '\t' || c == '\n' || c == '\r' || kg_unicode_is_space(c)) c = ' ';
     }
     if (z->chinese && is_cjk(c)) {
@@ -277,7 +285,7 @@ static kg_status bert_norm(const tj_norm *z, const char *s, size_t n, tj_buf *ou
     for (size_t i = 0; i < b.n;) {
       size_t j = i;
       uint32_t c = tj_next(b.p, b.n, &j);
-      if (kg_unicode_gc(c) != KG_GC_MN) tj_put(&a, b.p + i, j - i);
+      if (kg_unicode_gc(c) != KG_GC_MN || (kg_unicode_tok_unknown(c) & KG_TOK_NEW_MN)) tj_put(&a, b.p + i, j - i);
       i = j;
     }
     tj_buf_free(&b);
@@ -319,10 +327,18 @@ kg_status tj_normalize(const tj_norm *z, const char *s, size_t n, tj_buf *out) {
     tj_buf_free(&cur);
     break;
   }
-  case TJ_N_NFC: st = unicode_form(s, n, false, true, out); break;
-  case TJ_N_NFD: st = unicode_form(s, n, false, false, out); break;
-  case TJ_N_NFKC: st = unicode_form(s, n, true, true, out); break;
-  case TJ_N_NFKD: st = unicode_form(s, n, true, false, out); break;
+  case TJ_N_NFC:
+    st = unicode_form(s, n, false, true, out);
+    break;
+  case TJ_N_NFD:
+    st = unicode_form(s, n, false, false, out);
+    break;
+  case TJ_N_NFKC:
+    st = unicode_form(s, n, true, true, out);
+    break;
+  case TJ_N_NFKD:
+    st = unicode_form(s, n, true, false, out);
+    break;
   case TJ_N_LOWERCASE:
     for (size_t i = 0; i < n;) {
       uint32_t lo[3];
@@ -334,7 +350,7 @@ kg_status tj_normalize(const tj_norm *z, const char *s, size_t n, tj_buf *out) {
   case TJ_N_STRIP_ACCENTS:
     for (size_t i = 0; i < n;) {
       size_t j = i;
-      if (!is_mark(tj_next(s, n, &j))) tj_put(out, s + i, j - i);
+      if (!strip_mark(tj_next(s, n, &j))) tj_put(out, s + i, j - i);
       i = j;
     }
     break;
@@ -349,7 +365,8 @@ kg_status tj_normalize(const tj_norm *z, const char *s, size_t n, tj_buf *out) {
     if (z->right)
       while (b > a) {
         size_t j = b - 1;
-        while (j > a && ((uint8_t)s[j] & 0xC0) == 0x80) j--;
+        while (j > a && ((uint8_t)s[j] & 0xC0) == 0x80)
+          j--;
         size_t q = j;
         if (!kg_unicode_is_space(tj_next(s, n, &q))) break;
         b = j;
@@ -357,14 +374,22 @@ kg_status tj_normalize(const tj_norm *z, const char *s, size_t n, tj_buf *out) {
     tj_put(out, s + a, b - a);
     break;
   }
-  case TJ_N_REPLACE: st = replace_all(&z->pat, z->content, z->content_len, s, n, out); break;
+  case TJ_N_REPLACE:
+    st = replace_all(&z->pat, z->content, z->content_len, s, n, out);
+    break;
   case TJ_N_PREPEND:
     if (n) tj_put(out, z->content, z->content_len);
     tj_put(out, s, n);
     break;
-  case TJ_N_BERT: st = bert_norm(z, s, n, out); break;
-  case TJ_N_PRECOMPILED: precompiled(z, s, n, out); break;
-  case TJ_N_NMT: nmt(s, n, out); break;
+  case TJ_N_BERT:
+    st = bert_norm(z, s, n, out);
+    break;
+  case TJ_N_PRECOMPILED:
+    precompiled(z, s, n, out);
+    break;
+  case TJ_N_NMT:
+    nmt(s, n, out);
+    break;
   case TJ_N_BYTELEVEL:
     for (size_t i = 0; i < n; i++)
       tj_put_cp(out, byte_cp((uint8_t)s[i]));
@@ -403,7 +428,8 @@ static void split_by(const tj_piece *pc, const size_t *sp, size_t k, int behavio
         continue;
       }
       break;
-    case TJ_B_ISOLATED: break;
+    case TJ_B_ISOLATED:
+      break;
     case TJ_B_MERGED_PREV: /* a match joins the piece before it */
       if (j < k && !match && sp[3 * j + 2]) b = sp[3 * j + 1], j++;
       break;
@@ -411,7 +437,8 @@ static void split_by(const tj_piece *pc, const size_t *sp, size_t k, int behavio
       if (match && j < k && !sp[3 * j + 2]) b = sp[3 * j + 1], j++;
       break;
     case TJ_B_CONTIGUOUS:
-      while (j < k && (bool)sp[3 * j + 2] == match) b = sp[3 * j + 1], j++;
+      while (j < k && (bool)sp[3 * j + 2] == match)
+        b = sp[3 * j + 1], j++;
       break;
     }
     if (b > a) tj_pieces_add(out, pc->s + a, b - a, pc->first && a == 0);
@@ -521,8 +548,10 @@ static kg_status bytelevel(const tj_pre *p, const tj_piece *pc, tj_pieces *out) 
     tj_buf b = {0};
     for (size_t q = 0; q < parts.v[i].n; q++)
       tj_put_cp(&b, byte_cp((uint8_t)parts.v[i].s[q]));
-    if (b.oom) st = oom();
-    else tj_pieces_add(out, b.p, b.n, parts.v[i].first);
+    if (b.oom)
+      st = oom();
+    else
+      tj_pieces_add(out, b.p, b.n, parts.v[i].first);
     tj_buf_free(&b);
   }
   if (parts.oom && !st) st = oom();
@@ -534,8 +563,10 @@ static kg_status bytelevel(const tj_pre *p, const tj_piece *pc, tj_pieces *out) 
 static kg_status metaspace(const tj_pre *p, const tj_piece *pc, tj_pieces *out) {
   tj_buf b = {0};
   for (size_t i = 0; i < pc->n; i++) {
-    if (pc->s[i] == ' ') tj_put(&b, p->ch_utf8, (size_t)p->ch_len);
-    else tj_put(&b, pc->s + i, 1);
+    if (pc->s[i] == ' ')
+      tj_put(&b, p->ch_utf8, (size_t)p->ch_len);
+    else
+      tj_put(&b, pc->s + i, 1);
   }
   bool starts = b.n >= (size_t)p->ch_len && !memcmp(b.p, p->ch_utf8, (size_t)p->ch_len);
   tj_buf c = {0};
@@ -549,22 +580,33 @@ static kg_status metaspace(const tj_pre *p, const tj_piece *pc, tj_pieces *out) 
   }
   tj_piece whole = {c.p ? c.p : "", c.n, pc->first};
   kg_status st = KG_OK;
-  if (p->split) st = split_chars(&whole, pred_char, p, TJ_B_MERGED_NEXT, out);
-  else if (whole.n) tj_pieces_add(out, whole.s, whole.n, whole.first);
+  if (p->split)
+    st = split_chars(&whole, pred_char, p, TJ_B_MERGED_NEXT, out);
+  else if (whole.n)
+    tj_pieces_add(out, whole.s, whole.n, whole.first);
   tj_buf_free(&c);
   return st;
 }
 
 static kg_status pre_one(const tj_pre *p, const tj_piece *pc, tj_pieces *out) {
   switch (p->kind) {
-  case TJ_P_BYTELEVEL: return bytelevel(p, pc, out);
-  case TJ_P_METASPACE: return metaspace(p, pc, out);
-  case TJ_P_WHITESPACE: whitespace_split(pc, out); return KG_OK;
-  case TJ_P_WHITESPACE_SPLIT: return split_chars(pc, pred_space, p, TJ_B_REMOVED, out);
-  case TJ_P_SPLIT: return split_pattern(pc, &p->pat, p->invert, p->behavior, out);
-  case TJ_P_PUNCTUATION: return split_chars(pc, pred_punct, p, p->behavior, out);
-  case TJ_P_DIGITS: return split_chars(pc, pred_digit, p, p->individual ? TJ_B_ISOLATED : TJ_B_CONTIGUOUS, out);
-  case TJ_P_CHAR_DELIMITER: return split_chars(pc, pred_char, p, TJ_B_REMOVED, out);
+  case TJ_P_BYTELEVEL:
+    return bytelevel(p, pc, out);
+  case TJ_P_METASPACE:
+    return metaspace(p, pc, out);
+  case TJ_P_WHITESPACE:
+    whitespace_split(pc, out);
+    return KG_OK;
+  case TJ_P_WHITESPACE_SPLIT:
+    return split_chars(pc, pred_space, p, TJ_B_REMOVED, out);
+  case TJ_P_SPLIT:
+    return split_pattern(pc, &p->pat, p->invert, p->behavior, out);
+  case TJ_P_PUNCTUATION:
+    return split_chars(pc, pred_punct, p, p->behavior, out);
+  case TJ_P_DIGITS:
+    return split_chars(pc, pred_digit, p, p->individual ? TJ_B_ISOLATED : TJ_B_CONTIGUOUS, out);
+  case TJ_P_CHAR_DELIMITER:
+    return split_chars(pc, pred_char, p, TJ_B_REMOVED, out);
   case TJ_P_BERT: {
     tj_pieces mid = {0};
     kg_status st = split_chars(pc, pred_space, p, TJ_B_REMOVED, &mid);
@@ -574,7 +616,8 @@ static kg_status pre_one(const tj_pre *p, const tj_piece *pc, tj_pieces *out) {
     tj_pieces_free(&mid);
     return st;
   }
-  default: return KG_OK;
+  default:
+    return KG_OK;
   }
 }
 
@@ -659,7 +702,8 @@ static kg_status dec_bytelevel(tj_pieces *l) {
     bool all = true;
     for (size_t q = 0; q < t->n && all;) {
       int b = cp_byte(tj_next(t->s, t->n, &q));
-      if (b < 0) all = false;
+      if (b < 0)
+        all = false;
       else {
         uint8_t c = (uint8_t)b;
         tj_put(&bytes, &c, 1);
@@ -684,7 +728,9 @@ static kg_status dec_bytelevel(tj_pieces *l) {
 static int hex2(const char *s) { /* u8::from_str_radix(s[0..2], 16), -1 when invalid */
   int a = s[0] == '+' ? 0 : -2, b;
   if (a == -2) {
-    int h = s[0] >= '0' && s[0] <= '9' ? s[0] - '0' : (s[0] | 32) >= 'a' && (s[0] | 32) <= 'f' ? (s[0] | 32) - 'a' + 10 : -1;
+    int h = s[0] >= '0' && s[0] <= '9'                 ? s[0] - '0'
+            : (s[0] | 32) >= 'a' && (s[0] | 32) <= 'f' ? (s[0] | 32) - 'a' + 10
+                                                       : -1;
     if (h < 0) return -1;
     a = h;
   }
@@ -695,7 +741,8 @@ static int hex2(const char *s) { /* u8::from_str_radix(s[0..2], 16), -1 when inv
 
 static void flush_bytes(tj_pieces *out, tj_buf *bytes) {
   if (!bytes->n) return;
-  if (kg_utf8_valid(bytes->p, bytes->n)) tj_pieces_add(out, bytes->p, bytes->n, false);
+  if (kg_utf8_valid(bytes->p, bytes->n))
+    tj_pieces_add(out, bytes->p, bytes->n, false);
   else
     for (size_t k = 0; k < bytes->n; k++)
       tj_pieces_add(out, "\xEF\xBF\xBD", 3, false);
@@ -736,16 +783,19 @@ static void replace_str(const char *s, size_t n, const char *from, size_t fl, co
 }
 
 static kg_status dec_wordpiece(const tj_dec *d, tj_pieces *l) {
-  static const char *pairs[][2] = {{" .", "."},   {" ?", "?"},     {" !", "!"},     {" ,", ","},
-                                   {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},   {" do not", " don't"},
+  static const char *pairs[][2] = {{" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+                                   {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
                                    {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   tj_pieces out = {0};
   for (size_t i = 0; i < l->n; i++) {
     tj_buf b = {0};
     const tj_piece *t = &l->v[i];
-    if (i == 0) tj_put(&b, t->s, t->n);
-    else if (t->n >= d->prefix_len && !memcmp(t->s, d->prefix, d->prefix_len)) tj_put(&b, t->s + d->prefix_len, t->n - d->prefix_len);
-    else if (d->prefix_len == 0) tj_put(&b, t->s, t->n); /* replacen of "" removes nothing */
+    if (i == 0)
+      tj_put(&b, t->s, t->n);
+    else if (t->n >= d->prefix_len && !memcmp(t->s, d->prefix, d->prefix_len))
+      tj_put(&b, t->s + d->prefix_len, t->n - d->prefix_len);
+    else if (d->prefix_len == 0)
+      tj_put(&b, t->s, t->n); /* replacen of "" removes nothing */
     else {
       tj_put(&b, " ", 1);
       tj_put(&b, t->s, t->n);
@@ -774,9 +824,12 @@ kg_status tj_decode_chain(const tj_dec *d, tj_pieces *l) {
       if (st) return st;
     }
     return KG_OK;
-  case TJ_D_BYTELEVEL: return dec_bytelevel(l);
-  case TJ_D_BYTEFALLBACK: return dec_bytefallback(l);
-  case TJ_D_WORDPIECE: return dec_wordpiece(d, l);
+  case TJ_D_BYTELEVEL:
+    return dec_bytelevel(l);
+  case TJ_D_BYTEFALLBACK:
+    return dec_bytefallback(l);
+  case TJ_D_WORDPIECE:
+    return dec_wordpiece(d, l);
   case TJ_D_FUSE: {
     tj_buf b = {0};
     for (size_t i = 0; i < l->n; i++)
@@ -816,7 +869,8 @@ kg_status tj_decode_chain(const tj_dec *d, tj_pieces *l) {
       }
       for (size_t k = 0; k < d->stop && b > a; k++) {
         size_t j = b - 1;
-        while (j > a && ((uint8_t)t->s[j] & 0xC0) == 0x80) j--;
+        while (j > a && ((uint8_t)t->s[j] & 0xC0) == 0x80)
+          j--;
         size_t q = j;
         if (tj_next(t->s, t->n, &q) != d->ch) break;
         b = j;

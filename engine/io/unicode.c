@@ -92,6 +92,20 @@ bool kg_unicode_is_alpha(uint32_t cp) {
   return (g >= KG_GC_LU && g <= KG_GC_LO) || g == KG_GC_NL || (v & 64);
 }
 
+int kg_unicode_tok_unknown(uint32_t cp) {
+  if (cp < 0x80) return 0;
+  int lo = 0, hi = (int)COUNT(kg_uni_tok_unknown) - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (kg_uni_tok_unknown[mid][0] == cp) return (int)kg_uni_tok_unknown[mid][1];
+    if (kg_uni_tok_unknown[mid][0] < cp)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
+  }
+  return 0;
+}
+
 uint32_t kg_unicode_fold(uint32_t cp) {
   if (cp < 0x80) return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
   int lo = 0, hi = (int)COUNT(kg_uni_fold) - 1;

@@ -46,11 +46,13 @@ int kg_unicode_decompose_compat(uint32_t cp, uint32_t *out);
 
 /* ---- general categories and properties (tokenizer.json's regexes and pre-tokenizers) ---- */
 
+/* clang-format off */
 enum {
   KG_GC_CN, KG_GC_LU, KG_GC_LL, KG_GC_LT, KG_GC_LM, KG_GC_LO, KG_GC_MN, KG_GC_MC, KG_GC_ME, KG_GC_ND,
   KG_GC_NL, KG_GC_NO, KG_GC_PC, KG_GC_PD, KG_GC_PS, KG_GC_PE, KG_GC_PI, KG_GC_PF, KG_GC_PO, KG_GC_SM,
   KG_GC_SC, KG_GC_SK, KG_GC_SO, KG_GC_ZS, KG_GC_ZL, KG_GC_ZP, KG_GC_CC, KG_GC_CF, KG_GC_CS, KG_GC_CO
 };
+/* clang-format on */
 /* The general category of cp (KG_GC_*; unassigned is KG_GC_CN). */
 int kg_unicode_gc(uint32_t cp);
 /* The White_Space property (Rust's char::is_whitespace, the regexes' \s). */
@@ -58,6 +60,10 @@ bool kg_unicode_is_space(uint32_t cp);
 /* Rust's char::is_alphabetic: letters, letter numbers and the Other_Alphabetic symbols (the
  * Other_Alphabetic marks are not told apart from other marks: they count as not alphabetic). */
 bool kg_unicode_is_alpha(uint32_t cp);
+/* What the tokenizers library's older tables do not know cp as (a KG_TOK_NEW_* mask, 0 for most):
+ * tokenizer.json pipelines treat such a character as the reference does, as plain text. */
+enum { KG_TOK_NEW_PUNCT = 1, KG_TOK_NEW_CONTROL = 2, KG_TOK_NEW_MN = 4, KG_TOK_NEW_MARK = 8 };
+int kg_unicode_tok_unknown(uint32_t cp);
 /* Simple case folding (lowercase, except for the few characters whose folding differs). */
 uint32_t kg_unicode_fold(uint32_t cp);
 

@@ -18,7 +18,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!kg_last_error()[0]) __builtin_trap();
     return 0;
   }
-  static const char fixed[] = "Hello w\xc3\xb6rld  <s> 123 'll \xe4\xb8\xad\xe6\x96\x87 e\xcc\x81 \xf0\x9f\x98\x80\r\n\t x";
+  static const char fixed[] =
+      "Hello w\xc3\xb6rld  <s> 123 'll \xe4\xb8\xad\xe6\x96\x87 e\xcc\x81 \xf0\x9f\x98\x80\r\n\t x";
   const char *text = nul ? (const char *)nul + 1 : fixed;
   size_t tlen = nul ? size - jlen - 1 : sizeof fixed - 1;
   int32_t *ids = NULL;

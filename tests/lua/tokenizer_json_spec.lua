@@ -12,7 +12,7 @@ local H = require "helper"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local DIR = here .. "/../fixtures/tokenizer_json/"
-local NAMES = {"wordlevel", "gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "unigram_bf", "clip", "misc", "pieces", "regex_o200k",
+local NAMES = {"added", "wordlevel", "gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "unigram_bf", "clip", "misc", "pieces", "regex_o200k",
                "regex_r50k", "regex_deepseek"}
 
 local function read(path)
@@ -194,6 +194,9 @@ describe("tokenizers.from_dir", function()
     assert.are.equal(2, tok.pad_id) -- no pad token: eos
     assert.are.equal(16, tok.max_length)
     assert.are.same(T.from_file(DIR .. "llama2.json"):encode("Hi there"), tok:encode("Hi there"))
+    -- model_max_length truncates but does not pad: rows are as wide as the longest
+    assert.are.same({1, #tok:encode("Hi")}, tok:encode_batch({"Hi"}).token_ids.shape)
+    assert.are.same({1, 16}, tok:encode_batch({string.rep("the quick brown fox ", 10)}).token_ids.shape)
   end)
 
   it("falls back to the legacy files, and names what it looked for", function()

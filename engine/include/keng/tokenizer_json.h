@@ -24,8 +24,7 @@ void kg_tokenizer_json_free(kg_tokenizer_json *t);
 /* text[0..len) -> [out] *ids (malloc'd, free(); NULL when *n is 0): added tokens, normalizer,
  * pre-tokenizer and model, without the post-processor's special tokens. Text that is not
  * UTF-8 fails with KG_ERR_VALUE. */
-kg_status kg_tokenizer_json_encode(const kg_tokenizer_json *t, const char *text, size_t len, int32_t **ids,
-                                   size_t *n);
+kg_status kg_tokenizer_json_encode(const kg_tokenizer_json *t, const char *text, size_t len, int32_t **ids, size_t *n);
 /* The post-processor over a (and b when nb > 0 or b != NULL): [out] *ids and *type_ids
  * (malloc'd, free()), *n of them. With add_special false, a and b are only joined. */
 kg_status kg_tokenizer_json_post_process(const kg_tokenizer_json *t, const int32_t *a, size_t na, const int32_t *b,

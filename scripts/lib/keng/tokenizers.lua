@@ -293,8 +293,9 @@ function Json:id_to_token(id) return self.raw:id_to_token(id) end
 -- add_special_tokens=true}) -> {token_ids = i64 [B, T], segment_ids = i64 [B, T] (the
 -- post-processor's type ids), padding_mask = bool [B, T]}. Each text is a string or a pair {a, b};
 -- T is max_length when given (padding="longest": the longest row, at most max_length), else the
--- longest row; a row over T is cut (the longer segment of a pair first, as tokenizers'
--- longest_first) leaving room for the special tokens, or raises with truncation=false.
+-- longest row; a row over max_length (else the tokenizer's max_length, from model_max_length) is
+-- cut (the longer segment of a pair first, as tokenizers' longest_first) leaving room for the
+-- special tokens, or raises with truncation=false.
 function Json:encode_batch(texts, opts)
   opts = check_opts(opts, {max_length = true, padding = true, truncation = true, side = true, add_special_tokens = true},
     "encode_batch", 2)
@@ -335,7 +336,7 @@ function Json:encode_batch(texts, opts)
     rows[b] = {ids, types}
     longest = math.max(longest, #ids)
   end
-  local T = maxlen or longest
+  local T = opts.max_length or longest  -- the config's model_max_length only truncates
   if opts.padding == "longest" then T = math.min(T, longest) end
   local ids, segs, mask = {}, {}, {}
   for b, r in ipairs(rows) do
