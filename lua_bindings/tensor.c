@@ -767,7 +767,7 @@ static int l_permute(lua_State *L) {
   int perm[KG_MAX_DIMS];
   for (int i = 0; i < n; i++) {
     int64_t d = dims[i];
-    if (d == 0 || d > n || d < -n) luaL_error(L, "permute: dim %d out of range (dims are 1-based)", (int)d);
+    if (d == 0 || d > n || d < -n) luaL_error(L, "permute: dim %I out of range (dims are 1-based)", (LUAI_UACINT)d);
     perm[i] = d > 0 ? (int)d - 1 : (int)(d + n);
   }
   KGL_CALL(L, kg_permute(&r, t, perm));
@@ -779,7 +779,7 @@ static int l_unsqueeze(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1), *r;
   lua_Integer d = luaL_checkinteger(L, 2);
   int n = t->ndim + 1;
-  if (d == 0 || d > n || d < -n) luaL_error(L, "unsqueeze: dim %d out of range for a result of %d dims", (int)d, n);
+  if (d == 0 || d > n || d < -n) luaL_error(L, "unsqueeze: dim %I out of range for a result of %d dims", (LUAI_UACINT)d, n);
   KGL_CALL(L, kg_unsqueeze(&r, t, d > 0 ? (int)d - 1 : (int)(d + n)));
   kgl_push(L, r);
   return 1;
@@ -834,10 +834,15 @@ static int l_split(lua_State *L) {
     lua_Integer cnt = luaL_len(L, 2), total = 0;
     for (lua_Integer i = 1; i <= cnt; i++) {
       lua_geti(L, 2, i);
-      total += lua_tointeger(L, -1);
+      int isnum;
+      lua_Integer len = lua_tointegerx(L, -1, &isnum);
+      if (!isnum || len < 0 || len > n - total) /* checked before adding: the sum cannot wrap */
+        luaL_error(L, "split: size %d (%s) is not a non-negative integer within the %I elements of dim %d", (int)i,
+                   luaL_tolstring(L, -1, NULL), (LUAI_UACINT)n, d + 1);
+      total += len;
       lua_pop(L, 1);
     }
-    if (total != n) luaL_error(L, "split: sizes add up to %d but dim %d has size %d", (int)total, d + 1, (int)n);
+    if (total != n) luaL_error(L, "split: sizes add up to %I but dim %d has size %I", (LUAI_UACINT)total, d + 1, (LUAI_UACINT)n);
     for (lua_Integer i = 1; i <= cnt; i++) {
       lua_geti(L, 2, i);
       int64_t len = lua_tointeger(L, -1);
@@ -851,10 +856,11 @@ static int l_split(lua_State *L) {
     return 1;
   }
   lua_Integer size = luaL_checkinteger(L, 2);
-  if (size <= 0) luaL_error(L, "split: size must be positive, got %d", (int)size);
-  for (; start < n; start += size) {
+  if (size <= 0) luaL_error(L, "split: size must be positive, got %I", (LUAI_UACINT)size);
+  for (int64_t len; start < n; start += len) {
     kg_tensor *r;
-    KGL_CALL(L, kg_narrow(&r, t, d, start, start + size > n ? n - start : size));
+    len = size > n - start ? n - start : size; /* never start + size: it may not fit */
+    KGL_CALL(L, kg_narrow(&r, t, d, start, len));
     kgl_push(L, r);
     lua_rawseti(L, out, ++k);
   }
@@ -865,11 +871,12 @@ static int l_split(lua_State *L) {
 static int l_chunk(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1);
   lua_Integer n = luaL_checkinteger(L, 2);
-  if (n <= 0) luaL_error(L, "chunk: number of chunks must be positive, got %d", (int)n);
+  if (n <= 0) luaL_error(L, "chunk: number of chunks must be positive, got %I", (LUAI_UACINT)n);
   int d = kgl_optdim(L, 3, t->ndim, 0);
   int64_t len = t->ndim ? t->shape[d] : 1;
   lua_settop(L, 1);
-  lua_pushinteger(L, (len + n - 1) / n > 0 ? (len + n - 1) / n : 1);
+  int64_t size = len / n + (len % n != 0); /* ceil without len + n - 1, which may not fit */
+  lua_pushinteger(L, size > 0 ? size : 1);
   lua_pushinteger(L, d + 1);
   return l_split(L);
 }
