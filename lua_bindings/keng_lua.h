@@ -45,6 +45,10 @@ void kgl_gc_step(lua_State *L);
 int kgl_dim(lua_State *L, int idx, int ndim);
 /* the name of the running C function as Lua called it ("sum", "cat"), "keng" if unknown */
 const char *kgl_fname(lua_State *L);
+/* Refuses a non-table in the options slot idx (nil is no options) and any key not in valid (a
+ * NULL-terminated list), naming the function, the key and the valid ones. kgl_field_number and
+ * kgl_field_bool refuse a non-table slot too. */
+void kgl_check_options(lua_State *L, int idx, const char *const *valid);
 int kgl_optdim(lua_State *L, int idx, int ndim, int def0);
 /* nil/none = all dims; a number; or a list of numbers -> bit mask of 0-based dims. */
 uint32_t kgl_dims_mask(lua_State *L, int idx, int ndim);

@@ -168,16 +168,44 @@ kg_device kgl_device(lua_State *L, int idx) {
   return d;
 }
 
+/* an options slot holds nil or a table: anything else was a mistake, not "no options" */
+static bool options_slot(lua_State *L, int idx) {
+  if (lua_isnoneornil(L, idx)) return false;
+  if (!lua_istable(L, idx)) luaL_typeerror(L, idx, "table of options");
+  return true;
+}
+
+void kgl_check_options(lua_State *L, int idx, const char *const *valid) {
+  if (!options_slot(L, idx)) return;
+  idx = lua_absindex(L, idx);
+  for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) {
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+    bool ok = false;
+    for (int i = 0; k && valid[i] && !ok; i++) ok = !strcmp(k, valid[i]);
+    if (ok) continue;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0; valid[i]; i++) {
+      if (i) luaL_addstring(&b, ", ");
+      luaL_addstring(&b, valid[i]);
+    }
+    luaL_pushresult(&b);
+    luaL_error(L, "%s: unknown option '%s' (valid: %s)", kgl_fname(L), k ? k : luaL_typename(L, -3), lua_tostring(L, -1));
+  }
+}
+
 double kgl_field_number(lua_State *L, int idx, const char *key, double def) {
-  if (!lua_istable(L, idx)) return def;
+  if (!options_slot(L, idx)) return def;
   lua_getfield(L, idx, key);
-  double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+  if (!lua_isnil(L, -1) && !lua_isnumber(L, -1))
+    luaL_error(L, "%s: option '%s' must be a number, got %s", kgl_fname(L), key, luaL_typename(L, -1));
+  double v = lua_isnil(L, -1) ? def : lua_tonumber(L, -1);
   lua_pop(L, 1);
   return v;
 }
 
 bool kgl_field_bool(lua_State *L, int idx, const char *key, bool def) {
-  if (!lua_istable(L, idx)) return def;
+  if (!options_slot(L, idx)) return def;
   lua_getfield(L, idx, key);
   bool v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
   lua_pop(L, 1);
@@ -189,6 +217,7 @@ kgl_opts kgl_options(lua_State *L, int idx, kg_dtype def_dtype) {
   if (idx == 0 || lua_isnoneornil(L, idx)) return o; /* 0: no options slot (sizes given as varargs) */
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
+  kgl_check_options(L, idx, (const char *const[]){"dtype", "device", "requires_grad", NULL});
   lua_getfield(L, idx, "dtype");
   if (!lua_isnil(L, -1)) o.dtype = kgl_dtype(L, -1), o.has_dtype = true;
   lua_getfield(L, idx, "device");
@@ -653,6 +682,7 @@ static int l_to(lua_State *L) {
   kg_dtype dt = t->dtype;
   kg_device dev = t->device;
   if (lua_istable(L, 2)) {
+    kgl_check_options(L, 2, (const char *const[]){"dtype", "device", NULL});
     lua_getfield(L, 2, "dtype");
     if (!lua_isnil(L, -1)) dt = kgl_dtype(L, -1);
     lua_getfield(L, 2, "device");
@@ -903,6 +933,7 @@ static int l_backward(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1), *g = NULL;
   bool retain = false;
   if (lua_istable(L, 2) && !kgl_test(L, 2)) {
+    kgl_check_options(L, 2, (const char *const[]){"gradient", "retain_graph", NULL});
     lua_getfield(L, 2, "gradient");
     g = kgl_opt(L, -1);
     retain = kgl_field_bool(L, 2, "retain_graph", false);
@@ -995,16 +1026,13 @@ static int l_newindex(lua_State *L) {
   if (lua_type(L, 2) == LUA_TNUMBER) { /* t[i] = value */
     lua_Integer i = luaL_checkinteger(L, 2);
     if (t->ndim == 0 || i == 0) luaL_error(L, "index is 1-based and needs at least 1 dim");
-    kg_tensor *r;
+    bool number = lua_type(L, 3) == LUA_TNUMBER || lua_isboolean(L, 3);
+    kg_tensor *src = number ? NULL : kgl_test(L, 3), *r; /* checked before r exists: no leak on error */
+    if (!number && !src) return luaL_typeerror(L, 3, "tensor, number or boolean");
     KGL_CALL(L, kg_select(&r, t, 0, i > 0 ? i - 1 : i));
-    kg_status s;
-    if (lua_type(L, 3) == LUA_TNUMBER || lua_isboolean(L, 3)) /* a number is a fill: checked against the dtype */
-      s = kg_fill_(r, lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3));
-    else if (kgl_test(L, 3)) s = kg_copy_(r, kgl_test(L, 3));
-    else {
-      kg_tensor_release(r);
-      return luaL_typeerror(L, 3, "tensor, number or boolean");
-    }
+    kg_status s = number ? /* a number is a fill: checked against the dtype */
+                      kg_fill_(r, lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3))
+                         : kg_copy_(r, src);
     kg_tensor_release(r);
     if (s) kgl_error(L);
     return 0;
