@@ -179,9 +179,11 @@ void kgl_check_options(lua_State *L, int idx, const char *const *valid) {
   if (!options_slot(L, idx)) return;
   idx = lua_absindex(L, idx);
   for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) {
-    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+    if (lua_type(L, -2) != LUA_TSTRING)
+      luaL_error(L, "%s: options are named fields, got a %s key", kgl_fname(L), luaL_typename(L, -2));
+    const char *k = lua_tostring(L, -2);
     bool ok = false;
-    for (int i = 0; k && valid[i] && !ok; i++) ok = !strcmp(k, valid[i]);
+    for (int i = 0; valid[i] && !ok; i++) ok = !strcmp(k, valid[i]);
     if (ok) continue;
     luaL_Buffer b;
     luaL_buffinit(L, &b);
@@ -190,7 +192,7 @@ void kgl_check_options(lua_State *L, int idx, const char *const *valid) {
       luaL_addstring(&b, valid[i]);
     }
     luaL_pushresult(&b);
-    luaL_error(L, "%s: unknown option '%s' (valid: %s)", kgl_fname(L), k ? k : luaL_typename(L, -3), lua_tostring(L, -1));
+    luaL_error(L, "%s: unknown option '%s' (valid: %s)", kgl_fname(L), k, lua_tostring(L, -1));
   }
 }
 
