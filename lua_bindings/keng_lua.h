@@ -49,6 +49,9 @@ const char *kgl_fname(lua_State *L);
  * NULL-terminated list), naming the function, the key and the valid ones. kgl_field_number and
  * kgl_field_bool refuse a non-table slot too. */
 void kgl_check_options(lua_State *L, int idx, const char *const *valid);
+/* Field key of the options table at idx as an integer in [lo, hi] (def when absent); a
+ * fraction, NaN or a value out of range is refused naming the option (never a C cast). */
+lua_Integer kgl_field_integer(lua_State *L, int idx, const char *key, lua_Integer def, lua_Integer lo, lua_Integer hi);
 int kgl_optdim(lua_State *L, int idx, int ndim, int def0);
 /* nil/none = all dims; a number; or a list of numbers -> bit mask of 0-based dims. */
 uint32_t kgl_dims_mask(lua_State *L, int idx, int ndim);

@@ -23,10 +23,7 @@ static int l_var(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
   uint32_t mask = kgl_dims_mask(L, 2, x->ndim);
   kgl_check_options(L, 4, (const char *const[]){"correction", "unbiased", NULL});
-  double c = kgl_field_number(L, 4, "correction", kgl_field_bool(L, 4, "unbiased", true) ? 1 : 0);
-  if (!(c >= 0 && c <= 1 << 30) || c != (int)c) /* a C cast of a huge or NaN value is undefined */
-    luaL_error(L, "var: correction must be a non-negative integer, got %f", c);
-  int corr = (int)c;
+  int corr = (int)kgl_field_integer(L, 4, "correction", kgl_field_bool(L, 4, "unbiased", true) ? 1 : 0, 0, 1 << 30);
   KGL_CALL(L, kg_var(&r, x, mask, lua_toboolean(L, 3), corr));
   kgl_push(L, r);
   return 1;

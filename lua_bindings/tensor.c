@@ -206,6 +206,21 @@ double kgl_field_number(lua_State *L, int idx, const char *key, double def) {
   return v;
 }
 
+lua_Integer kgl_field_integer(lua_State *L, int idx, const char *key, lua_Integer def, lua_Integer lo, lua_Integer hi) {
+  if (!options_slot(L, idx)) return def;
+  lua_getfield(L, idx, key);
+  lua_Integer v = def;
+  if (!lua_isnil(L, -1)) {
+    int isnum;
+    v = lua_tointegerx(L, -1, &isnum); /* no C cast of a double: NaN, 2.5 and 1e300 are refused */
+    if (!isnum || v < lo || v > hi)
+      luaL_error(L, "%s: option '%s' must be an integer in [%I, %I], got %s", kgl_fname(L), key, (LUAI_UACINT)lo,
+                 (LUAI_UACINT)hi, luaL_tolstring(L, -1, NULL));
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
 bool kgl_field_bool(lua_State *L, int idx, const char *key, bool def) {
   if (!options_slot(L, idx)) return def;
   lua_getfield(L, idx, key);
