@@ -89,13 +89,15 @@ static int l_interpolate(lua_State *L) {
   lua_getfield(L, 2, "scale");
   if (!lua_isnil(L, -2)) {
     if (lua_isnumber(L, -2)) {
-      size[0] = size[1] = lua_tointeger(L, -2);
+      lua_pushvalue(L, -2);
+      size[0] = size[1] = int_value(L, "interpolate", "size");
+      lua_pop(L, 1);
     } else {
       luaL_checktype(L, -2, LUA_TTABLE);
       for (int i = 0; i < 2; i++) {
         lua_rawgeti(L, -2, i + 1);
         if (!lua_isnumber(L, -1)) return luaL_error(L, "interpolate: size must be a number or a {h, w} pair");
-        size[i] = lua_tointeger(L, -1);
+        size[i] = int_value(L, "interpolate", "size");
         lua_pop(L, 1);
       }
     }
@@ -112,7 +114,12 @@ static int l_interpolate(lua_State *L) {
         lua_pop(L, 1);
       }
     }
-    for (int i = 0; i < 2; i++) size[i] = (int64_t)floor((double)x->shape[2 + i] * sc[i]);
+    for (int i = 0; i < 2; i++) {
+      double v = floor((double)x->shape[2 + i] * sc[i]);
+      if (!(v >= 0 && v < 0x1p59)) /* NaN, negative or huge: a C cast of it would be undefined */
+        return luaL_error(L, "interpolate: scale %f gives output size %f, out of range", sc[i], v);
+      size[i] = (int64_t)v;
+    }
   } else {
     return luaL_error(L, "interpolate: give scale= or size=");
   }

@@ -73,11 +73,7 @@ static int l_clamp(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
   double lo, hi;
   if (lua_istable(L, 2)) { /* t:clamp{min=, max=} */
-    for (lua_pushnil(L); lua_next(L, 2); lua_pop(L, 1)) {
-      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-      if (!k || (strcmp(k, "min") && strcmp(k, "max")))
-        luaL_error(L, "clamp: unknown option '%s' (valid: min, max)", k ? k : luaL_typename(L, -2));
-    }
+    kgl_check_options(L, 2, NULL, (const char *const[]){"min", "max", NULL});
     lo = kgl_field_number(L, 2, "min", -HUGE_VAL);
     hi = kgl_field_number(L, 2, "max", HUGE_VAL);
   } else { /* nil: no bound; a NaN bound makes the result NaN, as in PyTorch */

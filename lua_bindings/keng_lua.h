@@ -45,6 +45,12 @@ void kgl_gc_step(lua_State *L);
 int kgl_dim(lua_State *L, int idx, int ndim);
 /* the name of the running C function as Lua called it ("sum", "cat"), "keng" if unknown */
 const char *kgl_fname(lua_State *L);
+/* Refuses a non-table in the options slot idx (nil is no options) and any key not in valid (a
+ * NULL-terminated list), naming the function, the key and the valid ones. kgl_field_number and
+ * kgl_field_bool refuse a non-table slot too. */
+/* Field key of the options table at idx as an integer in [lo, hi] (def when absent); a
+ * fraction, NaN or a value out of range is refused naming the option (never a C cast). */
+lua_Integer kgl_field_integer(lua_State *L, int idx, const char *key, lua_Integer def, lua_Integer lo, lua_Integer hi);
 int kgl_optdim(lua_State *L, int idx, int ndim, int def0);
 /* nil/none = all dims; a number; or a list of numbers -> bit mask of 0-based dims. */
 uint32_t kgl_dims_mask(lua_State *L, int idx, int ndim);
@@ -65,7 +71,8 @@ double kgl_field_number(lua_State *L, int idx, const char *key, double def);
 bool kgl_field_bool(lua_State *L, int idx, const char *key, bool def);
 /* The options table at idx (none or nil passes; anything else but a table is an error) holds
  * only keys of `valid` (NULL-terminated), else an error at the caller's line naming the key and
- * the valid ones, as keng.options.check does in Lua. */
+ * the valid ones, as keng.options.check does in Lua; `who` names the caller in the message (NULL:
+ * the running binding's name). */
 void kgl_check_options(lua_State *L, int idx, const char *who, const char *const *valid);
 
 /* Registration: each family file adds tensor methods (into the table at methods) and module

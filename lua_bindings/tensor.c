@@ -179,40 +179,62 @@ kg_device kgl_device(lua_State *L, int idx) {
   return d;
 }
 
+/* an options slot holds nil or a table: anything else was a mistake, not "no options" */
+static bool options_slot(lua_State *L, int idx) {
+  if (lua_isnoneornil(L, idx)) return false;
+  if (!lua_istable(L, idx)) luaL_typeerror(L, idx, "table of options");
+  return true;
+}
+
 void kgl_check_options(lua_State *L, int idx, const char *who, const char *const *valid) {
-  if (lua_isnoneornil(L, idx)) return;
-  if (!lua_istable(L, idx)) luaL_error(L, "%s: options must be a table, got %s", who, luaL_typename(L, idx));
+  if (!options_slot(L, idx)) return;
+  if (!who) who = kgl_fname(L); /* NULL: the binding's own name */
   idx = lua_absindex(L, idx);
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    lua_pop(L, 1);
-    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+  for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) {
+    if (lua_type(L, -2) != LUA_TSTRING)
+      luaL_error(L, "%s: options are named fields, got a %s key", who, luaL_typename(L, -2));
+    const char *k = lua_tostring(L, -2);
     bool ok = false;
-    for (int i = 0; k && valid[i] && !ok; i++) ok = !strcmp(k, valid[i]);
-    if (!ok) {
-      luaL_Buffer b;
-      luaL_buffinit(L, &b);
-      for (int i = 0; valid[i]; i++) {
-        if (i) luaL_addstring(&b, ", ");
-        luaL_addstring(&b, valid[i]);
-      }
-      luaL_pushresult(&b);
-      lua_pushvalue(L, -2);
-      luaL_error(L, "%s: unknown option '%s' (valid: %s)", who, luaL_tolstring(L, -1, NULL), lua_tostring(L, -2));
+    for (int i = 0; valid[i] && !ok; i++) ok = !strcmp(k, valid[i]);
+    if (ok) continue;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0; valid[i]; i++) {
+      if (i) luaL_addstring(&b, ", ");
+      luaL_addstring(&b, valid[i]);
     }
+    luaL_pushresult(&b);
+    luaL_error(L, "%s: unknown option '%s' (valid: %s)", who, k, lua_tostring(L, -1));
   }
 }
 
 double kgl_field_number(lua_State *L, int idx, const char *key, double def) {
-  if (!lua_istable(L, idx)) return def;
+  if (!options_slot(L, idx)) return def;
   lua_getfield(L, idx, key);
-  double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+  if (!lua_isnil(L, -1) && !lua_isnumber(L, -1))
+    luaL_error(L, "%s: option '%s' must be a number, got %s", kgl_fname(L), key, luaL_typename(L, -1));
+  double v = lua_isnil(L, -1) ? def : lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+lua_Integer kgl_field_integer(lua_State *L, int idx, const char *key, lua_Integer def, lua_Integer lo, lua_Integer hi) {
+  if (!options_slot(L, idx)) return def;
+  lua_getfield(L, idx, key);
+  lua_Integer v = def;
+  if (!lua_isnil(L, -1)) {
+    int isnum;
+    v = lua_tointegerx(L, -1, &isnum); /* no C cast of a double: NaN, 2.5 and 1e300 are refused */
+    if (!isnum || v < lo || v > hi)
+      luaL_error(L, "%s: option '%s' must be an integer in [%I, %I], got %s", kgl_fname(L), key, (LUAI_UACINT)lo,
+                 (LUAI_UACINT)hi, luaL_tolstring(L, -1, NULL));
+  }
   lua_pop(L, 1);
   return v;
 }
 
 bool kgl_field_bool(lua_State *L, int idx, const char *key, bool def) {
-  if (!lua_istable(L, idx)) return def;
+  if (!options_slot(L, idx)) return def;
   lua_getfield(L, idx, key);
   bool v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
   lua_pop(L, 1);
@@ -224,14 +246,7 @@ kgl_opts kgl_options(lua_State *L, int idx, kg_dtype def_dtype) {
   if (idx == 0 || lua_isnoneornil(L, idx)) return o; /* 0: no options slot (sizes given as varargs) */
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
-  lua_pushnil(L);
-  while (lua_next(L, idx)) { /* a misspelt key (dtyp =) must not make an f32 tensor on the cpu */
-    lua_pop(L, 1);
-    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (!k || (strcmp(k, "dtype") && strcmp(k, "device") && strcmp(k, "requires_grad")))
-      luaL_argerror(L, idx, lua_pushfstring(L, "unknown option '%s' (valid: dtype, device, requires_grad)",
-                                            luaL_tolstring(L, -1, NULL)));
-  }
+  kgl_check_options(L, idx, NULL, (const char *const[]){"dtype", "device", "requires_grad", NULL});
   lua_getfield(L, idx, "dtype");
   if (!lua_isnil(L, -1)) o.dtype = kgl_dtype(L, -1), o.has_dtype = true;
   lua_getfield(L, idx, "device");
@@ -696,8 +711,7 @@ static int l_to(lua_State *L) {
   kg_dtype dt = t->dtype;
   kg_device dev = t->device;
   if (lua_istable(L, 2)) {
-    static const char *const valid[] = {"dtype", "device", NULL};
-    kgl_check_options(L, 2, "to", valid);
+    kgl_check_options(L, 2, NULL, (const char *const[]){"dtype", "device", NULL});
     lua_getfield(L, 2, "dtype");
     if (!lua_isnil(L, -1)) dt = kgl_dtype(L, -1);
     lua_getfield(L, 2, "device");
@@ -812,7 +826,7 @@ static int l_permute(lua_State *L) {
   int perm[KG_MAX_DIMS];
   for (int i = 0; i < n; i++) {
     int64_t d = dims[i];
-    if (d == 0 || d > n || d < -n) luaL_error(L, "permute: dim %d out of range (dims are 1-based)", (int)d);
+    if (d == 0 || d > n || d < -n) luaL_error(L, "permute: dim %I out of range (dims are 1-based)", (LUAI_UACINT)d);
     perm[i] = d > 0 ? (int)d - 1 : (int)(d + n);
   }
   KGL_CALL(L, kg_permute(&r, t, perm));
@@ -824,7 +838,7 @@ static int l_unsqueeze(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1), *r;
   lua_Integer d = luaL_checkinteger(L, 2);
   int n = t->ndim + 1;
-  if (d == 0 || d > n || d < -n) luaL_error(L, "unsqueeze: dim %d out of range for a result of %d dims", (int)d, n);
+  if (d == 0 || d > n || d < -n) luaL_error(L, "unsqueeze: dim %I out of range for a result of %d dims", (LUAI_UACINT)d, n);
   KGL_CALL(L, kg_unsqueeze(&r, t, d > 0 ? (int)d - 1 : (int)(d + n)));
   kgl_push(L, r);
   return 1;
@@ -879,10 +893,15 @@ static int l_split(lua_State *L) {
     lua_Integer cnt = luaL_len(L, 2), total = 0;
     for (lua_Integer i = 1; i <= cnt; i++) {
       lua_geti(L, 2, i);
-      total += lua_tointeger(L, -1);
+      int isnum;
+      lua_Integer len = lua_tointegerx(L, -1, &isnum);
+      if (!isnum || len < 0 || len > n - total) /* checked before adding: the sum cannot wrap */
+        luaL_error(L, "split: size %d (%s) is not a non-negative integer within the %I elements of dim %d", (int)i,
+                   luaL_tolstring(L, -1, NULL), (LUAI_UACINT)n, d + 1);
+      total += len;
       lua_pop(L, 1);
     }
-    if (total != n) luaL_error(L, "split: sizes add up to %d but dim %d has size %d", (int)total, d + 1, (int)n);
+    if (total != n) luaL_error(L, "split: sizes add up to %I but dim %d has size %I", (LUAI_UACINT)total, d + 1, (LUAI_UACINT)n);
     for (lua_Integer i = 1; i <= cnt; i++) {
       lua_geti(L, 2, i);
       int64_t len = lua_tointeger(L, -1);
@@ -896,10 +915,11 @@ static int l_split(lua_State *L) {
     return 1;
   }
   lua_Integer size = luaL_checkinteger(L, 2);
-  if (size <= 0) luaL_error(L, "split: size must be positive, got %d", (int)size);
-  for (; start < n; start += size) {
+  if (size <= 0) luaL_error(L, "split: size must be positive, got %I", (LUAI_UACINT)size);
+  for (int64_t len; start < n; start += len) {
     kg_tensor *r;
-    KGL_CALL(L, kg_narrow(&r, t, d, start, start + size > n ? n - start : size));
+    len = size > n - start ? n - start : size; /* never start + size: it may not fit */
+    KGL_CALL(L, kg_narrow(&r, t, d, start, len));
     kgl_push(L, r);
     lua_rawseti(L, out, ++k);
   }
@@ -910,11 +930,12 @@ static int l_split(lua_State *L) {
 static int l_chunk(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1);
   lua_Integer n = luaL_checkinteger(L, 2);
-  if (n <= 0) luaL_error(L, "chunk: number of chunks must be positive, got %d", (int)n);
+  if (n <= 0) luaL_error(L, "chunk: number of chunks must be positive, got %I", (LUAI_UACINT)n);
   int d = kgl_optdim(L, 3, t->ndim, 0);
   int64_t len = t->ndim ? t->shape[d] : 1;
   lua_settop(L, 1);
-  lua_pushinteger(L, (len + n - 1) / n > 0 ? (len + n - 1) / n : 1);
+  int64_t size = len / n + (len % n != 0); /* ceil without len + n - 1, which may not fit */
+  lua_pushinteger(L, size > 0 ? size : 1);
   lua_pushinteger(L, d + 1);
   return l_split(L);
 }
@@ -941,8 +962,7 @@ static int l_backward(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1), *g = NULL;
   bool retain = false;
   if (lua_istable(L, 2) && !kgl_test(L, 2)) {
-    static const char *const valid[] = {"gradient", "retain_graph", NULL};
-    kgl_check_options(L, 2, "backward", valid);
+    kgl_check_options(L, 2, NULL, (const char *const[]){"gradient", "retain_graph", NULL});
     lua_getfield(L, 2, "gradient");
     g = kgl_opt(L, -1);
     retain = kgl_field_bool(L, 2, "retain_graph", false);
@@ -1035,16 +1055,13 @@ static int l_newindex(lua_State *L) {
   if (lua_type(L, 2) == LUA_TNUMBER) { /* t[i] = value */
     lua_Integer i = luaL_checkinteger(L, 2);
     if (t->ndim == 0 || i == 0) luaL_error(L, "index is 1-based and needs at least 1 dim");
-    kg_tensor *r;
+    bool number = lua_type(L, 3) == LUA_TNUMBER || lua_isboolean(L, 3);
+    kg_tensor *src = number ? NULL : kgl_test(L, 3), *r; /* checked before r exists: no leak on error */
+    if (!number && !src) return luaL_typeerror(L, 3, "tensor, number or boolean");
     KGL_CALL(L, kg_select(&r, t, 0, i > 0 ? i - 1 : i));
-    kg_status s;
-    if (lua_type(L, 3) == LUA_TNUMBER || lua_isboolean(L, 3)) /* a number is a fill: checked against the dtype */
-      s = kg_fill_(r, lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3));
-    else if (kgl_test(L, 3)) s = kg_copy_(r, kgl_test(L, 3));
-    else {
-      kg_tensor_release(r);
-      return luaL_typeerror(L, 3, "tensor, number or boolean");
-    }
+    kg_status s = number ? /* a number is a fill: checked against the dtype */
+                      kg_fill_(r, lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3))
+                         : kg_copy_(r, src);
     kg_tensor_release(r);
     if (s) kgl_error(L);
     return 0;

@@ -187,7 +187,9 @@ kg_status kg_check_integer(const char *op, const kg_tensor *x, const char *what)
  * the result depends on the order of the writes (b:t():add_(b)). As PyTorch, such calls are
  * refused. Fast answers first (distinct storage, disjoint ranges, the same layout, strides that
  * nest); layouts that remain are settled exactly with a bitmap of dst's offsets when they are
- * small enough (OVERLAP_EXACT_MAX elements), and let through otherwise (PyTorch: "too hard"). */
+ * small enough (OVERLAP_EXACT_MAX elements), and otherwise as PyTorch does: a destination that
+ * aliases itself through a 0 stride, or two dense blocks that intersect, are refused; the rest
+ * passes ("too hard" to tell). */
 
 #define OVERLAP_EXACT_MAX ((int64_t)1 << 24)
 
@@ -219,6 +221,13 @@ static bool strides_nest(const kg_tensor *t) {
     reach += (sz[i] - 1) * st[i];
   }
   return true;
+}
+
+/* nesting strides without gaps: t covers a block of memory, each element once */
+static bool dense(const kg_tensor *t) {
+  int64_t lo, hi;
+  offset_range(t, &lo, &hi);
+  return strides_nest(t) && hi - lo + 1 == kg_numel(t);
 }
 
 /* Walks dst's elements in row-major order with the offsets of dst and (if src) of src
@@ -319,7 +328,9 @@ kg_status kg_check_overlap(const char *op, const kg_tensor *dst, int nin, const 
     offset_range(x, &xlo, &xhi);
     size_t de = kg_elem_size(dst), xe = kg_elem_size(x); /* compare bytes: dtypes may differ */
     if ((xhi + 1) * (int64_t)xe <= dlo * (int64_t)de || (dhi + 1) * (int64_t)de <= xlo * (int64_t)xe) continue;
-    bool shared = true; /* intersecting ranges; settled exactly where affordable */
+    /* intersecting ranges: settled exactly where affordable, else as PyTorch (two dense blocks
+     * that intersect and differ overlap partly; other layouts are too hard to tell and pass) */
+    bool shared = dense(dst) && dense(x);
     if (x->dtype == dst->dtype && kg_numel(dst) <= OVERLAP_EXACT_MAX && dhi - dlo < 8 * OVERLAP_EXACT_MAX) {
       c.lo = dlo, c.hi = dhi, c.hit = false;
       c.bits = calloc((size_t)((dhi - dlo) / 8 + 1), 1);

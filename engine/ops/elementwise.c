@@ -45,15 +45,23 @@ static kg_status check_bool_operands(kg_op op, kg_dtype dt) {
                   op == KG_OP_SUB ? "; for a mask difference use logical_xor (a ~= b) or convert with :long()" : "");
 }
 
+/* the result dtype of a <op> b: promoted, bool for comparisons, float for integer division */
+static kg_status binary_dtype(kg_op op, const kg_tensor *a, const kg_tensor *b, kg_dtype *out) {
+  kg_dtype dt = kg_dtype_promote(a->dtype, b->dtype);
+  KG_TRY(check_bool_operands(op, dt));
+  if (is_compare(op)) dt = KG_BOOL;
+  else if (op == KG_OP_DIV && !kg_dtype_info[dt].is_float) dt = KG_F32;
+  *out = dt;
+  return KG_OK;
+}
+
 kg_status kg_binary(kg_tensor **out, kg_op op, const kg_tensor *a, const kg_tensor *b) {
   if (kg_op_info[op].kind != KG_KIND_BINARY) return kg_error(KG_ERR_VALUE, kg_op_info[op].name, "not a binary op");
   int nd;
   int64_t shape[KG_MAX_DIMS];
   KG_TRY(binary_shape(kg_op_info[op].name, a, b, &nd, shape));
-  kg_dtype dt = kg_dtype_promote(a->dtype, b->dtype);
-  KG_TRY(check_bool_operands(op, dt));
-  if (is_compare(op)) dt = KG_BOOL;
-  else if ((op == KG_OP_DIV || op == KG_OP_POW) && !kg_dtype_info[dt].is_float) dt = op == KG_OP_DIV ? KG_F32 : dt;
+  kg_dtype dt;
+  KG_TRY(binary_dtype(op, a, b, &dt));
   KG_TRY(kg_new_like(out, a, nd, shape, dt));
   const kg_tensor *in[2] = {a, b};
   kg_status s = kg_op_run(op, 1, out, 2, in, NULL, 0);
@@ -86,7 +94,14 @@ kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b) {
   KG_TRY(kg_check_inplace(name, a));
   KG_TRY(binary_shape(name, a, b, &nd, shape));
   KG_TRY(kg_check_overlap(name, a, 1, &b, true));
-  KG_TRY(check_bool_operands(op, kg_dtype_promote(a->dtype, b->dtype)));
+  kg_dtype rt;
+  KG_TRY(binary_dtype(op, a, b, &rt));
+  /* as PyTorch: the result must be castable to the destination without changing kind (a float
+   * result is not truncated into integers, a number is not squeezed into a bool) */
+  if ((kg_dtype_info[rt].is_float && !kg_dtype_info[a->dtype].is_float) || (rt != KG_BOOL && a->dtype == KG_BOOL))
+    return kg_error(KG_ERR_TYPE, name, "the result type %s cannot be stored in the destination of type %s; use the "
+                    "out-of-place form (or convert the destination first)", kg_dtype_info[rt].name,
+                    kg_dtype_info[a->dtype].name);
   bool fits = nd == a->ndim;
   for (int i = 0; fits && i < nd; i++) fits = shape[i] == a->shape[i];
   if (!fits)

@@ -113,16 +113,19 @@ local FAMILIES = {
     {name = "flatten", run = function(x) return x:flatten() end, nan = true},
   }},
   matmul = {shape = {4, 6}, ops = {
-    {name = "matmul", run = function(x) return x:matmul(x:transpose(1, 2)) end, nan = true},
+    {name = "matmul", run = function(x) return x:matmul(x:transpose(1, 2)) end, nan = true,
+     huge = function(x) return x:matmul(keng.zeros({1, 1}, {dtype = x.dtype}):expand{6, HUGE}) end},
     {name = "linear", run = function(x) return keng.linear(x, x:narrow(1, 1, 3), x:narrow(1, 1, 1):narrow(2, 1, 3):reshape{3}) end, nan = true},
   }},
   norm = {shape = {4, 6}, ops = {
     {name = "layer_norm", run = function(x) return keng.layer_norm(x, keng.ones({6}, {dtype = "f64"}), keng.zeros({6}, {dtype = "f64"})) end, nan = true},
-    {name = "rms_norm", run = function(x) return keng.rms_norm(x, x:narrow(1, 1, 1):reshape{6}) end, nan = true},
+    {name = "rms_norm", run = function(x) return keng.rms_norm(x, x:narrow(1, 1, 1):reshape{6}) end, nan = true,
+     huge = function(x) return keng.rms_norm(x:unsqueeze(1):expand{HUGE, -1, -1}, keng.ones({6}, {dtype = x.dtype})) end},
     {name = "group_norm", run = function(x) return keng.group_norm(x:reshape{x.shape[1], 6, 1}, 3, nil, nil) end, nan = true},
   }},
   softmax = {shape = {4, 6}, ops = {
-    {name = "softmax", run = function(x) return x:softmax(2) end, nan = true},
+    {name = "softmax", run = function(x) return x:softmax(2) end, nan = true,
+     huge = function(x) return x:reshape{-1, 1}:expand{-1, HUGE}:softmax(2) end},
     {name = "log_softmax", run = function(x) return x:log_softmax(1) end, nan = true},
   }},
   conv = {shape = {2, 4, 5, 5}, ops = {
@@ -136,10 +139,12 @@ local FAMILIES = {
   }},
   loss = {shape = {4, 6}, ops = {
     {name = "cross_entropy", run = function(x) return keng.cross_entropy(x, ids({0, 5, 2, 1}):narrow(1, 1, x.shape[1])) end, nan = true},
-    {name = "mse_loss", run = function(x) return keng.mse_loss(x, x * 0.5) end, nan = true},
+    {name = "mse_loss", run = function(x) return keng.mse_loss(x, x * 0.5) end, nan = true,
+     huge = function(x) return keng.mse_loss(x, x:unsqueeze(1):expand{HUGE, -1, -1}) end},
   }},
   attention = {shape = {1, 2, 4, 8}, ops = {
-    {name = "scaled_dot_product_attention", run = function(x) return keng.scaled_dot_product_attention(x, x, x) end, nan = true},
+    {name = "scaled_dot_product_attention", run = function(x) return keng.scaled_dot_product_attention(x, x, x) end, nan = true,
+     huge = function(x) local k = x:expand{HUGE, -1, -1, -1}; return keng.scaled_dot_product_attention(x, k, k) end},
     {name = "scaled_dot_product_attention", run = function(x) return keng.scaled_dot_product_attention(x, x * 0.5, x, {causal = true}) end, nan = true},
   }},
   creation = {shape = {4, 6}, ops = {

@@ -33,6 +33,20 @@ describe("integer and bool arithmetic", function()
     assert.equal("f32", (a / b).dtype)
   end)
 
+  it("in-place results must fit the destination's kind (were truncated: i64:add_(0.5))", function()
+    local i = keng.tensor({1, 2}, {dtype = "i64"})
+    H.raises(function() i:add_(0.5) end, "add_: the result type f32 cannot be stored in the destination of type i64")
+    H.raises(function() i:div_(2) end, "div_: the result type f32")
+    H.raises(function() i:mul_(keng.tensor({1.5, 1})) end, "mul_:")
+    H.raises(function() keng.tensor({true}):add_(1) end, "add_: the result type i64 cannot be stored in the destination of type bool")
+    H.close(i, {1, 2}) -- untouched
+    i:add_(3)
+    H.close(i, {4, 5})
+    local f = keng.zeros({2}, {dtype = "bf16"})
+    f:add_(keng.tensor({1, 2}, {dtype = "f64"})) -- float into float narrows, as in PyTorch
+    H.close(f, {1, 2})
+  end)
+
   it("numbers that do not fit an integer dtype promote instead of wrapping", function()
     assert.equal("f32", (keng.tensor({1}, {dtype = "i64"}) + 1e30).dtype)
     H.close(keng.tensor({1}, {dtype = "u8"}) + 300, {301})
