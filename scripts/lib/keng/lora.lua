@@ -14,6 +14,7 @@
 -- 11,067,392 trainable LoRA parameters, not rank·(in + out) per layer.
 -- Shape letters: r rank, n heads, D head dim, in/out the Linear's features.
 local keng = require "keng"
+local options = require "keng.options"
 
 local lora = {}
 
@@ -72,8 +73,10 @@ end
 
 -- enable(model, {rank = 4, targets = {"query", "value"}, alpha = nil}) -> model. Freezes every
 -- parameter, then adds trainable adapters to each targeted Linear.
+-- opts.per_head = false gives plain [in, r] / [r, out] adapters even on a per-head projection
+-- (PEFT's layout; lora.load_adapters of a PEFT directory uses it).
 function lora.enable(model, opts)
-  opts = opts or {}
+  opts = options.check("lora.enable", opts, {"rank", "targets", "alpha", "per_head"})
   local rank = opts.rank or 4
   local targets = opts.targets or {"query", "value"}
   if type(model) ~= "table" or type(model.named_modules) ~= "function" then
@@ -109,7 +112,7 @@ function lora.enable(model, opts)
     local fin, fout = m.in_features or m.weight.shape[2], m.out_features or m.weight.shape[1]
     local o = {dtype = m.weight.dtype, device = m.weight.device}
     local n = rawget(m, "einsum_heads") or m.einsum_heads
-    if n and n > 1 and fout % n == 0 then -- Keras's per-head kernel: fans as Keras computes them
+    if n and n > 1 and fout % n == 0 and opts.per_head ~= false then -- Keras's per-head kernel: fans as Keras computes them
       m:param("lora_a", {fin, n, rank}, "he_uniform",
         {dtype = o.dtype, device = o.device, fan_in = fin * n, fan_out = rank * fin})
       m:param("lora_b", {rank, fout // n}, "zeros", o)
@@ -172,12 +175,10 @@ function lora.adapters(model)
   return out
 end
 
--- load_adapters(model, tbl): copies saved adapters into a model with the same lora.enable
--- setup. Every adapter must be present with its shape; other keys are an error.
-function lora.load_adapters(model, tbl)
-  if type(tbl) ~= "table" then error("lora.load_adapters: a table of name -> tensor expected", 2) end
+-- copies adapters from tbl (keng names) into the model's, every one present with its shape
+local function load_table(model, tbl)
   local mine = lora.adapters(model)
-  if next(mine) == nil then error("lora.load_adapters: the model has no adapters (call lora.enable first)", 2) end
+  if next(mine) == nil then error("lora.load_adapters: the model has no adapters (call lora.enable first)", 3) end
   local problems = {}
   local names = {}
   for k in pairs(mine) do names[#names + 1] = k end
@@ -194,11 +195,197 @@ function lora.load_adapters(model, tbl)
   for k in pairs(tbl) do if mine[k] == nil then extra[#extra + 1] = k end end
   table.sort(extra)
   for _, k in ipairs(extra) do problems[#problems + 1] = "unexpected " .. k end
-  if #problems > 0 then error("lora.load_adapters: " .. table.concat(problems, "; "), 2) end
+  if #problems > 0 then error("lora.load_adapters: " .. table.concat(problems, "; "), 3) end
   keng.no_grad(function()
     for k, t in pairs(mine) do t:copy_(tbl[k]) end
   end)
   return model
+end
+
+-- ---- PEFT adapters (adapter_config.json + adapter_model.safetensors) ---------------------------
+-- PEFT keeps lora_A.weight [r, in] and lora_B.weight [out, r] and adds (x·Aᵀ·Bᵀ)·lora_alpha/r;
+-- keng keeps A [in, r], B [r, out] and adds (x·A·B)·scale. So keng's A, B are PEFT's transposed
+-- and lora_alpha = scale·r (Keras's scale 1 is lora_alpha = r). Tensor names are
+-- "base_model.model." .. <Hugging Face module name> .. ".lora_A.weight"; a model maps its names
+-- to Hugging Face's with model:hf_name / model:keng_name when they differ (models.causal_lm).
+local PEFT_PREFIX = "base_model.model."
+
+local function to_hf(model, name)
+  if type(model.hf_name) ~= "function" then return name end
+  return (model:hf_name(name .. ".weight"):gsub("%.weight$", ""))
+end
+local function to_keng(model, name)
+  if type(model.keng_name) ~= "function" then return name end
+  local k = model:keng_name(name .. ".weight")
+  return k and (k:gsub("%.weight$", ""))
+end
+
+-- adapter_config.json keys keng reads, and the ones that do not change the adapted model's math
+-- (lora_dropout acts in PEFT's training only: keng trains its adapters without dropout)
+local PEFT_USED = {r = true, lora_alpha = true, target_modules = true, peft_type = true}
+local PEFT_HARMLESS = {base_model_name_or_path = true, revision = true, task_type = true, inference_mode = true,
+  peft_version = true, init_lora_weights = true, auto_mapping = true, megatron_core = true, megatron_config = true,
+  qalora_group_size = true, lora_dropout = true, loftq_config = true, eva_config = true, corda_config = true,
+  lora_ga_config = true, ensure_weight_tying = true, layers_pattern = true}
+
+-- a value that leaves a LoRA plain: nil/null, false, "none", {} or []
+local function unset(v)
+  if v == nil or v == false or v == "none" then return true end
+  return type(v) == "table" and next(v) == nil
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local text = f:read("a")
+  f:close()
+  return text
+end
+
+local function load_peft(model, dir)
+  local json = require "keng.json"
+  local who = "lora.load_adapters"
+  local text = read_file(dir .. "/adapter_config.json")
+  local ok, cfg = pcall(json.decode, text, {null_as_nil = true})
+  if not ok or type(cfg) ~= "table" then error(who .. ": " .. dir .. "/adapter_config.json: " .. tostring(cfg), 3) end
+  if cfg.peft_type ~= "LORA" then
+    error(string.format("%s: %s: peft_type is %s; only LORA adapters are implemented", who, dir, tostring(cfg.peft_type)), 3)
+  end
+  local keys = {}
+  for k in pairs(cfg) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    if not PEFT_USED[k] and not PEFT_HARMLESS[k] and not unset(cfg[k]) then
+      error(string.format("%s: %s: adapter_config.json sets %s = %s, which keng's LoRA does not implement "
+        .. "(it implements r, lora_alpha and target_modules)", who, dir, k, json.encode(cfg[k])), 3)
+    end
+  end
+  local r, alpha = cfg.r, cfg.lora_alpha or cfg.r
+  if math.type(r) ~= "integer" or r < 1 then error(who .. ": " .. dir .. ": r must be a positive integer, got " .. tostring(r), 3) end
+  if type(alpha) ~= "number" then error(who .. ": " .. dir .. ": lora_alpha must be a number, got " .. tostring(alpha), 3) end
+  local tensors = keng.load(dir .. "/adapter_model.safetensors")
+  -- module (keng name) -> {A =, B =}
+  local mods, order, names = {}, {}, {}
+  for k in pairs(tensors) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do
+    local hf, ab = k:match("^" .. PEFT_PREFIX:gsub("%.", "%%.") .. "(.+)%.lora_([AB])%.weight$")
+    local name = hf and to_keng(model, hf)
+    if not name then
+      error(string.format("%s: %s: tensor '%s' is not a LoRA A/B weight (expected %s<module>.lora_A.weight or .lora_B.weight)",
+        who, dir, k, PEFT_PREFIX), 3)
+    end
+    if not mods[name] then mods[name] = {hf = hf}; order[#order + 1] = name end
+    mods[name][ab] = tensors[k]
+  end
+  local by_name = {}
+  for _, e in ipairs(model:named_modules()) do by_name[e[1]] = e[2] end
+  for _, name in ipairs(order) do
+    local e, m = mods[name], by_name[name]
+    if not m or not is_linear(m) then
+      error(string.format("%s: %s: the adapters are for %s (keng %s), which is not a Linear layer of this model",
+        who, dir, e.hf, name), 3)
+    end
+    if not e.A or not e.B then
+      error(string.format("%s: %s: %s has lora_%s but not lora_%s", who, dir, e.hf, e.A and "A" or "B", e.A and "B" or "A"), 3)
+    end
+  end
+  if #order == 0 then error(who .. ": " .. dir .. "/adapter_model.safetensors holds no adapters", 3) end
+  if #adapted(model) == 0 then
+    lora.enable(model, {rank = r, alpha = alpha, targets = order, per_head = false})
+  end
+  local scale = alpha / r
+  local tbl = {}
+  for _, name in ipairs(order) do
+    local m = by_name[name]
+    if rawget(m, "lora_scale") ~= scale then
+      error(string.format("%s: %s: %s has scale %s in the model but lora_alpha / r = %s in %s", who, dir, name,
+        tostring(rawget(m, "lora_scale")), tostring(scale), dir), 3)
+    end
+    tbl[name .. ".lora_a"] = mods[name].A:transpose(1, 2)               -- [r, in] -> [in, r]
+    tbl[name .. ".lora_b"] = mods[name].B:transpose(1, 2)               -- [out, r] -> [r, out]
+  end
+  return load_table(model, tbl)
+end
+
+-- load_adapters(model, src): src is
+--   a table of keng names -> tensors (lora.adapters of a model with the same lora.enable setup),
+--   a .safetensors file of such a table (keng.save(path, lora.adapters(m))), or
+--   a directory: PEFT's adapter_config.json + adapter_model.safetensors (the model gets adapters
+--   on the named layers when it has none), or keng's adapter_model.safetensors alone.
+-- Every adapter must be present with its shape; other keys are an error.
+function lora.load_adapters(model, src)
+  if type(model) ~= "table" or type(model.named_modules) ~= "function" then
+    error("lora.load_adapters: model must be a keng.nn module", 2)
+  end
+  if type(src) == "string" then
+    if read_file(src .. "/adapter_config.json") then return load_peft(model, src) end
+    local file = src
+    if read_file(src .. "/adapter_model.safetensors") then file = src .. "/adapter_model.safetensors" end
+    local ok, tbl = pcall(keng.load, file)
+    if not ok then error("lora.load_adapters: " .. tostring(tbl), 2) end
+    src = tbl
+  end
+  if type(src) ~= "table" then error("lora.load_adapters: a table of name -> tensor, a file or a directory expected", 2) end
+  return load_table(model, src)
+end
+
+-- save_adapters(model, dir, {format = "peft" | "keng", base_model = nil}): writes dir (made when
+-- missing) with adapter_model.safetensors: PEFT names plus adapter_config.json ("peft", the
+-- default: loads with peft.PeftModel.from_pretrained), or keng's names ("keng"). Each file is
+-- written to a temp file and renamed. PEFT needs one rank and one scale for all layers and
+-- plain [in, r] adapters (not Keras's per-head ones: enable with per_head = false).
+function lora.save_adapters(model, dir, opts)
+  opts = options.check("lora.save_adapters", opts, {"format", "base_model"})
+  local format = opts.format or "peft"
+  if format ~= "peft" and format ~= "keng" then
+    error("lora.save_adapters: format must be \"peft\" or \"keng\", got " .. tostring(format), 2)
+  end
+  if type(dir) ~= "string" then error("lora.save_adapters: dir must be a string", 2) end
+  local layers = adapted(model)
+  if #layers == 0 then error("lora.save_adapters: the model has no LoRA adapters", 2) end
+  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+  if format == "keng" then
+    keng.save(dir .. "/adapter_model.safetensors", lora.adapters(model), {format = "pt"})
+    return dir
+  end
+  local rank, scale = rawget(layers[1][2], "lora_rank"), rawget(layers[1][2], "lora_scale")
+  local tensors, targets, seen = {}, {}, {}
+  for _, e in ipairs(layers) do
+    local name, m = e[1], e[2]
+    if m.lora_a.ndim ~= 2 then
+      error("lora.save_adapters: " .. name .. " has Keras per-head adapters " .. shape_str(m.lora_a)
+        .. ", which PEFT cannot hold (lora.enable with per_head = false)", 2)
+    end
+    if rawget(m, "lora_rank") ~= rank or rawget(m, "lora_scale") ~= scale then
+      error(string.format("lora.save_adapters: %s has rank %d and scale %s but %s has rank %d and scale %s; "
+        .. "PEFT's config holds one of each", name, rawget(m, "lora_rank"), tostring(rawget(m, "lora_scale")),
+        layers[1][1], rank, tostring(scale)), 2)
+    end
+    local hf = to_hf(model, name)
+    tensors[PEFT_PREFIX .. hf .. ".lora_A.weight"] = m.lora_a:detach():transpose(1, 2):contiguous()
+    tensors[PEFT_PREFIX .. hf .. ".lora_B.weight"] = m.lora_b:detach():transpose(1, 2):contiguous()
+    local field = hf:match("([^.]+)$")
+    if not seen[field] then seen[field] = true; targets[#targets + 1] = field end
+  end
+  table.sort(targets)
+  local json = require "keng.json"
+  local alpha = scale * rank
+  if alpha == math.floor(alpha) then alpha = math.tointeger(alpha) end
+  local cfg = {peft_type = "LORA", r = rank, lora_alpha = alpha, target_modules = json.array(targets),
+    lora_dropout = 0.0, bias = "none", fan_in_fan_out = false, use_rslora = false, use_dora = false,
+    modules_to_save = json.null, rank_pattern = {}, alpha_pattern = {}, init_lora_weights = true,
+    inference_mode = true, base_model_name_or_path = opts.base_model or json.null,
+    task_type = model.__name == "CausalLM" and "CAUSAL_LM" or json.null}
+  keng.save(dir .. "/adapter_model.safetensors", tensors, {format = "pt"})
+  local path = dir .. "/adapter_config.json"
+  local f, err = io.open(path .. ".tmp", "w")
+  if not f then error("lora.save_adapters: cannot write " .. path .. ": " .. tostring(err), 2) end
+  f:write(json.encode(cfg, {indent = "  "}), "\n")
+  f:close()
+  local ok, rerr = os.rename(path .. ".tmp", path)
+  if not ok then error("lora.save_adapters: cannot rename to " .. path .. ": " .. tostring(rerr), 2) end
+  return dir
 end
 
 return lora
