@@ -503,6 +503,8 @@ function M.keng_to_hf(name)
 end
 function CausalLM:hf_name(name) return M.keng_to_hf(name) end
 function CausalLM:keng_name(name) return M.hf_to_keng(name) end
+-- lm:save_pretrained(dir, {max_shard_size = "5GB"}): config.json + safetensors under HF names
+function CausalLM:save_pretrained(dir, opts) return require("models.hf_save").causal_lm(self, dir, opts, 2) end
 
 -- load_hf(lm, tensors): copies a Hugging Face state dict into lm (strict: every missing,
 -- unexpected and mis-shaped tensor is named, with both shapes)
@@ -707,6 +709,7 @@ function M.family(spec)
   -- build(cfg, opts) -> CausalLM (random weights, or shapes only on device = "meta")
   function F.build(cfg, opts)
     local lm = CausalLM(cfg, opts)
+    rawset(lm, "family", spec.name)                                 -- save_pretrained's model_type
     if spec.add_bos ~= false then rawset(lm, "add_bos", true) end
     return lm
   end
