@@ -43,7 +43,6 @@ end
 function M.write(dir, tensors, config, opts, who, level)
   level = level + 1
   local max = M.parse_size(opts.max_shard_size or "5GB", who, level)
-  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
   local names, total = {}, 0
   for k, t in pairs(tensors) do
     if t.device == "meta" then error(who .. ": " .. k .. " is on the meta device (no values to save)", level) end
@@ -51,6 +50,7 @@ function M.write(dir, tensors, config, opts, who, level)
     total = total + nbytes(t)
   end
   table.sort(names)
+  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
   local meta = {format = "pt"}
   local index = dir .. "/model.safetensors.index.json"
   if total <= max then

@@ -104,7 +104,11 @@ describe("fit resume", function()
     keng.manual_seed(1)
     local m = mlp()
     local opt = optim.AdamW(m:parameters(), {lr = 0.01})
-    local o = {loss = "cross_entropy", optimizer = opt, batch_size = 8, verbose = 0, callbacks = cb_list}
+    -- a schedule by epoch and validation data: both must carry over the resume too
+    local list = {cbs.LearningRateScheduler(function(epoch) return 0.01 * 0.8 ^ epoch end)}
+    for _, cb in ipairs(cb_list or {}) do list[#list + 1] = cb end
+    local o = {loss = "cross_entropy", optimizer = opt, batch_size = 8, verbose = 0, callbacks = list,
+               validation_data = {x = d.x:narrow(1, 1, 8), y = d.y:narrow(1, 1, 8)}}
     for k, v in pairs(opts) do o[k] = v end
     return train.fit(m, d, o), m
   end
@@ -119,6 +123,8 @@ describe("fit resume", function()
     assert.are.same({4, 5, 6}, rest.epoch)
     for e = 1, 3 do
       assert.are.equal(full.history.loss[e + 3], rest.history.loss[e])
+      assert.are.equal(full.history.val_loss[e + 3], rest.history.val_loss[e])
+      assert.are.equal(full.history.lr[e + 3], rest.history.lr[e])
     end
     -- every step too (steps of epochs 4..6)
     for i = 1, #rest.steps do assert.are.equal(full.steps[#first.steps + i], rest.steps[i]) end
@@ -163,6 +169,20 @@ describe("fit resume", function()
     end, "size mismatch for 1.weight")
     H.raises(function() run({epochs = 6, resume_from = 3}) end, "fit: resume_from must be a checkpoint path, got number")
     H.raises(function() run({epochs = 6, resume_from = path .. ".nope"}) end, "fit: ")
+    os.remove(path)
+  end)
+
+  it("a failed save leaves the previous checkpoint whole (temp file + rename)", function()
+    local path = tmpfile(".safetensors")
+    local m = nn.Linear(2, 2)
+    cbs.save_training_state(path, m, optim.AdamW(m:parameters()), {epoch = 1, global_step = 4})
+    local bad = nn.Linear(2, 2, {device = "meta"})
+    H.raises(function() cbs.save_training_state(path, bad, optim.AdamW(bad:parameters()), {epoch = 2, global_step = 8}) end,
+      "is on the meta device and has no values to save")
+    local _, meta = keng.load(path)
+    assert.are.equal("1", meta.epoch)
+    assert.are.equal("4", meta.global_step)
+    assert.is_nil(io.open(path .. ".tmp", "rb"))
     os.remove(path)
   end)
 end)

@@ -344,8 +344,9 @@ function lora.save_adapters(model, dir, opts)
   if type(dir) ~= "string" then error("lora.save_adapters: dir must be a string", 2) end
   local layers = adapted(model)
   if #layers == 0 then error("lora.save_adapters: the model has no LoRA adapters", 2) end
-  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+  local function mkdir() os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
   if format == "keng" then
+    mkdir()
     keng.save(dir .. "/adapter_model.safetensors", lora.adapters(model), {format = "pt"})
     return dir
   end
@@ -377,6 +378,7 @@ function lora.save_adapters(model, dir, opts)
     modules_to_save = json.null, rank_pattern = {}, alpha_pattern = {}, init_lora_weights = true,
     inference_mode = true, base_model_name_or_path = opts.base_model or json.null,
     task_type = model.__name == "CausalLM" and "CAUSAL_LM" or json.null}
+  mkdir()
   keng.save(dir .. "/adapter_model.safetensors", tensors, {format = "pt"})
   local path = dir .. "/adapter_config.json"
   local f, err = io.open(path .. ".tmp", "w")
