@@ -349,7 +349,7 @@ function Optimizer:load_state_dict(sd, opts)
     local c, keys = {}, {}
     for k in pairs(s) do keys[#keys + 1] = k end
     table.sort(keys)
-    local slots = self:init_state(p)
+    local slots = self:state_slots()
     for _, k in ipairs(keys) do
       local v = s[k]
       if k ~= "step" and (slots[k] == nil or not keng.is_tensor(v)) then
@@ -396,6 +396,9 @@ function SGD:check(fname)
                nesterov = h.nesterov, decoupled = h.decoupled, step = 1}
 end
 
+-- the state tensors init_state makes (load_state_dict refuses others, without allocating them)
+function SGD:state_slots() return self.hyper.momentum > 0 and {momentum = true} or {} end
+
 function SGD:init_state(p)
   return {momentum = self.hyper.momentum > 0 and zeros_like(p) or nil}
 end
@@ -423,6 +426,7 @@ function Adam:check(fname)
                decoupled = h.decoupled, step = 1}
 end
 
+function Adam:state_slots() return {m = true, v = true} end
 function Adam:init_state(p) return {m = zeros_like(p), v = zeros_like(p)} end
 
 function Adam:update(p, g, s, lr_t, step_t)
