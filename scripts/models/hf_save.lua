@@ -130,4 +130,58 @@ function M.causal_lm(lm, dir, opts, level)
   return M.write(dir, tensors, lm_config(lm, family, dtype), opts, who, level)
 end
 
+-- BERT (models.bert): the backbone as BertModel, the classifier as BertForSequenceClassification
+-- (names under "bert." plus classifier.*) ---------------------------------------------------
+
+local BERT_LAYER = {["attention.query"] = "attention.self.query", ["attention.key"] = "attention.self.key",
+  ["attention.value"] = "attention.self.value", ["attention.out"] = "attention.output.dense",
+  attention_norm = "attention.output.LayerNorm", ffn_in = "intermediate.dense", ffn_out = "output.dense",
+  ffn_norm = "output.LayerNorm"}
+local BERT_TOP = {token_embedding = "embeddings.word_embeddings", position_embedding = "embeddings.position_embeddings",
+  segment_embedding = "embeddings.token_type_embeddings", embeddings_norm = "embeddings.LayerNorm",
+  pooler = "pooler.dense"}
+local BERT_ACT = {gelu = "gelu", gelu_tanh = "gelu_pytorch_tanh", relu = "relu", silu = "silu", tanh = "tanh"}
+
+-- our backbone name -> Hugging Face's (the inverse of bert.hf_name)
+local function bert_name(name)
+  local path, leaf = name:match("^(.*)%.([%w_]+)$")
+  if BERT_TOP[path] then return BERT_TOP[path] .. "." .. leaf end
+  local i, rest = path:match("^layers%.(%d+)%.(.+)$")
+  if i and BERT_LAYER[rest] then return string.format("encoder.layer.%d.%s.%s", tonumber(i) - 1, BERT_LAYER[rest], leaf) end
+  return nil
+end
+
+function M.bert(model, dir, opts, level)
+  level = (level or 1) + 1
+  local who = "bert:save_pretrained"
+  opts = options.check(who, opts, {"max_shard_size"}, level)
+  if type(dir) ~= "string" then error(who .. ": dir must be a string, got " .. type(dir), level) end
+  local classifier = model.__name == "BertClassifier"
+  local tensors, dtype = {}, nil
+  for k, t in pairs(model:state_dict()) do
+    local hf
+    if classifier then
+      hf = k:match("^classifier%.") and k or (k:match("^backbone%.(.*)$") and bert_name(k:match("^backbone%.(.*)$")))
+      if hf and not k:match("^classifier%.") then hf = "bert." .. hf end
+    else
+      hf = bert_name(k)
+    end
+    if not hf then error(who .. ": no Hugging Face name for " .. k .. " (LoRA adapters: lora.merge first)", level) end
+    tensors[hf] = t
+    dtype = dtype or (HF_DTYPE[t.dtype] and t.dtype)
+  end
+  local c = model.config
+  local j = {architectures = {classifier and "BertForSequenceClassification" or "BertModel"}, model_type = "bert",
+    vocab_size = c.vocab, hidden_size = c.hidden, num_hidden_layers = c.layers, num_attention_heads = c.heads,
+    intermediate_size = c.ffn, max_position_embeddings = c.max_positions, type_vocab_size = c.segments,
+    layer_norm_eps = c.eps, hidden_act = BERT_ACT[c.activation], hidden_dropout_prob = c.dropout,
+    attention_probs_dropout_prob = c.dropout, position_embedding_type = "absolute", dtype = HF_DTYPE[dtype]}
+  if not j.hidden_act then error(who .. ": activation '" .. tostring(c.activation) .. "' has no Hugging Face name", level) end
+  if classifier then
+    j.id2label, j.label2id = {}, {}
+    for i = 0, model.num_classes - 1 do j.id2label[tostring(i)], j.label2id["LABEL_" .. i] = "LABEL_" .. i, i end
+  end
+  return M.write(dir, tensors, j, opts, who, level)
+end
+
 return M

@@ -1,5 +1,5 @@
--- save_pretrained_spec.lua — lm:save_pretrained (scripts/models/hf_save.lua) for the decoder
--- families: save -> from_pretrained gives the same logits (whole and sharded, f32 and bf16),
+-- save_pretrained_spec.lua — save_pretrained (scripts/models/hf_save.lua) for the decoder
+-- families and BERT: save -> from_pretrained gives the same logits (whole and sharded, f32 and bf16),
 -- Hugging Face names and config.json keys, the shard index, stale files of the other layout
 -- removed, and the refusals (LoRA adapters, meta weights, bad sizes and options).
 -- Loading by transformers was checked once with tests/fixtures/gen/check_save_pretrained.py.
@@ -99,6 +99,39 @@ describe("save_pretrained", function()
     local want = lm:logits(IDS)
     lm:save_pretrained(d)
     assert.are.equal(0, (llama.from_pretrained(d):logits(IDS) - want):abs():max():item())
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
+  it("bert: backbone (BertModel names) and classifier (bert. + classifier.) round-trip", function()
+    local bert = require "models.bert"
+    local ids = keng.tensor({{2, 5, 9, 17, 3}}, {dtype = "i64"})
+    local x = {token_ids = ids, segment_ids = keng.zeros({1, 5}, {dtype = "i64"}),
+               padding_mask = keng.ones({1, 5}, {dtype = "bool"})}
+    local m = bert.from_pretrained("tests/fixtures/bert")
+    local d = tmpdir()
+    m:save_pretrained(d .. "/bb")
+    local orig, mine = keng.load("tests/fixtures/bert/model.safetensors"), keng.load(d .. "/bb/model.safetensors")
+    for k, t in pairs(mine) do
+      assert.is_not_nil(orig[k], "not a name of the original: " .. k)
+      assert.are.same(orig[k].shape, t.shape)
+    end
+    local back = bert.from_pretrained(d .. "/bb")
+    m:eval(); back:eval()
+    assert.are.equal(0, (m(x).sequence_output - back(x).sequence_output):abs():max():item())
+    keng.manual_seed(3)
+    local c = bert.from_preset("bert_tiny", {num_classes = 3})
+    c:save_pretrained(d .. "/cls", {max_shard_size = "5MB"})
+    local j = read_json(d .. "/cls/config.json")
+    assert.are.same({"BertForSequenceClassification"}, j.architectures)
+    assert.are.equal("gelu_pytorch_tanh", j.hidden_act)
+    local idx = read_json(d .. "/cls/model.safetensors.index.json")
+    assert.is_not_nil(idx.weight_map["bert.encoder.layer.1.attention.self.query.weight"])
+    assert.is_not_nil(idx.weight_map["classifier.weight"])
+    local c2 = bert.from_pretrained(d .. "/cls")
+    c:eval(); c2:eval()
+    assert.are.equal(3, c2.num_classes)
+    assert.are.equal(0, (c(x) - c2(x)):abs():max():item())
+    H.raises(function() c:save_pretrained(d, {shard = 1}) end, "bert:save_pretrained: unknown option 'shard'")
     os.execute("rm -rf '" .. d .. "'")
   end)
 
