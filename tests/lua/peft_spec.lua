@@ -115,13 +115,21 @@ describe("PEFT adapters", function()
   it("refuses config keys it does not implement, stray tensors, other scales and bad options", function()
     local lm = llama.from_pretrained(BASE)
     for key, v in pairs({use_dora = true, use_rslora = true, bias = "all", modules_to_save = {"lm_head"},
-                         rank_pattern = {q_proj = 8}}) do
+                         layers_to_transform = {0}}) do
       local d = edited_peft(function(j) j[key] = v end)
       H.raises(function() lora.load_adapters(lm, d) end,
         "adapter_config.json sets " .. key .. " = ")
       os.execute("rm -rf '" .. d .. "'")
     end
-    local d = edited_peft(function(j) j.peft_type = "IA3" end)
+    local d = edited_peft(function(j) j.rank_pattern = {q_proj = 8} end)
+    H.raises(function() lora.load_adapters(lm, d) end,
+      "model.layers.0.self_attn.q_proj has lora_A [4,32] and lora_B [64,4] but adapter_config.json gives rank 8")
+    os.execute("rm -rf '" .. d .. "'")
+    d = edited_peft(function(j) j.alpha_pattern = {["layers%.0.*q_proj"] = 8} end)
+    H.raises(function() lora.load_adapters(lm, d) end,
+      "alpha_pattern key 'layers%.0.*q_proj' is a regular expression; keng matches plain module names only")
+    os.execute("rm -rf '" .. d .. "'")
+    d = edited_peft(function(j) j.peft_type = "IA3" end)
     H.raises(function() lora.load_adapters(lm, d) end, "peft_type is IA3; only LORA adapters are implemented")
     os.execute("rm -rf '" .. d .. "'")
     -- a tensor for a module the model lacks
@@ -149,14 +157,30 @@ describe("PEFT adapters", function()
       "unknown option 'target'")
   end)
 
-  it("save_adapters refuses layers of different ranks and Keras's per-head adapters", function()
+  it("Keras's per-head adapters and mixed ranks/alphas round-trip (rank n·r, rank_pattern, alpha_pattern)", function()
+    keng.manual_seed(6)
     local m = llama.from_pretrained(BASE)
-    lora.enable(m, {rank = 2, targets = {"query"}, per_head = false})
-    lora.enable(m, {rank = 3, targets = {"value"}, per_head = false})
-    H.raises(function() lora.save_adapters(m, tmpdir()) end, "PEFT's config holds one of each")
-    local k = llama.from_pretrained(BASE)
-    lora.enable(k, {rank = 2, targets = {"query"}})                -- per head, as Keras (the default)
-    H.raises(function() lora.save_adapters(k, tmpdir()) end,
-      "model.layers.1.self_attn.query has Keras per-head adapters [32,4,2], which PEFT cannot hold (lora.enable with per_head = false)")
+    lora.enable(m, {rank = 2, targets = {"query", "value"}})              -- per head (the default)
+    lora.enable(m, {rank = 3, alpha = 6, targets = {"down_proj"}})
+    keng.no_grad(function()
+      for _, e in ipairs(lora.adapted_layers(m)) do e[2].lora_b:copy_(keng.randn(e[2].lora_b.shape) * 0.3) end
+    end)
+    local want = m:logits(gold.input_ids)
+    local d = tmpdir()
+    lora.save_adapters(m, d)
+    local cfg = read_json(d .. "/adapter_config.json")
+    assert.are.equal(8, cfg.r)                                       -- query: 4 heads x rank 2
+    assert.are.equal(8, cfg.lora_alpha)                              -- scale 1
+    assert.are.equal(4, cfg.rank_pattern["model.layers.0.self_attn.v_proj"])   -- 2 KV heads x 2
+    assert.are.equal(3, cfg.rank_pattern["model.layers.1.mlp.down_proj"])
+    assert.are.equal(6, cfg.alpha_pattern["model.layers.1.mlp.down_proj"])
+    local t = keng.load(d .. "/adapter_model.safetensors")
+    assert.are.same({64, 8}, t["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape)
+    local fresh = llama.from_pretrained(BASE)
+    lora.load_adapters(fresh, d)
+    assert.is_true(rel_err(fresh:logits(gold.input_ids), want) < 1e-6)
+    assert.are.equal(2, rawget(fresh.model.layers[1].mlp.down_proj, "lora_scale"))
+    os.execute("rm -rf '" .. d .. "'")
   end)
+
 end)

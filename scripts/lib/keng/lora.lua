@@ -222,7 +222,8 @@ end
 
 -- adapter_config.json keys keng reads, and the ones that do not change the adapted model's math
 -- (lora_dropout acts in PEFT's training only: keng trains its adapters without dropout)
-local PEFT_USED = {r = true, lora_alpha = true, target_modules = true, peft_type = true}
+local PEFT_USED = {r = true, lora_alpha = true, target_modules = true, peft_type = true, rank_pattern = true,
+  alpha_pattern = true}
 local PEFT_HARMLESS = {base_model_name_or_path = true, revision = true, task_type = true, inference_mode = true,
   peft_version = true, init_lora_weights = true, auto_mapping = true, megatron_core = true, megatron_config = true,
   qalora_group_size = true, lora_dropout = true, loftq_config = true, eva_config = true, corda_config = true,
@@ -232,6 +233,24 @@ local PEFT_HARMLESS = {base_model_name_or_path = true, revision = true, task_typ
 local function unset(v)
   if v == nil or v == false or v == "none" then return true end
   return type(v) == "table" and next(v) == nil
+end
+
+-- the value of rank_pattern / alpha_pattern for module hf: PEFT matches each key as the end of
+-- the module name at a dot ("q_proj", "layers.0.self_attn.q_proj"); keys that are regular
+-- expressions are refused
+local function pattern_value(pat, hf, what, where)
+  if pat == nil then return nil end
+  if type(pat) ~= "table" then error(string.format("%s: %s must be an object", where, what), 4) end
+  local keys = {}
+  for k in pairs(pat) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, key in ipairs(keys) do
+    if key:find("[%^%$%(%)%[%]%*%+%?\\|{}]") then
+      error(string.format("%s: %s key '%s' is a regular expression; keng matches plain module names only", where,
+        what, key), 4)
+    end
+    if hf == key or hf:sub(-#key - 1) == "." .. key then return pat[key] end
+  end
 end
 
 local function read_file(path)
@@ -257,7 +276,8 @@ local function load_peft(model, dir)
   for _, k in ipairs(keys) do
     if not PEFT_USED[k] and not PEFT_HARMLESS[k] and not unset(cfg[k]) then
       error(string.format("%s: %s: adapter_config.json sets %s = %s, which keng's LoRA does not implement "
-        .. "(it implements r, lora_alpha and target_modules)", who, dir, k, json.encode(cfg[k])), 3)
+        .. "(it implements r, lora_alpha, rank_pattern, alpha_pattern and target_modules)", who, dir, k,
+        json.encode(cfg[k])), 3)
     end
   end
   local r, alpha = cfg.r, cfg.lora_alpha or cfg.r
@@ -291,13 +311,32 @@ local function load_peft(model, dir)
     end
   end
   if #order == 0 then error(who .. ": " .. dir .. "/adapter_model.safetensors holds no adapters", 3) end
-  if #adapted(model) == 0 then
-    lora.enable(model, {rank = r, alpha = alpha, targets = order, per_head = false})
+  -- each module's rank (its tensors') and alpha, checked against the config
+  local groups, gorder = {}, {}
+  for _, name in ipairs(order) do
+    local e = mods[name]
+    local want = pattern_value(cfg.rank_pattern, e.hf, "rank_pattern", who .. ": " .. dir) or r
+    local rm = e.A.shape[1]
+    if e.A.ndim ~= 2 or e.B.ndim ~= 2 or rm ~= want or e.B.shape[2] ~= want then
+      error(string.format("%s: %s: %s has lora_A %s and lora_B %s but adapter_config.json gives rank %d", who, dir,
+        e.hf, shape_str(e.A), shape_str(e.B), want), 3)
+    end
+    e.alpha = pattern_value(cfg.alpha_pattern, e.hf, "alpha_pattern", who .. ": " .. dir) or alpha
+    e.rank = rm
+    local g = rm .. "/" .. e.alpha
+    if not groups[g] then groups[g] = {}; gorder[#gorder + 1] = g end
+    table.insert(groups[g], name)
   end
-  local scale = alpha / r
+  if #adapted(model) == 0 then
+    for _, g in ipairs(gorder) do
+      local e = mods[groups[g][1]]
+      lora.enable(model, {rank = e.rank, alpha = e.alpha, targets = groups[g], per_head = false})
+    end
+  end
   local tbl = {}
   for _, name in ipairs(order) do
     local m = by_name[name]
+    local scale = mods[name].alpha / mods[name].rank
     if rawget(m, "lora_scale") ~= scale then
       error(string.format("%s: %s: %s has scale %s in the model but lora_alpha / r = %s in %s", who, dir, name,
         tostring(rawget(m, "lora_scale")), tostring(scale), dir), 3)
@@ -330,11 +369,27 @@ function lora.load_adapters(model, src)
   return load_table(model, src)
 end
 
+-- PEFT's A [r, in] and B [out, r] for an adapted Linear. Keras's per-head adapters (A [in, n, r],
+-- B [r, D]) become one adapter of rank n·r with a block-diagonal B: A'[(h, j), c] = A[c, h, j],
+-- B'[(h, d), (h, j)] = B[j, d], so B'·A' is exactly the per-head delta.
+local function peft_pair(m)
+  local a, b = m.lora_a:detach(), m.lora_b:detach()
+  if a.ndim == 2 then return a:transpose(1, 2):contiguous(), b:transpose(1, 2):contiguous() end
+  local fin, n, r, D = a.shape[1], a.shape[2], a.shape[3], b.shape[2]
+  local A = a:reshape{fin, n * r}:transpose(1, 2):contiguous()            -- [n·r, in]
+  local B = keng.zeros({n * D, n * r}, {dtype = b.dtype, device = b.device})
+  local bt = b:transpose(1, 2)                                            -- [D, r]
+  keng.no_grad(function()
+    for h = 0, n - 1 do B:narrow(1, h * D + 1, D):narrow(2, h * r + 1, r):copy_(bt) end
+  end)
+  return A, B
+end
+
 -- save_adapters(model, dir, {format = "peft" | "keng", base_model = nil}): writes dir (made when
 -- missing) with adapter_model.safetensors: PEFT names plus adapter_config.json ("peft", the
 -- default: loads with peft.PeftModel.from_pretrained), or keng's names ("keng"). Each file is
--- written to a temp file and renamed. PEFT needs one rank and one scale for all layers and
--- plain [in, r] adapters (not Keras's per-head ones: enable with per_head = false).
+-- written to a temp file and renamed. Layers whose rank or alpha differ from the first one's go
+-- to rank_pattern / alpha_pattern; Keras's per-head adapters are written as rank n·r (peft_pair).
 function lora.save_adapters(model, dir, opts)
   opts = options.check("lora.save_adapters", opts, {"format", "base_model"})
   local format = opts.format or "peft"
@@ -350,32 +405,31 @@ function lora.save_adapters(model, dir, opts)
     keng.save(dir .. "/adapter_model.safetensors", lora.adapters(model), {format = "pt"})
     return dir
   end
-  local rank, scale = rawget(layers[1][2], "lora_rank"), rawget(layers[1][2], "lora_scale")
+  -- the first layer's rank and alpha are the config's; layers that differ get rank_pattern /
+  -- alpha_pattern entries under their full module name
+  local function num(x) return x == math.floor(x) and math.tointeger(x) or x end
   local tensors, targets, seen = {}, {}, {}
+  local rank, alpha, rank_pattern, alpha_pattern
+  rank_pattern, alpha_pattern = {}, {}
   for _, e in ipairs(layers) do
     local name, m = e[1], e[2]
-    if m.lora_a.ndim ~= 2 then
-      error("lora.save_adapters: " .. name .. " has Keras per-head adapters " .. shape_str(m.lora_a)
-        .. ", which PEFT cannot hold (lora.enable with per_head = false)", 2)
-    end
-    if rawget(m, "lora_rank") ~= rank or rawget(m, "lora_scale") ~= scale then
-      error(string.format("lora.save_adapters: %s has rank %d and scale %s but %s has rank %d and scale %s; "
-        .. "PEFT's config holds one of each", name, rawget(m, "lora_rank"), tostring(rawget(m, "lora_scale")),
-        layers[1][1], rank, tostring(scale)), 2)
-    end
     local hf = to_hf(model, name)
-    tensors[PEFT_PREFIX .. hf .. ".lora_A.weight"] = m.lora_a:detach():transpose(1, 2):contiguous()
-    tensors[PEFT_PREFIX .. hf .. ".lora_B.weight"] = m.lora_b:detach():transpose(1, 2):contiguous()
+    local A, B = peft_pair(m)
+    local r = A.shape[1]
+    local a = num(rawget(m, "lora_scale") * r)
+    if not rank then rank, alpha = r, a end
+    if r ~= rank then rank_pattern[hf] = r end
+    if a ~= alpha then alpha_pattern[hf] = a end
+    tensors[PEFT_PREFIX .. hf .. ".lora_A.weight"] = A
+    tensors[PEFT_PREFIX .. hf .. ".lora_B.weight"] = B
     local field = hf:match("([^.]+)$")
     if not seen[field] then seen[field] = true; targets[#targets + 1] = field end
   end
   table.sort(targets)
   local json = require "keng.json"
-  local alpha = scale * rank
-  if alpha == math.floor(alpha) then alpha = math.tointeger(alpha) end
   local cfg = {peft_type = "LORA", r = rank, lora_alpha = alpha, target_modules = json.array(targets),
     lora_dropout = 0.0, bias = "none", fan_in_fan_out = false, use_rslora = false, use_dora = false,
-    modules_to_save = json.null, rank_pattern = {}, alpha_pattern = {}, init_lora_weights = true,
+    modules_to_save = json.null, rank_pattern = rank_pattern, alpha_pattern = alpha_pattern, init_lora_weights = true,
     inference_mode = true, base_model_name_or_path = opts.base_model or json.null,
     task_type = model.__name == "CausalLM" and "CAUSAL_LM" or json.null}
   mkdir()
