@@ -402,7 +402,7 @@ function train.fit(model, data, opts)
       error("fit: resume_from must be a checkpoint path, got " .. type(opts.resume_from), 2)
     end
     local ok, info = pcall(callbacks.load_training_state, opts.resume_from, model, opt)
-    if not ok then error("fit: " .. tostring(info), 2) end
+    if not ok then error("fit: " .. tostring(info):gsub("^[^\n]-%.lua:%d+: ", ""), 2) end
     if opts.initial_epoch and opts.initial_epoch ~= info.epoch then
       error(string.format("fit: initial_epoch = %d but %s was saved after epoch %d", opts.initial_epoch,
         opts.resume_from, info.epoch), 2)
