@@ -40,8 +40,9 @@ end
 -- Shards fill in name order; a tensor larger than the limit gets a shard of its own (as
 -- transformers). Files left from an earlier save in the other layout are removed, so a loader
 -- cannot pick a stale one.
-function M.write(dir, tensors, config, opts, who, level)
+function M.write(dir, tensors, config, opts, who, level, base)
   level = level + 1
+  base = base or "model"                             -- diffusers: "diffusion_pytorch_model"
   local max = M.parse_size(opts.max_shard_size or "5GB", who, level)
   local names, total = {}, 0
   for k, t in pairs(tensors) do
@@ -52,9 +53,9 @@ function M.write(dir, tensors, config, opts, who, level)
   table.sort(names)
   os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
   local meta = {format = "pt"}
-  local index = dir .. "/model.safetensors.index.json"
+  local index = dir .. "/" .. base .. ".safetensors.index.json"
   if total <= max then
-    keng.save(dir .. "/model.safetensors", tensors, meta)
+    keng.save(dir .. "/" .. base .. ".safetensors", tensors, meta)
     os.remove(index)
   else
     local shards, cur, size = {}, {}, 0
@@ -66,13 +67,13 @@ function M.write(dir, tensors, config, opts, who, level)
     shards[#shards + 1] = cur
     local map = {}
     for i, list in ipairs(shards) do
-      local file = string.format("model-%05d-of-%05d.safetensors", i, #shards)
+      local file = string.format("%s-%05d-of-%05d.safetensors", base, i, #shards)
       local part = {}
       for _, k in ipairs(list) do part[k], map[k] = tensors[k], file end
       keng.save(dir .. "/" .. file, part, meta)
     end
     write_text(index, json.encode({metadata = {total_size = total}, weight_map = map}, {indent = "  "}) .. "\n", who, level)
-    os.remove(dir .. "/model.safetensors")
+    os.remove(dir .. "/" .. base .. ".safetensors")
   end
   write_text(dir .. "/config.json", json.encode(config, {indent = "  "}) .. "\n", who, level)
   return dir
@@ -128,6 +129,24 @@ function M.causal_lm(lm, dir, opts, level)
     if k == "model.embed_tokens.weight" then dtype = t.dtype end
   end
   return M.write(dir, tensors, lm_config(lm, family, dtype), opts, who, level)
+end
+
+-- diffusers models (UNet, VAE): keng's names are diffusers' and model.config is the config.json
+-- that built the model, so both are written back as they are -------------------------------
+
+function M.diffusers(model, dir, opts, class_name, level)
+  level = (level or 1) + 1
+  local who = model.__name .. ":save_pretrained"
+  opts = options.check(who, opts, {"max_shard_size"}, level)
+  if type(dir) ~= "string" then error(who .. ": dir must be a string, got " .. type(dir), level) end
+  local tensors = {}
+  for k, t in pairs(model:state_dict()) do
+    if k:find("%.lora_[ab]$") then error(who .. ": the model has LoRA adapters (" .. k .. "): lora.merge first", level) end
+    tensors[k] = t
+  end
+  local cfg = {_class_name = class_name}
+  for k, v in pairs(model.config) do cfg[k] = v end
+  return M.write(dir, tensors, cfg, opts, who, level, "diffusion_pytorch_model")
 end
 
 -- BERT (models.bert): the backbone as BertModel, the classifier as BertForSequenceClassification

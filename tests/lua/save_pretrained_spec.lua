@@ -135,6 +135,28 @@ describe("save_pretrained", function()
     os.execute("rm -rf '" .. d .. "'")
   end)
 
+  it("unet / vae: diffusers names and config back, whole and sharded, weights equal", function()
+    for _, e in ipairs({{"unet", "UNet2DConditionModel"}, {"vae", "AutoencoderKL"}}) do
+      local mod = require("models." .. e[1])
+      local m = mod.from_pretrained("tests/fixtures/sd/" .. e[1])
+      local d = tmpdir()
+      m:save_pretrained(d .. "/whole")
+      m:save_pretrained(d .. "/sharded", {max_shard_size = "100KB"})
+      assert.is_true(exists(d .. "/whole/diffusion_pytorch_model.safetensors"))
+      assert.is_true(exists(d .. "/sharded/diffusion_pytorch_model.safetensors.index.json"))
+      assert.is_true(exists(d .. "/sharded/diffusion_pytorch_model-00001-of-00003.safetensors")
+        or exists(d .. "/sharded/diffusion_pytorch_model-00001-of-00007.safetensors"))
+      assert.are.equal(e[2], read_json(d .. "/whole/config.json")._class_name)
+      local want = m:state_dict()
+      for _, layout in ipairs({"whole", "sharded"}) do
+        local got = mod.from_pretrained(d .. "/" .. layout):state_dict()
+        for k, t in pairs(want) do assert.are.equal(0, (got[k] - t):abs():max():item(), k) end
+      end
+      H.raises(function() m:save_pretrained(d, {shards = 2}) end, e[2] .. ":save_pretrained: unknown option 'shards'")
+      os.execute("rm -rf '" .. d .. "'")
+    end
+  end)
+
   it("refuses bad sizes, unknown options, meta weights and a model without a family", function()
     local llama = require "models.llama"
     local lm = llama.from_pretrained("tests/fixtures/llama")
