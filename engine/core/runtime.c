@@ -35,6 +35,12 @@ void kg_manual_seed(uint64_t seed) {
   rng.offset = 0;
 }
 
+/* The whole generator is this pair: every device draws from it (see keng.h), so saving it with a
+ * checkpoint and putting it back makes a resumed run draw exactly what an uninterrupted one would. */
+kg_philox_state kg_get_rng_state(void) { return rng; }
+
+void kg_set_rng_state(kg_philox_state s) { rng = s; }
+
 kg_philox_state kg_rng_reserve(uint64_t n) {
   kg_philox_state s = rng;
   rng.offset += (n + 3) & ~(uint64_t)3; /* keep each op's draw aligned to a Philox block */

@@ -142,6 +142,11 @@ function Classifier:forward(...)  -- inputs table (or the three tensors) -> logi
 end
 nn.Module.plumbing[Classifier.forward] = true  -- the backbone's input errors name the user's call
 
+-- m:save_pretrained(dir, {max_shard_size = "5GB"}): a Hugging Face BertModel (backbone) or
+-- BertForSequenceClassification (classifier) directory (scripts/models/hf_save.lua)
+function Backbone:save_pretrained(dir, opts) return require("models.hf_save").bert(self, dir, opts, 2) end
+function Classifier:save_pretrained(dir, opts) return require("models.hf_save").bert(self, dir, opts, 2) end
+
 ---------------------------------------------------------------------------------------------
 -- Hugging Face names -> ours
 

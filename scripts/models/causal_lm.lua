@@ -491,6 +491,21 @@ function M.hf_to_keng(name)
   return name
 end
 
+-- the inverse: our name -> the checkpoint name ("model.layers.1.self_attn.query.weight" ->
+-- "model.layers.0.self_attn.q_proj.weight"); module names map too (keng.lora's PEFT adapters)
+local PROJ_HF = {query = "q_proj", key = "k_proj", value = "v_proj", output = "o_proj"}
+function M.keng_to_hf(name)
+  local n, rest = name:match("^model%.layers%.(%d+)%.(.*)$")
+  if not n then return name end
+  local field, tail = rest:match("^self_attn%.([%w_]+)(.*)$")
+  if field and PROJ_HF[field] then rest = "self_attn." .. PROJ_HF[field] .. tail end
+  return string.format("model.layers.%d.%s", tonumber(n) - 1, rest)
+end
+function CausalLM:hf_name(name) return M.keng_to_hf(name) end
+function CausalLM:keng_name(name) return M.hf_to_keng(name) end
+-- lm:save_pretrained(dir, {max_shard_size = "5GB"}): config.json + safetensors under HF names
+function CausalLM:save_pretrained(dir, opts) return require("models.hf_save").causal_lm(self, dir, opts, 2) end
+
 -- load_hf(lm, tensors): copies a Hugging Face state dict into lm (strict: every missing,
 -- unexpected and mis-shaped tensor is named, with both shapes)
 function M.load_hf(lm, tensors, level)
@@ -694,6 +709,7 @@ function M.family(spec)
   -- build(cfg, opts) -> CausalLM (random weights, or shapes only on device = "meta")
   function F.build(cfg, opts)
     local lm = CausalLM(cfg, opts)
+    rawset(lm, "family", spec.name)                                 -- save_pretrained's model_type
     if spec.add_bos ~= false then rawset(lm, "add_bos", true) end
     return lm
   end

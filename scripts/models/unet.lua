@@ -323,6 +323,9 @@ function TimestepEmbedding:forward(x) return self.linear_2(self.linear_1(x):silu
 -- the UNet
 
 local UNet = nn.Module:extend("UNet2DConditionModel")
+-- m:save_pretrained(dir, {max_shard_size = "5GB"}): a diffusers directory (config.json +
+-- diffusion_pytorch_model.safetensors, or shards + index; scripts/models/hf_save.lua)
+function UNet:save_pretrained(dir, opts) return require("models.hf_save").diffusers(self, dir, opts, "UNet2DConditionModel", 2) end
 M.UNet2DConditionModel = UNet
 
 local SUPPORTED_DOWN = {CrossAttnDownBlock2D = true, DownBlock2D = true}

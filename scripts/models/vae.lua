@@ -159,6 +159,9 @@ end
 -- AutoencoderKL
 
 local VAE = nn.Module:extend("AutoencoderKL")
+-- m:save_pretrained(dir, {max_shard_size = "5GB"}): a diffusers directory (config.json +
+-- diffusion_pytorch_model.safetensors, or shards + index; scripts/models/hf_save.lua)
+function VAE:save_pretrained(dir, opts) return require("models.hf_save").diffusers(self, dir, opts, "AutoencoderKL", 2) end
 M.AutoencoderKL = VAE
 
 -- VAE(cfg, {dtype =, device =})

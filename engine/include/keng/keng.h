@@ -303,6 +303,9 @@ void kg_manual_seed(uint64_t seed);
 typedef struct {
   uint64_t seed, offset;
 } kg_philox_state;
+/* The generator's position (for checkpoints) and putting it back. */
+kg_philox_state kg_get_rng_state(void);
+void kg_set_rng_state(kg_philox_state s);
 /* Reserves n 32-bit words of the stream and returns where they start. */
 kg_philox_state kg_rng_reserve(uint64_t n);
 

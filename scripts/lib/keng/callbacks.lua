@@ -90,17 +90,88 @@ local function fill_path(path, epoch, logs)
 end
 callbacks.fill_path = fill_path
 
+-- ---- training checkpoints (exact resume) -------------------------------------------------------
+-- One safetensors file holds everything a resume needs: the model's state_dict under its own
+-- names, the optimizer's tensors under the reserved prefix "__optimizer__." and, in the string
+-- metadata, the optimizer's scalars ("__optimizer__.iterations", ".lr", ".kind",
+-- "__optimizer__.<param>.step"), "epoch", "global_step" and the generator ("rng_seed",
+-- "rng_offset"). One file rather than a sibling because keng.save writes it with a single
+-- rename: a crash can never pair the weights of one epoch with the optimizer of another.
+local OPT = "__optimizer__."
+callbacks.OPTIMIZER_PREFIX = OPT
+
+-- save_training_state(path, model, opt, {epoch =, global_step =, meta =}): the file above
+function callbacks.save_training_state(path, model, opt, info)
+  info = info or {}
+  local tensors, meta = {}, {format = "pt"}
+  for k, v in pairs(info.meta or {}) do meta[k] = v end
+  for k, t in pairs(model:state_dict()) do tensors[k] = t end
+  for k, v in pairs(opt:state_dict{flat = true, names = model}) do
+    if keng.is_tensor(v) then tensors[OPT .. k] = v
+    elseif math.type(v) == "integer" then meta[OPT .. k] = string.format("%d", v)
+    elseif type(v) == "number" then meta[OPT .. k] = string.format("%.17g", v)
+    else meta[OPT .. k] = tostring(v) end
+  end
+  local rng = keng.get_rng_state()
+  meta.rng_seed, meta.rng_offset = string.format("%d", rng.seed), string.format("%d", rng.offset)
+  if info.epoch then meta.epoch = string.format("%d", info.epoch) end
+  if info.global_step then meta.global_step = string.format("%d", info.global_step) end
+  keng.save(path, tensors, meta)
+end
+
+local function meta_int(path, meta, key)
+  local v = meta[key] and math.tointeger(tonumber(meta[key]))
+  if not v then
+    error(string.format("resume_from: %s: metadata '%s' is %s, not an integer (was it written by "
+      .. "ModelCheckpoint{save_optimizer = true}?)", path, key, meta[key] and "'" .. meta[key] .. "'" or "missing"), 0)
+  end
+  return v
+end
+
+-- load_training_state(path, model, opt) -> {epoch =, global_step =}: puts back the weights
+-- (strict), the optimizer state (names checked) and the generator from save_training_state.
+function callbacks.load_training_state(path, model, opt)
+  local sd, meta = keng.load(path)
+  local weights, flat = {}, {}
+  for k, t in pairs(sd) do
+    if k:sub(1, #OPT) == OPT then flat[k:sub(#OPT + 1)] = t else weights[k] = t end
+  end
+  if meta[OPT .. "kind"] == nil then
+    error("resume_from: " .. path .. " holds no optimizer state (save it with ModelCheckpoint(path, {save_optimizer = true}))", 0)
+  end
+  for k, v in pairs(meta) do
+    if k:sub(1, #OPT) == OPT then
+      local key = k:sub(#OPT + 1)
+      if key == "kind" then flat.kind = v
+      elseif key == "lr" then flat.lr = tonumber(v)
+      else flat[key] = meta_int(path, meta, k) end
+    end
+  end
+  local info = {epoch = meta_int(path, meta, "epoch"), global_step = meta_int(path, meta, "global_step")}
+  local rng = {seed = meta_int(path, meta, "rng_seed"), offset = meta_int(path, meta, "rng_offset")}
+  model:load_state_dict(weights)
+  opt:load_state_dict(flat, {names = model})
+  keng.set_rng_state(rng)
+  return info
+end
+
 -- ModelCheckpoint(path, {monitor = "val_loss", save_best_only = false, mode = "auto",
--- verbose = 0}): saves model:state_dict() with keng.save (atomic) at each epoch end, or only
--- when the monitored value improves. path may hold {epoch} and {<log name>:<fmt>}.
+-- verbose = 0, save_optimizer = false}): saves model:state_dict() with keng.save (atomic) at
+-- each epoch end, or only when the monitored value improves. path may hold {epoch} and
+-- {<log name>:<fmt>}. save_optimizer = true also saves what fit{resume_from = path} needs to
+-- continue exactly (save_training_state above).
 local ModelCheckpoint = Callback:extend("ModelCheckpoint")
 function ModelCheckpoint:init(path, opts)
   if type(path) ~= "string" then error("ModelCheckpoint(path, opts): path must be a string", 3) end
-  opts = options.check("ModelCheckpoint", opts, {"monitor", "save_best_only", "mode", "verbose"}, 3)
+  opts = options.check("ModelCheckpoint", opts, {"monitor", "save_best_only", "mode", "verbose", "save_optimizer"}, 3)
   self.path, self.monitor = path, opts.monitor or "val_loss"
   self.save_best_only, self.verbose = opts.save_best_only or false, opts.verbose or 0
+  self.save_optimizer = opts.save_optimizer or false
   self.better, self.best = comparer(opts.mode, self.monitor)
   self.saved = {}
+end
+function ModelCheckpoint:on_batch_end(step, logs)
+  self.global_step = logs.global_step
 end
 function ModelCheckpoint:on_epoch_end(epoch, logs)
   local value
@@ -112,7 +183,13 @@ function ModelCheckpoint:on_epoch_end(epoch, logs)
   local path = fill_path(self.path, epoch, logs)
   local meta = {epoch = tostring(epoch), format = "pt"}
   for k, v in pairs(logs) do if type(v) == "number" then meta[k] = string.format("%.17g", v) end end
-  keng.save(path, self.model:state_dict(), meta)
+  if self.save_optimizer then
+    if not self.optimizer then error("ModelCheckpoint: save_optimizer needs fit's optimizer (cb.optimizer is nil)", 0) end
+    callbacks.save_training_state(path, self.model, self.optimizer,
+      {epoch = epoch, global_step = self.global_step or 0, meta = meta})
+  else
+    keng.save(path, self.model:state_dict(), meta)
+  end
   self.saved[#self.saved + 1] = path
   if self.verbose > 0 then
     print(string.format("Epoch %d: saved %s%s", epoch, path,

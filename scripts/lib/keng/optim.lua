@@ -245,20 +245,99 @@ end
 
 local function zeros_like(p) return keng.zeros(p.shape, {dtype = p.dtype, device = p.device}) end
 
--- {iterations, lr, state = {[i] = {step, <name> = tensor clone}}}; tensors are copies.
-function Optimizer:state_dict()
+-- names for the parameters in a flat state: from a module (its named_parameters, matched by
+-- identity), a list (names[i] for params[i]) or nil ("param1", "param2", ...)
+local function param_names(self, names, fname)
+  local out = {}
+  if type(names) == "table" and type(names.named_parameters) == "function" then
+    local by = {}
+    for n, t in pairs(names:named_parameters()) do   -- a tied tensor: its first name in sort order
+      if not by[t] or n < by[t] then by[t] = n end
+    end
+    for i, p in ipairs(self.params) do out[i] = by[p] or ("param" .. i) end
+  elseif type(names) == "table" then
+    for i = 1, #self.params do
+      if type(names[i]) ~= "string" then
+        error(string.format("%s: names[%d] must be a string (one name per parameter), got %s", fname, i, type(names[i])), 3)
+      end
+      out[i] = names[i]
+    end
+  elseif names == nil then
+    for i = 1, #self.params do out[i] = "param" .. i end
+  else
+    error(fname .. ": names must be a module or a list of names, got " .. type(names), 3)
+  end
+  return out
+end
+
+-- state_dict() -> {kind, iterations, lr, state = {[i] = {step, <name> = tensor clone}}}; tensors
+-- are copies.
+-- state_dict{flat = true, names = model} -> one level of name -> value, for a safetensors file:
+--   "<param name>.<slot>" = tensor copy (slot m, v, momentum), "<param name>.step" = integer,
+--   "kind" = "AdamW", "iterations" = integer, "lr" = number.
+-- Parameters are named by `names` (see param_names), so the state survives a rebuilt model.
+function Optimizer:state_dict(opts)
+  opts = options.check(self.__name .. ":state_dict", opts, {"flat", "names"})
   local state = {}
   for i, s in pairs(self.state) do
     local c = {}
     for k, v in pairs(s) do c[k] = keng.is_tensor(v) and v:clone() or v end
     state[i] = c
   end
-  return {kind = self.__name, iterations = self.iterations, lr = self.lr, state = state}
+  if not opts.flat then
+    if opts.names ~= nil then error(self.__name .. ":state_dict: names needs flat = true", 2) end
+    return {kind = self.__name, iterations = self.iterations, lr = self.lr, state = state}
+  end
+  local names = param_names(self, opts.names, self.__name .. ":state_dict")
+  local flat = {kind = self.__name, iterations = self.iterations, lr = self.lr}
+  for i, c in pairs(state) do
+    for k, v in pairs(c) do flat[names[i] .. "." .. k] = v end
+  end
+  return flat
 end
 
-function Optimizer:load_state_dict(sd)
+-- the nested form of a flat state (errors name the unknown or missing keys)
+local function unflatten(self, flat, names, fname)
+  local index = {}
+  for i, n in ipairs(param_names(self, names, fname)) do index[n] = i end
+  local state, unknown = {}, {}
+  for k, v in pairs(flat) do
+    if k ~= "kind" and k ~= "iterations" and k ~= "lr" then
+      local pname, slot = tostring(k):match("^(.*)%.([%w_]+)$")
+      local i = pname and index[pname]
+      if not i then
+        unknown[#unknown + 1] = tostring(k)
+      else
+        state[i] = state[i] or {}
+        state[i][slot] = v
+      end
+    end
+  end
+  if #unknown > 0 then
+    table.sort(unknown)
+    local known = {}
+    for n in pairs(index) do known[#known + 1] = n end
+    table.sort(known)
+    error(string.format("%s: unknown key(s) %s: no parameter of this optimizer has that name (parameters: %s)",
+      fname, table.concat(unknown, ", "), table.concat(known, ", ")), 3)
+  end
+  for i, s in pairs(state) do
+    if math.type(s.step) ~= "integer" then
+      error(string.format("%s: parameter '%s' has state but no integer step", fname,
+        param_names(self, names, fname)[i]), 3)
+    end
+  end
+  return {kind = flat.kind, iterations = flat.iterations, lr = flat.lr, state = state}
+end
+
+-- load_state_dict(sd, {names =}) takes either form of state_dict (the flat one when sd has no
+-- `state` table; names as given to state_dict). Slots the optimizer does not use, shapes that
+-- differ and names of no parameter are refused by name.
+function Optimizer:load_state_dict(sd, opts)
   local fname = self.__name .. ":load_state_dict"
-  if type(sd) ~= "table" or type(sd.state) ~= "table" then error(fname .. ": expected a table from state_dict()", 2) end
+  opts = options.check(fname, opts, {"names"})
+  if type(sd) ~= "table" then error(fname .. ": expected a table from state_dict()", 2) end
+  if type(sd.state) ~= "table" then sd = unflatten(self, sd, opts.names, fname) end
   if sd.kind and sd.kind ~= self.__name then
     error(string.format("%s: the state is from a %s, not a %s", fname, sd.kind, self.__name), 2)
   end
@@ -270,8 +349,16 @@ function Optimizer:load_state_dict(sd)
     local c, keys = {}, {}
     for k in pairs(s) do keys[#keys + 1] = k end
     table.sort(keys)
+    local slots = self:state_slots()
     for _, k in ipairs(keys) do
       local v = s[k]
+      if k ~= "step" and (slots[k] == nil or not keng.is_tensor(v)) then
+        local valid = {"step"}
+        for n in pairs(slots) do valid[#valid + 1] = n end
+        table.sort(valid)
+        error(string.format("%s: parameter %d: unknown state '%s' for %s (valid: %s)", fname, i, tostring(k),
+          self.__name, table.concat(valid, ", ")), 2)
+      end
       if keng.is_tensor(v) then
         local ps, vs = p.shape, v.shape
         if table.concat(ps, ",") ~= table.concat(vs, ",") then
@@ -309,6 +396,9 @@ function SGD:check(fname)
                nesterov = h.nesterov, decoupled = h.decoupled, step = 1}
 end
 
+-- the state tensors init_state makes (load_state_dict refuses others, without allocating them)
+function SGD:state_slots() return self.hyper.momentum > 0 and {momentum = true} or {} end
+
 function SGD:init_state(p)
   return {momentum = self.hyper.momentum > 0 and zeros_like(p) or nil}
 end
@@ -336,6 +426,7 @@ function Adam:check(fname)
                decoupled = h.decoupled, step = 1}
 end
 
+function Adam:state_slots() return {m = true, v = true} end
 function Adam:init_state(p) return {m = zeros_like(p), v = zeros_like(p)} end
 
 function Adam:update(p, g, s, lr_t, step_t)

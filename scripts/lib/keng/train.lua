@@ -238,12 +238,13 @@ end
 
 local FIT_OPTS = {"loss", "optimizer", "lr", "epochs", "batch_size", "steps_per_epoch", "shuffle", "metrics",
   "validation_data", "validation_batch_size", "validation_steps", "callbacks", "clip_norm", "verbose", "loss_opts",
-  "from_logits"}
+  "from_logits", "initial_epoch", "resume_from"}
 local EVALUATE_OPTS = {"loss", "metrics", "batch_size", "steps", "verbose", "loss_opts", "from_logits"}
 
 -- the count options that are present: epochs >= 0, the others >= 1 (raises at the user's line)
 local function check_counts(who, opts)
   if opts.epochs ~= nil then options.integer(who, "epochs", opts.epochs, 0, 3) end
+  if opts.initial_epoch ~= nil then options.integer(who, "initial_epoch", opts.initial_epoch, 0, 3) end
   for _, k in ipairs({"batch_size", "steps_per_epoch", "steps", "validation_batch_size", "validation_steps"}) do
     if opts[k] ~= nil then options.integer(who, k, opts[k], 1, 3) end
   end
@@ -394,9 +395,27 @@ function train.fit(model, data, opts)
     end
   end
 
+  -- resume: epochs counts the whole run; initial_epoch epochs are already done (Keras)
+  local first, global = (opts.initial_epoch or 0) + 1, 0
+  if opts.resume_from ~= nil then
+    if type(opts.resume_from) ~= "string" then
+      error("fit: resume_from must be a checkpoint path, got " .. type(opts.resume_from), 2)
+    end
+    local ok, info = pcall(callbacks.load_training_state, opts.resume_from, model, opt)
+    if not ok then error("fit: " .. tostring(info):gsub("^[^\n]-%.lua:%d+: ", ""), 2) end
+    if opts.initial_epoch and opts.initial_epoch ~= info.epoch then
+      error(string.format("fit: initial_epoch = %d but %s was saved after epoch %d", opts.initial_epoch,
+        opts.resume_from, info.epoch), 2)
+    end
+    first, global = info.epoch + 1, info.global_step
+  end
+  if first - 1 > epochs then
+    error(string.format("fit: %d epochs are already done (initial_epoch) but epochs = %d: epochs counts the "
+      .. "whole run, not the epochs still to go", first - 1, epochs), 2)
+  end
+
   call_cbs(cbs, "on_train_begin", {})
-  local global = 0
-  for epoch = 1, epochs do
+  for epoch = first, epochs do
     call_cbs(cbs, "on_epoch_begin", epoch, {})
     if verbose == 1 then print(string.format("Epoch %d/%d", epoch, epochs)) end
     local bar = verbose > 0 and progress.new(src.steps, {verbose = verbose}) or nil
@@ -442,7 +461,7 @@ function train.fit(model, data, opts)
     end
     if step == 0 then
       -- an iterator that is spent: end training (epoch 1 with no data is a mistake)
-      if epoch == 1 then error("fit: data gave no batches", 2) end
+      if epoch == first then error("fit: data gave no batches", 2) end
       hist.stop_reason = "data exhausted at epoch " .. epoch
       break
     end
