@@ -48,6 +48,7 @@ local DDIM_KEYS = {num_train_timesteps = true, beta_start = true, beta_end = tru
   clip_sample = true, clip_sample_range = true, rescale_betas_zero_snr = true, thresholding = true,
   dynamic_thresholding_ratio = true, sample_max_value = true,  -- used only with thresholding (refused)
   _class_name = true, _diffusers_version = true}
+M.DDIM_KEYS = DDIM_KEYS
 
 -- numpy's round (half to even), as diffusers rounds timesteps
 local function round_half_even(x)
@@ -142,6 +143,15 @@ function DDIM:set_timesteps(n)
   end
   self.timesteps, self.num_inference_steps = ts, n
   return ts
+end
+
+-- the scheduler interface of models.schedulers: DDIM feeds the UNet x as is
+function DDIM:scale_model_input(x) return x end
+function DDIM:set_begin_index() end
+-- add_noise(x0, noise, t): sqrt(abar_t)·x0 + sqrt(1 - abar_t)·noise (img2img's start)
+function DDIM:add_noise(x0, noise, t)
+  local a = self:alpha_bar(math.tointeger(t))
+  return x0 * math.sqrt(a) + noise * math.sqrt(1 - a)
 end
 
 -- step(eps, t, x) -> x at the previous timestep (eta 0): x0 = (x - sqrt(1-ab_t)·eps)/sqrt(ab_t),
