@@ -356,10 +356,16 @@ local function sigma_scale(self, x, t)
   return x / math.sqrt(sigma * sigma + 1)
 end
 
--- add_noise(x0, noise, t) (img2img's start): x0 + sigma·noise at t (the begin index if set)
+-- the sigma index add_noise uses, as diffusers: t's own without a begin index, else the current
+-- step (inpainting re-noises the known region during the loop), else the begin index
+function Base:_noise_index(t)
+  if not self.begin_index then return self:index_for_timestep(t) end
+  return self.step_index or self.begin_index + 1
+end
+
+-- add_noise(x0, noise, t) (img2img's start): x0 + sigma·noise at t
 local function sigma_add_noise(self, x0, noise, t)
-  local i = self.begin_index and self.begin_index + 1 or self:index_for_timestep(t)
-  return x0 + noise * self.sigmas[i]
+  return x0 + noise * self.sigmas[self:_noise_index(t)]
 end
 
 -- add_noise for alpha schedulers: sqrt(abar_t)·x0 + sqrt(1 - abar_t)·noise
@@ -519,8 +525,7 @@ local function als(sigma)
 end
 
 function DPM:add_noise(x0, noise, t)
-  local i = self.begin_index and self.begin_index + 1 or self:index_for_timestep(t)
-  local a, s = als(self.sigmas[i])
+  local a, s = als(self.sigmas[self:_noise_index(t)])
   return x0 * a + noise * s
 end
 
