@@ -1,6 +1,7 @@
--- models.stable_diffusion — text-to-image with latent diffusion (Rombach et al. 2022): the CLIP
--- text encoder (models.clip), the UNet denoiser (models.unet), the VAE (models.vae), a DDIM
--- scheduler (Song et al. 2020, eta 0) and classifier-free guidance (Ho & Salimans 2022).
+-- models.stable_diffusion — text-to-image, image-to-image and inpainting with latent diffusion
+-- (Rombach et al. 2022): the CLIP text encoder (models.clip), the UNet denoiser (models.unet),
+-- the VAE (models.vae), a scheduler (DDIM here, Song et al. 2020, eta 0; the others in
+-- models.schedulers) and classifier-free guidance (Ho & Salimans 2022).
 -- Reference: diffusers StableDiffusionPipeline and DDIMScheduler (SD v1 scheduler config:
 -- scaled-linear betas 0.00085 .. 0.012 over 1000 steps, "leading" spacing, steps_offset 1,
 -- set_alpha_to_one false, epsilon prediction).
@@ -9,6 +10,8 @@
 --   local pipe = sd.from_preset("sd_tiny")                     -- random weights (noise pictures)
 --   local pipe = sd.from_pretrained("path/to/stable-diffusion-v1-4")  -- the diffusers layout
 --   local img = pipe:text_to_image("an astronaut riding a horse", {num_steps = 50, seed = 0})
+--   local img2 = pipe:img2img("a watercolour", img, {strength = 0.6, scheduler = "euler"})
+--   local img3 = pipe:inpaint("a red hat", img, mask, {scheduler = "dpmpp_2m_karras"})
 --   require("keng.image").write_png("out.png", img[1])        -- img: u8 [B, H, W, 3]
 --
 -- Shape letters: B batch, L latent channels (4), h/w latent size (H/f, W/f with f the VAE's

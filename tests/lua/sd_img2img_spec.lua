@@ -2,7 +2,7 @@
 -- (tests/fixtures/sd_sched/pipes.safetensors, written by tests/fixtures/gen/gen_sd_img2img.py):
 -- StableDiffusionImg2ImgPipeline with Euler (strength 0.6), StableDiffusionInpaintPipeline with
 -- the 9-channel inpainting UNet and DPM++ 2M Karras (strength 1) and with the plain UNet's mask
--- blending and DDIM (strength 0.75), on tests/fixtures/sd's tiny UNet/VAE and tests/fixtures/clip's
+-- blending and DDIM (strength 0.75), StableDiffusionPipeline with Euler ancestral and PNDM, on tests/fixtures/sd's tiny UNet/VAE and tests/fixtures/clip's
 -- text encoder; diffusers' random draws (VAE posterior samples, start noise) are injected in order
 -- through opts.randn. Images: within 0.5 of diffusers' unrounded x255 values, i.e. the same u8
 -- rounding (as sd_spec: the UNet/VAE agree to ~2e-6, the schedulers to ~2e-6, far under one
@@ -85,6 +85,17 @@ describe("Stable Diffusion img2img and inpaint", function()
       randn = randn})
     same_image(img, gold.inpaint4_image, "inpaint 4ch")
     assert.are.equal(3, count())
+  end)
+
+  it("text_to_image with Euler ancestral (its noise through randn) and PNDM matches diffusers", function()
+    local pipe = pipeline(FIX .. "/unet")
+    for _, case in ipairs{{"t2i_euler_a", "euler_a", 4}, {"t2i_pndm", "pndm", 1}} do
+      local randn, count = draws(case[1])
+      local img = pipe:text_to_image(PROMPT, {num_steps = 3, guidance_scale = 7.5, height = 32, width = 32,
+        scheduler = case[2], randn = randn})
+      same_image(img, gold[case[1] .. "_image"], case[1])
+      assert.are.equal(case[3], count())
+    end
   end)
 
   it("names bad input", function()
