@@ -110,12 +110,14 @@ end
 local function f32(x) return (string.unpack("f", string.pack("f", x))) end
 
 -- alphas_cumprod[t + 1], t = 0..N-1, of config c (betas as diffusers builds them)
-local function alphas_cumprod(c, who)
+-- (level: error()'s, from this function)
+local function alphas_cumprod(c, who, level)
+  level = level or 2
   local N = c.num_train_timesteps
   local betas = c.trained_betas
   if betas ~= nil then
     if type(betas) ~= "table" or #betas ~= N then
-      error(string.format("%s: trained_betas must be a list of num_train_timesteps = %d numbers", who, N), 4)
+      error(string.format("%s: trained_betas must be a list of num_train_timesteps = %d numbers", who, N), level)
     end
   else
     betas = {}
@@ -130,7 +132,7 @@ local function alphas_cumprod(c, who)
         betas[i + 1] = math.min(1 - abar((i + 1) / N) / abar(i / N), 0.999)
       else
         error(string.format("%s: unsupported beta_schedule %s (scaled_linear, linear, squaredcos_cap_v2 or " ..
-          "trained_betas)", who, tostring(c.beta_schedule)), 4)
+          "trained_betas)", who, tostring(c.beta_schedule)), level)
       end
     end
   end
@@ -149,16 +151,16 @@ Base.__index = Base
 local function check_config(name, cfg, level)
   local C = CLASSES[name]
   local who = "schedulers." .. name
-  options.check(who, cfg, C.keys, level + 1, "config key")
+  options.check(who, cfg, C.keys, level, "config key")
   local c = common.overlay(common.overlay(M.SD_V1, DEFAULTS[name]), cfg)
-  options.config(who, c, C.rules, level + 1)
+  options.config(who, c, C.rules, level)
   if c.prediction_type ~= "epsilon" and c.prediction_type ~= "v_prediction" then
     error(string.format("%s: config prediction_type = %s is not supported (epsilon or v_prediction)", who,
-      tostring(c.prediction_type)), level + 1)
+      tostring(c.prediction_type)), level)
   end
   for _, sp in ipairs{"linspace", "leading", "trailing"} do if c.timestep_spacing == sp then return c end end
   error(string.format("%s: config timestep_spacing = %s is not supported (linspace, leading or trailing)", who,
-    tostring(c.timestep_spacing)), level + 1)
+    tostring(c.timestep_spacing)), level)
 end
 
 local impl = {}   -- name -> metatable
@@ -179,12 +181,12 @@ function M.new(name, cfg, level)
   end
   local s = setmetatable({name = name, config = c, who = "schedulers." .. name,
     num_train_timesteps = c.num_train_timesteps}, impl[name])
-  s.alphas_cumprod = alphas_cumprod(c, s.who)
+  s.alphas_cumprod = alphas_cumprod(c, s.who, level + 1)
   s.noise = function(shape, like)
     local d = like.device
     return keng.randn(shape, {device = d ~= "cpu" and d or nil}):to(like.dtype)
   end
-  s:init()
+  s:init(level + 1)
   return s
 end
 
@@ -197,10 +199,14 @@ function M.from_config(name, cfg, level)
     local DDIM_KEYS = require("models.stable_diffusion").DDIM_KEYS
     local c = {}
     for k, v in pairs(cfg or {}) do if DDIM_KEYS[k] and k:sub(1, 1) ~= "_" then c[k] = v end end
-    return M.new("ddim", c, level + 1)
+    local s = M.new("ddim", c, level + 1)   -- not a tail call: error levels count this frame
+    return s
   end
   local C = CLASSES[name]
-  if not C then return M.new(name, cfg, level + 1) end
+  if not C then
+    local s = M.new(name, cfg, level + 1)
+    return s
+  end
   local any = {}
   for _, K in pairs(CLASSES) do for k in pairs(K.keys) do any[k] = true end end
   for k in pairs(require("models.stable_diffusion").DDIM_KEYS) do any[k] = true end
@@ -208,13 +214,16 @@ function M.from_config(name, cfg, level)
   for k, v in pairs(cfg or {}) do
     if C.keys[k] then c[k] = v
     elseif not any[k] and k:sub(1, 1) ~= "_" then
-      error(string.format("schedulers.%s: unknown scheduler config key '%s'", name, tostring(k)), level)
+      local valid = sorted_names(C.keys)
+      error(string.format("schedulers.%s: unknown scheduler config key '%s' (valid: %s)", name, tostring(k),
+        table.concat(valid, ", ")), level)
     end
   end
-  return M.new(name, c, level + 1)
+  local s = M.new(name, c, level + 1)
+  return s
 end
 
--- load(dir or config table) -> the scheduler of a diffusers scheduler_config.json (its _class_name)
+-- from_diffusers_config(j) -> the scheduler of a diffusers scheduler_config.json table (its _class_name)
 function M.from_diffusers_config(j, level)
   level = level or 2
   local name = M.by_class[j._class_name or "DDIMScheduler"]
@@ -226,7 +235,8 @@ function M.from_diffusers_config(j, level)
   for k, v in pairs(j) do if k:sub(1, 1) ~= "_" then c[k] = v end end
   if name == "pndm" or name == "lms" then c.clip_sample = nil end  -- SD v1.x configs carry it; PNDM never reads it
   if name == "dpmpp_2m" and c.use_karras_sigmas then name = "dpmpp_2m_karras" end
-  return M.new(name, c, level + 1)
+  local s = M.new(name, c, level + 1)
+  return s
 end
 
 function Base:set_begin_index(i) self.begin_index = i end
@@ -467,18 +477,19 @@ end
 -- DPM-Solver++ (2M): in lambda = log(alpha/sigma) time, a first-order step from the data
 -- prediction, then second-order steps with the previous prediction's difference
 
-local DPM = class("dpmpp_2m", {init = function(self)
+local DPM = class("dpmpp_2m", {init = function(self, level)
   local c = self.config
   if c.solver_order ~= 1 and c.solver_order ~= 2 then
-    error(string.format("%s: config solver_order = %s is not supported (1 or 2)", self.who, tostring(c.solver_order)), 4)
+    error(string.format("%s: config solver_order = %s is not supported (1 or 2)", self.who, tostring(c.solver_order)),
+      level)
   end
   if c.solver_type ~= "midpoint" and c.solver_type ~= "heun" then
     error(string.format("%s: config solver_type = %s is not supported (midpoint or heun)", self.who,
-      tostring(c.solver_type)), 4)
+      tostring(c.solver_type)), level)
   end
   if c.lambda_min_clipped ~= -math.huge and c.lambda_min_clipped ~= nil then
     error(string.format("%s: config lambda_min_clipped = %s is not supported (keng implements -inf only)", self.who,
-      tostring(c.lambda_min_clipped)), 4)
+      tostring(c.lambda_min_clipped)), level)
   end
 end})
 impl.dpmpp_2m_karras = DPM

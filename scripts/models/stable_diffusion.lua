@@ -305,9 +305,7 @@ end
 function Pipeline:_scheduler(spec, who)
   if spec == nil then return self.scheduler end
   if type(spec) == "string" then
-    local S = require "models.schedulers"
-    local ok, s = pcall(S.from_config, spec, self.scheduler.config)
-    if not ok then error(who .. ": " .. tostring(s), 3) end
+    local s = require("models.schedulers").from_config(spec, self.scheduler.config, 4)   -- blames the user's line
     return s
   end
   if type(spec) ~= "table" or type(spec.step) ~= "function" or type(spec.set_timesteps) ~= "function" then

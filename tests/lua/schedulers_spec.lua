@@ -79,6 +79,14 @@ describe("scheduler configs", function()
     H.raises(function() S.new("lms", {prediction_type = "sample"}) end, "prediction_type = sample is not supported")
     H.raises(function() S.from_config("euler", {beta_sart = 0.1}) end, "unknown scheduler config key 'beta_sart'")
     H.raises(function() S.new("heun") end, "unknown scheduler 'heun' (known: ddim, dpmpp_2m, dpmpp_2m_karras, euler")
+    -- the errors blame the caller's line, through from_config too
+    for _, f in ipairs{function() S.new("dpmpp_2m", {solver_order = 3}) end,
+                       function() S.from_config("dpmpp_2m", {solver_order = 3}) end,
+                       function() S.from_config("euler", {foo = 1}) end,
+                       function() S.new("lms", {beta_schedule = "cosine"}) end} do
+      H.raises(f, "schedulers_spec.lua:")
+    end
+    H.raises(function() S.from_config("euler", {foo = 1}) end, "(valid: beta_end, beta_schedule")
     H.raises(function() S.from_diffusers_config({_class_name = "HeunDiscreteScheduler"}) end,
       "unsupported scheduler class HeunDiscreteScheduler")
   end)

@@ -111,6 +111,9 @@ describe("Stable Diffusion img2img and inpaint", function()
     H.raises(function() pipe:inpaint(PROMPT, gold.image, keng.zeros({16, 16}, {dtype = "u8"})) end,
       "mask [16,16] is not the image's size 32x32")
     H.raises(function() pipe:text_to_image(PROMPT, {image = gold.image}) end, "text_to_image: unknown option 'image'")
-    H.raises(function() pipe:text_to_image(PROMPT, {scheduler = "heun"}) end, "unknown scheduler 'heun'")
+    H.raises(function() pipe:text_to_image(PROMPT, {scheduler = "heun"}) end, "sd_img2img_spec.lua:")
+    H.raises(function() pipe:img2img(PROMPT, gold.image, {scheduler = "heun"}) end, "unknown scheduler 'heun'")
+    H.raises(function() pipe:inpaint(PROMPT, gold.image, gold.mask, {scheduler = {}}) end,
+      "inpaint: scheduler must be a name or a scheduler object (set_timesteps, step)")
   end)
 end)
