@@ -231,11 +231,10 @@ function M.from_diffusers_config(j, level)
     error(string.format("schedulers: unsupported scheduler class %s (supported: %s)", tostring(j._class_name),
       table.concat(sorted_names(M.by_class), ", ")), level)
   end
-  local c = {}
-  for k, v in pairs(j) do if k:sub(1, 1) ~= "_" then c[k] = v end end
-  if name == "pndm" or name == "lms" then c.clip_sample = nil end  -- SD v1.x configs carry it; PNDM never reads it
-  if name == "dpmpp_2m" and c.use_karras_sigmas then name = "dpmpp_2m_karras" end
-  local s = M.new(name, c, level + 1)
+  if name == "dpmpp_2m" and j.use_karras_sigmas then name = "dpmpp_2m_karras" end
+  -- as diffusers loads it: keys of the other SD schedulers (SD v1.x's PNDM config carries
+  -- clip_sample, SDXL's Euler config skip_prk_steps, ...) are not read by this class
+  local s = M.from_config(name, j, level + 1)
   return s
 end
 

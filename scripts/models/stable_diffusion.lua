@@ -272,7 +272,11 @@ function Pipeline:denoise(latents, cond, uncond, opts)
   return keng.no_grad(function()
     for i, t in ipairs(ts) do
       local xin = sched:scale_model_input(latents, t)
-      if opts.condition then xin = keng.cat({xin, opts.condition}, 2) end
+      if opts.condition then
+        local cnd = opts.condition
+        if cnd.dtype ~= xin.dtype then cnd = cnd:to(xin.dtype) end           -- a bf16 VAE's latents
+        xin = keng.cat({xin, cnd}, 2)
+      end
       local eps
       if uncond and g ~= 1 then
         local eu = self.unet(xin, t, uncond)                    -- [B, L, h, w]

@@ -66,6 +66,16 @@ describe("scheduler configs", function()
       num_train_timesteps = 1000, set_alpha_to_one = false, skip_prk_steps = true, steps_offset = 1, clip_sample = false}
     assert.are.equal("pndm", S.from_diffusers_config(j).name)
     for _, n in ipairs(S.names) do assert.is_not_nil(S.from_config(n, j), n) end
+    -- SDXL's Euler config carries keys only other classes read (diffusers ignores them)
+    local xl = {_class_name = "EulerDiscreteScheduler", beta_end = 0.012, beta_schedule = "scaled_linear",
+      beta_start = 0.00085, clip_sample = false, interpolation_type = "linear", num_train_timesteps = 1000,
+      prediction_type = "epsilon", sample_max_value = 1.0, set_alpha_to_one = false, skip_prk_steps = true,
+      steps_offset = 1, timestep_spacing = "leading", use_karras_sigmas = false}
+    local e = S.from_diffusers_config(xl)
+    assert.are.equal("euler", e.name)
+    assert.are.same({801.0, 601.0, 401.0, 201.0, 1.0}, e:set_timesteps(5))
+    assert.are.equal("dpmpp_2m_karras", S.from_diffusers_config({_class_name = "DPMSolverMultistepScheduler",
+      use_karras_sigmas = true}).name)
   end)
 
   it("refuses keys that change the numbers, naming them", function()
