@@ -1,6 +1,7 @@
--- models.stable_diffusion — text-to-image with latent diffusion (Rombach et al. 2022): the CLIP
--- text encoder (models.clip), the UNet denoiser (models.unet), the VAE (models.vae), a DDIM
--- scheduler (Song et al. 2020, eta 0) and classifier-free guidance (Ho & Salimans 2022).
+-- models.stable_diffusion — text-to-image, image-to-image and inpainting with latent diffusion
+-- (Rombach et al. 2022): the CLIP text encoder (models.clip), the UNet denoiser (models.unet),
+-- the VAE (models.vae), a scheduler (DDIM here, Song et al. 2020, eta 0; the others in
+-- models.schedulers) and classifier-free guidance (Ho & Salimans 2022).
 -- Reference: diffusers StableDiffusionPipeline and DDIMScheduler (SD v1 scheduler config:
 -- scaled-linear betas 0.00085 .. 0.012 over 1000 steps, "leading" spacing, steps_offset 1,
 -- set_alpha_to_one false, epsilon prediction).
@@ -9,6 +10,8 @@
 --   local pipe = sd.from_preset("sd_tiny")                     -- random weights (noise pictures)
 --   local pipe = sd.from_pretrained("path/to/stable-diffusion-v1-4")  -- the diffusers layout
 --   local img = pipe:text_to_image("an astronaut riding a horse", {num_steps = 50, seed = 0})
+--   local img2 = pipe:img2img("a watercolour", img, {strength = 0.6, scheduler = "euler"})
+--   local img3 = pipe:inpaint("a red hat", img, mask, {scheduler = "dpmpp_2m_karras"})
 --   require("keng.image").write_png("out.png", img[1])        -- img: u8 [B, H, W, 3]
 --
 -- Shape letters: B batch, L latent channels (4), h/w latent size (H/f, W/f with f the VAE's
@@ -48,6 +51,7 @@ local DDIM_KEYS = {num_train_timesteps = true, beta_start = true, beta_end = tru
   clip_sample = true, clip_sample_range = true, rescale_betas_zero_snr = true, thresholding = true,
   dynamic_thresholding_ratio = true, sample_max_value = true,  -- used only with thresholding (refused)
   _class_name = true, _diffusers_version = true}
+M.DDIM_KEYS = DDIM_KEYS
 
 -- numpy's round (half to even), as diffusers rounds timesteps
 local function round_half_even(x)
@@ -144,6 +148,15 @@ function DDIM:set_timesteps(n)
   return ts
 end
 
+-- the scheduler interface of models.schedulers: DDIM feeds the UNet x as is
+function DDIM:scale_model_input(x) return x end
+function DDIM:set_begin_index() end
+-- add_noise(x0, noise, t): sqrt(abar_t)·x0 + sqrt(1 - abar_t)·noise (img2img's start)
+function DDIM:add_noise(x0, noise, t)
+  local a = self:alpha_bar(math.tointeger(t))
+  return x0 * math.sqrt(a) + noise * math.sqrt(1 - a)
+end
+
 -- step(eps, t, x) -> x at the previous timestep (eta 0): x0 = (x - sqrt(1-ab_t)·eps)/sqrt(ab_t),
 -- x_prev = sqrt(ab_prev)·x0 + sqrt(1-ab_prev)·eps. eps, x [B, L, h, w].
 function DDIM:step(eps, t, x)
@@ -208,7 +221,9 @@ function Pipeline:init(parts)
   rawset(self, "vae_scale", 1 << (#vc.block_out_channels - 1))
   rawset(self, "latent_channels", vc.latent_channels)
   rawset(self, "scaling_factor", parts.vae.scaling_factor)
-  if uc.in_channels ~= vc.latent_channels then
+  -- an inpainting UNet reads latents + mask + masked-image latents (9 channels for SD v1)
+  rawset(self, "inpainting", uc.in_channels == 2 * vc.latent_channels + 1)
+  if uc.in_channels ~= vc.latent_channels and not self.inpainting then
     error(string.format("stable_diffusion: the UNet reads %d channels, the VAE has %d latent channels",
       uc.in_channels, vc.latent_channels), 3)
   end
@@ -241,27 +256,38 @@ function Pipeline:encode_prompt(prompt)
   return keng.no_grad(function() return self.text_encoder(ids) end)
 end
 
--- denoise(latents, cond, uncond, {num_steps = 50, guidance_scale = 7.5, callback =}) -> latents:
--- latents [B, L, h, w] (already times init_noise_sigma), cond [B, S, X], uncond [B, S, X] or nil
--- (no guidance). Each step runs the UNet on uncond and on cond at batch B, then guides:
--- eps = eps_u + g·(eps_c - eps_u), and takes the DDIM step.
+-- denoise(latents, cond, uncond, {num_steps = 50, guidance_scale = 7.5, callback =, scheduler =,
+-- timesteps =, condition =, after_step =}) -> latents: latents [B, L, h, w] (already times
+-- init_noise_sigma), cond [B, S, X], uncond [B, S, X] or nil (no guidance). Each step scales
+-- the input as the scheduler says, runs the UNet on uncond and on cond at batch B (with
+-- `condition` [B, C, h, w] appended to its input channels: the inpainting UNet's mask and
+-- masked-image latents), guides eps = eps_u + g·(eps_c - eps_u) and takes the scheduler's step;
+-- after_step(i, latents) -> latents may then edit them. `timesteps` (a tail of the scheduler's,
+-- set_timesteps already called) replaces set_timesteps(num_steps): img2img's later start.
 function Pipeline:denoise(latents, cond, uncond, opts)
   opts = opts or {}
   local g = opts.guidance_scale or 7.5
-  local sched = self.scheduler
-  local ts = sched:set_timesteps(opts.num_steps or 50)
+  local sched = opts.scheduler or self.scheduler
+  local ts = opts.timesteps or sched:set_timesteps(opts.num_steps or 50)
   return keng.no_grad(function()
     for i, t in ipairs(ts) do
+      local xin = sched:scale_model_input(latents, t)
+      if opts.condition then
+        local cnd = opts.condition
+        if cnd.dtype ~= xin.dtype then cnd = cnd:to(xin.dtype) end           -- a bf16 VAE's latents
+        xin = keng.cat({xin, cnd}, 2)
+      end
       local eps
       if uncond and g ~= 1 then
-        local eu = self.unet(latents, t, uncond)                -- [B, L, h, w]
-        local ec = self.unet(latents, t, cond)
+        local eu = self.unet(xin, t, uncond)                    -- [B, L, h, w]
+        local ec = self.unet(xin, t, cond)
         eps = eu + (ec - eu) * g
       else
-        eps = self.unet(latents, t, cond)
+        eps = self.unet(xin, t, cond)
       end
       if eps.dtype ~= latents.dtype then eps = eps:to(latents.dtype) end   -- a bf16 UNet, f32 latents
       latents = sched:step(eps, t, latents)
+      if opts.after_step then latents = opts.after_step(i, latents) end
       if opts.callback then opts.callback(i, t, latents) end
     end
     return latents
@@ -278,32 +304,40 @@ function Pipeline:decode_latents(latents)
   end)
 end
 
--- text_to_image(prompt or list, {batch_size=, num_steps=50, guidance_scale=7.5, seed=, height=,
--- width=, negative_prompt="", latents=}) -> u8 [B, H, W, 3]. A list of P prompts with
--- batch_size B (a multiple of P) makes B/P images per prompt; latents [B, L, h, w] replace the
--- seeded noise.
-local T2I_OPTS = {"batch_size", "num_steps", "num_inference_steps", "guidance_scale", "seed", "height", "width",
-  "negative_prompt", "latents", "callback"}
+-- the scheduler of one call: nil -> the pipeline's; a name (models.schedulers.names) -> that
+-- class made from the pipeline's scheduler config (diffusers' Class.from_config); an object as is
+function Pipeline:_scheduler(spec, who)
+  if spec == nil then return self.scheduler end
+  if type(spec) == "string" then
+    local s = require("models.schedulers").from_config(spec, self.scheduler.config, 4)   -- blames the user's line
+    return s
+  end
+  if type(spec) ~= "table" or type(spec.step) ~= "function" or type(spec.set_timesteps) ~= "function" then
+    error(who .. ": scheduler must be a name or a scheduler object (set_timesteps, step)", 3)
+  end
+  return spec
+end
 
-function Pipeline:text_to_image(prompt, opts)
-  -- image-to-image (image =, strength =) is not implemented: refused by name, not ignored
-  opts = options.check("text_to_image", opts, T2I_OPTS, nn.Module.user_level(2))
-  local prompts = as_list(prompt, "text_to_image")
+-- the noise source of one call: opts.randn(shape) -> tensor (tests inject diffusers' draws) or
+-- keng.randn on the UNet's device (after seeding with opts.seed)
+function Pipeline:_randn(opts)
+  if opts.randn then return opts.randn end
+  if opts.seed then keng.manual_seed(opts.seed) end
+  local device = self.unet.conv_in.weight.device
+  return function(shape) return keng.randn(shape, {device = device ~= "meta" and device or nil}) end
+end
+
+-- the prompts of one call: B, cond [B, S, X], uncond [B, S, X] or nil, guidance scale
+function Pipeline:_text(prompt, opts, who)
+  local prompts = as_list(prompt, who)
   local B = opts.batch_size or #prompts
   if math.type(B) ~= "integer" or B < 1 or B % #prompts ~= 0 then
-    error(string.format("text_to_image: batch_size %s is not a positive multiple of the %d prompts",
-      tostring(opts.batch_size), #prompts), 2)
+    error(string.format("%s: batch_size %s is not a positive multiple of the %d prompts",
+      who, tostring(opts.batch_size), #prompts), 3)
   end
   local per = B // #prompts
   local list = {}
   for _, p in ipairs(prompts) do for _ = 1, per do list[#list + 1] = p end end
-  local f = self.vae_scale
-  local sample = self.unet.config.sample_size or 64
-  local Hh, Ww = opts.height or sample * f, opts.width or sample * f
-  local mult = f * (1 << (#self.unet.config.block_out_channels - 1))
-  if Hh % mult ~= 0 or Ww % mult ~= 0 then
-    error(string.format("text_to_image: height %d and width %d must be multiples of %d", Hh, Ww, mult), 2)
-  end
   local g = opts.guidance_scale or 7.5
   local cond = self:encode_prompt(list)                         -- [B, S, X]
   local uncond
@@ -316,8 +350,34 @@ function Pipeline:text_to_image(prompt, opts)
       uncond = self:encode_prompt(neg)
     end
   end
+  return B, cond, uncond, g
+end
+
+-- text_to_image(prompt or list, {batch_size=, num_steps=50, guidance_scale=7.5, seed=, height=,
+-- width=, negative_prompt="", latents=, scheduler=, randn=}) -> u8 [B, H, W, 3]. A list of P
+-- prompts with batch_size B (a multiple of P) makes B/P images per prompt; latents [B, L, h, w]
+-- replace the seeded noise; scheduler a name ("euler", "dpmpp_2m_karras", ...) or an object.
+local T2I_OPTS = {"batch_size", "num_steps", "num_inference_steps", "guidance_scale", "seed", "height", "width",
+  "negative_prompt", "latents", "callback", "scheduler", "randn"}
+
+function Pipeline:text_to_image(prompt, opts)
+  -- image-to-image is img2img, inpainting inpaint: image =, strength =, mask = are refused here
+  opts = options.check("text_to_image", opts, T2I_OPTS, nn.Module.user_level(2))
+  if self.inpainting then
+    error("text_to_image: this UNet reads latents + mask + masked image (an inpainting UNet): use inpaint", 2)
+  end
+  local f = self.vae_scale
+  local sample = self.unet.config.sample_size or 64
+  local Hh, Ww = opts.height or sample * f, opts.width or sample * f
+  local mult = f * (1 << (#self.unet.config.block_out_channels - 1))
+  if Hh % mult ~= 0 or Ww % mult ~= 0 then
+    error(string.format("text_to_image: height %d and width %d must be multiples of %d", Hh, Ww, mult), 2)
+  end
+  local sched = self:_scheduler(opts.scheduler, "text_to_image")
+  local B, cond, uncond, g = self:_text(prompt, opts, "text_to_image")
   local latents = opts.latents
   local shape = {B, self.latent_channels, Hh // f, Ww // f}
+  local randn = self:_randn(opts)
   if latents then
     if not keng.is_tensor(latents) or latents.ndim ~= 4 or latents.shape[1] ~= B or latents.shape[2] ~= shape[2]
        or latents.shape[3] ~= shape[3] or latents.shape[4] ~= shape[4] then
@@ -325,13 +385,170 @@ function Pipeline:text_to_image(prompt, opts)
         keng.is_tensor(latents) and shape_str(latents) or type(latents), table.concat(shape, ", ")), 2)
     end
   else
-    if opts.seed then keng.manual_seed(opts.seed) end
-    local device = self.unet.conv_in.weight.device
-    latents = keng.randn(shape, {device = device ~= "meta" and device or nil})
+    latents = randn(shape)
   end
-  latents = latents * self.scheduler.init_noise_sigma
-  latents = self:denoise(latents, cond, uncond, {num_steps = opts.num_steps or opts.num_inference_steps or 50,
-    guidance_scale = g, callback = opts.callback})
+  if opts.randn and sched.noise then sched.noise = opts.randn end   -- Euler a's draws too
+  local n = opts.num_steps or opts.num_inference_steps or 50
+  sched:set_timesteps(n)                                        -- init_noise_sigma may depend on it
+  latents = latents * sched.init_noise_sigma
+  latents = self:denoise(latents, cond, uncond, {num_steps = n, guidance_scale = g, callback = opts.callback,
+    scheduler = sched})
+  return self:decode_latents(latents)
+end
+
+-- image [H, W, 3] / [B, H, W, 3] u8 (0..255, as keng.image reads) or f32 [B, 3, H, W] in [-1, 1]
+-- -> f32 [B', 3, H, W] in [-1, 1] on the UNet's device, B' = 1 or B
+function Pipeline:_image(image, B, who, what)
+  what = what or "image"
+  if not keng.is_tensor(image) then error(string.format("%s: %s must be a tensor, got %s", who, what, type(image)), 3) end
+  local x = image
+  if x.dtype == "u8" then
+    if x.ndim == 3 then x = x:view{1, x.shape[1], x.shape[2], x.shape[3]} end
+    if x.ndim ~= 4 or x.shape[4] ~= 3 then
+      error(string.format("%s: u8 %s %s must be [H, W, 3] or [B, H, W, 3]", who, what, shape_str(image)), 3)
+    end
+    x = (x:float() / 255 * 2 - 1):permute{1, 4, 2, 3}:contiguous()   -- diffusers: x/255, then 2x - 1
+  elseif x.ndim ~= 4 or x.shape[2] ~= 3 then
+    error(string.format("%s: %s %s must be u8 [H, W, 3] / [B, H, W, 3] or float [B, 3, H, W]", who, what,
+      shape_str(image)), 3)
+  else
+    x = x:float()
+  end
+  if x.shape[1] ~= 1 and x.shape[1] ~= B then
+    error(string.format("%s: %s has %d images for a batch of %d", who, what, x.shape[1], B), 3)
+  end
+  local mult = self.vae_scale * (1 << (#self.unet.config.block_out_channels - 1))
+  if x.shape[3] % mult ~= 0 or x.shape[4] % mult ~= 0 then
+    error(string.format("%s: %s height %d and width %d must be multiples of %d (keng does not resize)", who, what,
+      x.shape[3], x.shape[4], mult), 3)
+  end
+  local device = self.unet.conv_in.weight.device
+  if device ~= "cpu" and device ~= "meta" then x = x:to(device) end
+  return x
+end
+
+-- encode_image(x [B, 3, H, W] in [-1, 1], randn) -> latents [B, L, h, w]: a sample of the VAE's
+-- posterior (mean + std·noise, logvar clamped to [-30, 20] as diffusers) times scaling_factor
+function Pipeline:encode_image(x, randn)
+  return keng.no_grad(function()
+    local m = self.vae:encode(x)                                 -- [B, 2L, h, w]
+    local L = self.latent_channels
+    local mean, logvar = m:narrow(2, 1, L), m:narrow(2, L + 1, L):clamp(-30, 20)
+    local z = mean + (logvar * 0.5):exp() * randn(mean.shape)
+    return z * self.scaling_factor
+  end)
+end
+
+-- the start of image-to-image: the scheduler's timesteps from strength (diffusers' get_timesteps:
+-- the last int(n·strength) of them), its begin index set
+local function start_timesteps(sched, n, strength, who)
+  local ts = sched:set_timesteps(n)
+  local N = #ts                                                  -- PNDM has n + 1
+  local init = math.min(math.floor(N * strength), N)
+  local t_start = math.max(N - init, 0)
+  if N - t_start < 1 then
+    error(string.format("%s: strength %g with %d steps runs no step", who, strength, n), 3)
+  end
+  sched:set_begin_index(t_start)
+  return table.move(ts, t_start + 1, N, 1, {})
+end
+
+-- img2img(prompt or list, image, {strength = 0.8, num_steps = 50, guidance_scale = 7.5, seed=,
+-- negative_prompt=, batch_size=, scheduler=, callback=, randn=}) -> u8 [B, H, W, 3]:
+-- diffusers' StableDiffusionImg2ImgPipeline: the image's latents noised to the timestep
+-- `strength` of the way up, then the last int(num_steps·strength) steps. image: see _image.
+local I2I_OPTS = {"strength", "batch_size", "num_steps", "num_inference_steps", "guidance_scale", "seed",
+  "negative_prompt", "callback", "scheduler", "randn"}
+
+function Pipeline:img2img(prompt, image, opts)
+  opts = options.check("img2img", opts, I2I_OPTS, nn.Module.user_level(2))
+  if self.inpainting then error("img2img: this is an inpainting UNet: use inpaint", 2) end
+  local strength = options.number("img2img", "strength", opts.strength or 0.8, 0, 1)
+  local sched = self:_scheduler(opts.scheduler, "img2img")
+  local B, cond, uncond, g = self:_text(prompt, opts, "img2img")
+  local img = self:_image(image, B, "img2img")
+  local randn = self:_randn(opts)
+  if opts.randn and sched.noise then sched.noise = opts.randn end
+  local run = start_timesteps(sched, opts.num_steps or opts.num_inference_steps or 50, strength, "img2img")
+  local x0 = self:encode_image(img, randn)
+  if x0.shape[1] ~= B then x0 = x0:expand{B, x0.shape[2], x0.shape[3], x0.shape[4]}:contiguous() end
+  local latents = sched:add_noise(x0, randn(x0.shape), run[1])
+  latents = self:denoise(latents, cond, uncond, {guidance_scale = g, callback = opts.callback, scheduler = sched,
+    timesteps = run})
+  return self:decode_latents(latents)
+end
+
+-- mask [H, W] / [B, H, W] u8 (255 = repaint) or float [B, 1, H, W] in [0, 1] -> f32 [B', 1, H, W]
+-- of 0 and 1 (diffusers binarises at one half)
+local function mask_tensor(mask, img, who)
+  if not keng.is_tensor(mask) then error(string.format("%s: mask must be a tensor, got %s", who, type(mask)), 3) end
+  local m = mask
+  if m.dtype == "u8" then
+    if m.ndim == 2 then m = m:view{1, m.shape[1], m.shape[2]} end
+    if m.ndim ~= 3 then error(string.format("%s: u8 mask %s must be [H, W] or [B, H, W]", who, shape_str(mask)), 3) end
+    m = m:float():view{m.shape[1], 1, m.shape[2], m.shape[3]} / 255
+  elseif m.ndim ~= 4 or m.shape[2] ~= 1 then
+    error(string.format("%s: mask %s must be u8 [H, W] / [B, H, W] or float [B, 1, H, W]", who, shape_str(mask)), 3)
+  end
+  if m.shape[3] ~= img.shape[3] or m.shape[4] ~= img.shape[4] then
+    error(string.format("%s: mask %s is not the image's size %dx%d", who, shape_str(mask), img.shape[3], img.shape[4]), 3)
+  end
+  if m.shape[1] ~= 1 and m.shape[1] ~= img.shape[1] and img.shape[1] ~= 1 then
+    error(string.format("%s: mask has %d images, the image %d", who, m.shape[1], img.shape[1]), 3)
+  end
+  m = m:float():ge(0.5):float()
+  if img.device ~= "cpu" then m = m:to(img.device) end
+  return m
+end
+
+local function batch(x, B)
+  if x.shape[1] == B then return x end
+  local s = {B}
+  for i = 2, x.ndim do s[i] = x.shape[i] end
+  return x:expand(s):contiguous()
+end
+
+-- inpaint(prompt or list, image, mask, {strength = 1, num_steps = 50, ...img2img's}) -> u8
+-- [B, H, W, 3]: diffusers' StableDiffusionInpaintPipeline. With an inpainting UNet (latents +
+-- mask + masked-image latents, 9 channels for SD v1) the mask and the masked image's latents
+-- condition every step; with a plain UNet the known region is re-noised to each step's level
+-- and blended in (latents = (1 - m)·known + m·latents, m the mask at latent size).
+local INP_OPTS = I2I_OPTS
+
+function Pipeline:inpaint(prompt, image, mask, opts)
+  opts = options.check("inpaint", opts, INP_OPTS, nn.Module.user_level(2))
+  local strength = options.number("inpaint", "strength", opts.strength or 1.0, 0, 1)
+  local sched = self:_scheduler(opts.scheduler, "inpaint")
+  local B, cond, uncond, g = self:_text(prompt, opts, "inpaint")
+  local img = self:_image(image, B, "inpaint")
+  local m = mask_tensor(mask, img, "inpaint")                     -- [B', 1, H, W] of 0/1
+  local randn = self:_randn(opts)
+  if opts.randn and sched.noise then sched.noise = opts.randn end
+  local run = start_timesteps(sched, opts.num_steps or opts.num_inference_steps or 50, strength, "inpaint")
+  -- diffusers' draw order: the image's latents (when needed), the start noise, the masked image's
+  local x0
+  if not self.inpainting or strength < 1 then x0 = batch(self:encode_image(img, randn), B) end
+  local f, L = self.vae_scale, self.latent_channels
+  local h, w = img.shape[3] // f, img.shape[4] // f
+  local noise = randn({B, L, h, w})
+  local latents
+  if strength == 1 then latents = noise * sched.init_noise_sigma
+  else latents = sched:add_noise(x0, noise, run[1]) end
+  local masked = self:encode_image(img * (1 - m), randn)       -- diffusers: image · (mask < 0.5)
+  -- the mask at latent size: nearest (F.interpolate's default) with an integer factor f = every f-th pixel
+  local ml = m:view{m.shape[1], 1, h, f, w, f}:narrow(4, 1, 1):narrow(6, 1, 1):contiguous():view{m.shape[1], 1, h, w}
+  ml, masked = batch(ml, B), batch(masked, B)
+  local dopts = {guidance_scale = g, callback = opts.callback, scheduler = sched, timesteps = run}
+  if self.inpainting then
+    dopts.condition = keng.cat({ml, masked}, 2)                  -- [B, 1 + L, h, w]
+  else
+    dopts.after_step = function(i, lat)
+      local known = x0
+      if i < #run then known = sched:add_noise(x0, noise, run[i + 1]) end
+      return known * (1 - ml) + lat * ml
+    end
+  end
+  latents = self:denoise(latents, cond, uncond, dopts)
   return self:decode_latents(latents)
 end
 
@@ -371,7 +588,7 @@ end
 
 -- from_pretrained(dir, {dtype=, device=}) -> Pipeline from the diffusers layout: unet/, vae/,
 -- text_encoder/, tokenizer/ (each with its files), scheduler/scheduler_config.json (optional:
--- SD v1's DDIM config otherwise; other scheduler classes are replaced by DDIM with their betas)
+-- SD v1's DDIM otherwise; its _class_name picks the class: models.schedulers.by_class)
 function M.from_pretrained(dir, opts)
   opts = options.check("stable_diffusion.from_pretrained", opts, {"dtype", "device"})
   local o = {dtype = opts.dtype, device = opts.device}
@@ -391,24 +608,16 @@ function M.from_pretrained(dir, opts)
   local tok = load(clip.tokenizer, dir .. "/tokenizer")
   local unet = load(U.from_pretrained, dir .. "/unet", o)
   local vae = load(V.from_pretrained, dir .. "/vae", o)
-  local sc = {}
+  -- the scheduler its config names (PNDM for SD v1.x, ...; DDIM when there is none)
+  local sched = DDIM.new()
   if exists(dir .. "/scheduler/scheduler_config.json") then
     local j = U.read_config(dir .. "/scheduler", "stable_diffusion.from_pretrained", 2,
       "scheduler_config.json")  -- errors name the file
-    if j._class_name == nil or j._class_name == "DDIMScheduler" then
-      sc = j                                          -- every key: DDIM.new refuses what it cannot do
-    else
-      -- another scheduler class is replaced by DDIM over its betas: its own keys (PNDM's
-      -- skip_prk_steps, Euler's sigmas, ...) do not apply; the shared ones that change numbers do
-      for k in pairs(j) do
-        if DDIM_KEYS[k] and k:sub(1, 1) ~= "_" then sc[k] = j[k] end
-      end
-    end
+    local ok, s = pcall(require("models.schedulers").from_diffusers_config, j)
+    if not ok then error("stable_diffusion.from_pretrained: scheduler/scheduler_config.json: " .. tostring(s), 2) end
+    sched = s
   end
-  local ok, sched = pcall(DDIM.new, sc)
-  if not ok then error("stable_diffusion.from_pretrained: scheduler/scheduler_config.json: " .. tostring(sched), 2) end
-  local ok2, pipe = pcall(Pipeline, {text_encoder = te, tokenizer = tok, unet = unet, vae = vae, scheduler = sched})
-  ok = ok2
+  local ok, pipe = pcall(Pipeline, {text_encoder = te, tokenizer = tok, unet = unet, vae = vae, scheduler = sched})
   if not ok then error(tostring(pipe), 2) end
   return pipe
 end
