@@ -28,6 +28,7 @@ provides=(
   "readline:libreadline-dev libreadline8 libtinfo6"
   "m:(image)"
   "PNG:libpng-dev libpng16-16"
+  "JPEG:libjpeg62-turbo-dev libjpeg62-turbo"
   "ZLIB:zlib1g-dev"
   "CUDAToolkit:(image)"
   "cudnn:(image)"

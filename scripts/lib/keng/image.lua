@@ -1,16 +1,64 @@
--- keng.image — PNG files and simple drawing on u8 image tensors [H, W, C] (HWC, as in the file).
+-- keng.image — PNG and JPEG files, resizing helpers and simple drawing on u8 image tensors [H, W, C] (HWC, as in the file).
 --
 --   local image = require "keng.image"
 --   local img = image.new(240, 320, {255, 255, 255})          -- white RGB canvas
 --   image.fill_rect(img, 10, 20, 50, 30, {200, 0, 0})         -- x, y (1-based), w, h, colour
 --   image.text(img, 12, 60, "BERT FIT 12.3", {0, 0, 0}, 2)      -- 5x7 font, scale 2
 --   image.write_png("out.png", img)   local back = image.read_png("out.png")
+--   local photo = image.read("cat.jpg")      -- u8 [H, W, 3], PNG or JPEG by content
+--   image.write("small.jpg", photo, {quality = 85})
 --
 -- write_png / read_png are the engine's (engine/io/png.c, libpng); drawing is narrow + fill_ on
 -- views, so nothing loops over tensor elements except the glyph pixels of text.
 local keng = require "keng"
 
-local image = {read_png = keng.image.read_png, write_png = keng.image.write_png}
+local options = require "keng.options"
+
+local image = {read_png = keng.image.read_png, write_png = keng.image.write_png,
+               read_jpeg = keng.image.read_jpeg, write_jpeg = keng.image.write_jpeg}
+
+-- the file's format from its first bytes (PNG's signature, JPEG's SOI marker), or nil
+local function sniff(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local head = f:read(8) or ""
+  f:close()
+  if head == "\137PNG\r\n\26\n" then return "png" end
+  if head:sub(1, 3) == "\255\216\255" then return "jpeg" end
+  return nil, "not a PNG or JPEG file"
+end
+
+-- image.read(path) -> u8 [H, W, 3] RGB, PNG or JPEG by content (not by name): grey is
+-- replicated, alpha dropped (as PIL's convert("RGB"))
+function image.read(path)
+  local kind, err = sniff(path)
+  if not kind then error(string.format("image.read: %s: %s", tostring(path), err), 2) end
+  local ok, t = pcall(kind == "png" and image.read_png or image.read_jpeg, path)
+  if not ok then error(t, 2) end
+  local c = t.shape[3]
+  if c == 3 then return t end
+  if c == 4 then return t:narrow(3, 1, 3):contiguous() end
+  return t:narrow(3, 1, 1):expand({t.shape[1], t.shape[2], 3}):contiguous()
+end
+
+-- image.write(path, t, {quality = 90}): u8 [H, W, C] as PNG (.png) or JPEG (.jpg, .jpeg) by the
+-- extension; quality (1..100, default 90) is JPEG's
+function image.write(path, t, opts)
+  opts = options.check("image.write", opts, {"quality"})
+  local ext = tostring(path):match("%.([^./]+)$")
+  ext = ext and ext:lower()
+  if ext == "png" then
+    if opts.quality ~= nil then error("image.write: quality applies to JPEG files, not " .. path, 2) end
+    local ok, e = pcall(image.write_png, path, t)
+    if not ok then error(e, 2) end
+  elseif ext == "jpg" or ext == "jpeg" then
+    local q = options.integer("image.write", "quality", opts.quality or 90, 1, 2)
+    local ok, e = pcall(image.write_jpeg, path, t, q)
+    if not ok then error(e, 2) end
+  else
+    error(string.format("image.write: %s: unknown extension (valid: .png, .jpg, .jpeg)", tostring(path)), 2)
+  end
+end
 
 -- a new u8 [H, W, C] image filled with colour (a number or a list of C numbers; default black)
 function image.new(h, w, color, channels)
