@@ -51,27 +51,6 @@ __global__ void interp_kernel(const char *x, int xdt, int64_t xs0, int64_t xs1, 
   }
 }
 
-/* the output indices whose windows hold source index j: windows are monotone in the output
- * index (interp.h), so a contiguous range [first o with hi(o) > j, first o with lo(o) > j) */
-__device__ static void interp_readers(const kg_interp_axis *a, int64_t j, int64_t *o0, int64_t *o1) {
-  int64_t l = 0, r = a->out, lo, hi;
-  while (l < r) {
-    int64_t m = (l + r) / 2;
-    kg_interp_bounds(a, m, &lo, &hi);
-    if (hi > j) r = m;
-    else l = m + 1;
-  }
-  *o0 = l;
-  r = a->out;
-  while (l < r) {
-    int64_t m = (l + r) / 2;
-    kg_interp_bounds(a, m, &lo, &hi);
-    if (lo > j) r = m;
-    else l = m + 1;
-  }
-  *o1 = l;
-}
-
 /* dx[b, c, h, w] = Σ dy[oh, ow] wh(oh, h) ww(ow, w) over the output pixels that read (h, w):
  * a gather (no atomics), summed in double */
 __global__ void interp_back_kernel(const char *g, int gdt, int64_t gs0, int64_t gs1, int64_t gs2, int64_t gs3, char *dx,
@@ -80,8 +59,8 @@ __global__ void interp_back_kernel(const char *g, int gdt, int64_t gs0, int64_t 
     int64_t H = ah.in, W = aw.in;
     int64_t w = e % W, h = e / W % H, ch = e / (W * H) % C, b = e / (W * H * C);
     int64_t oh0, oh1, ow0, ow1, lo, hi;
-    interp_readers(&ah, h, &oh0, &oh1);
-    interp_readers(&aw, w, &ow0, &ow1);
+    kg_interp_readers(&ah, h, &oh0, &oh1);
+    kg_interp_readers(&aw, w, &ow0, &ow1);
     double acc = 0;
     for (int64_t oh = oh0; oh < oh1; oh++) {
       kg_interp_bounds(&ah, oh, &lo, &hi);

@@ -136,4 +136,26 @@ KG_INTERP_FN double kg_interp_weight(const kg_interp_axis *a, int64_t i, int64_t
   return w;
 }
 
+/* the output indices whose windows hold source index j (the CUDA backward's gather): windows
+ * are monotone in the output index, so a contiguous range [first o with hi(o) > j, first o with
+ * lo(o) > j), found by two binary searches (tests/c/test_interp.c checks it by brute force) */
+KG_INTERP_FN void kg_interp_readers(const kg_interp_axis *a, int64_t j, int64_t *o0, int64_t *o1) {
+  int64_t l = 0, r = a->out, lo, hi;
+  while (l < r) {
+    int64_t m = (l + r) / 2;
+    kg_interp_bounds(a, m, &lo, &hi);
+    if (hi > j) r = m;
+    else l = m + 1;
+  }
+  *o0 = l;
+  r = a->out;
+  while (l < r) {
+    int64_t m = (l + r) / 2;
+    kg_interp_bounds(a, m, &lo, &hi);
+    if (lo > j) r = m;
+    else l = m + 1;
+  }
+  *o1 = l;
+}
+
 #endif
