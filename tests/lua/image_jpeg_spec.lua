@@ -75,6 +75,10 @@ describe("JPEG", function()
     H.raises(function() image.read(tmp) end, "jpeg_read: " .. tmp .. ": Premature end of JPEG file")
     spit(tmp, d:sub(1, 200) .. string.rep("\255\1", 50) .. d:sub(301))
     H.raises(function() image.read(tmp) end, "jpeg_read: " .. tmp .. ": Corrupt JPEG data")
+    local sof = d:find("\255\192", 1, true) + 5                     -- SOF0's height, width
+    spit(tmp, d:sub(1, sof - 1) .. string.pack(">I2I2", 65000, 65000) .. d:sub(sof + 4))
+    H.raises(function() image.read(tmp) end,
+      "jpeg_read: " .. tmp .. ": header claims 65000x65000 pixels, more than the " .. #d .. "-byte file can hold")
     spit(tmp, d:sub(1, 3))
     H.raises(function() image.read(tmp) end, "jpeg_read: " .. tmp .. ":")
     spit(tmp, "GIF89a....")
