@@ -92,7 +92,8 @@ static int l_interpolate(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
   luaL_checktype(L, 2, LUA_TTABLE);
   kgl_check_options(L, 2, "interpolate", valid);
-  kg_interpolate_params p = {0};
+  kg_interpolate_params p;
+  memset(&p, 0, sizeof p); /* padding too: params are copied bytewise into the graph */
   lua_getfield(L, 2, "mode");
   const char *mode = luaL_optstring(L, -1, "nearest");
   p.mode = -1;

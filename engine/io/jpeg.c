@@ -54,9 +54,12 @@ static void ctx_init(jctx *c, j_common_ptr ci) {
 
 static const char *color_name(J_COLOR_SPACE cs) {
   switch (cs) {
-  case JCS_CMYK: return "CMYK";
-  case JCS_YCCK: return "YCCK";
-  default: return "unknown-colour-space";
+  case JCS_CMYK:
+    return "CMYK";
+  case JCS_YCCK:
+    return "YCCK";
+  default:
+    return "unknown-colour-space";
   }
 }
 
@@ -122,8 +125,8 @@ kg_status kg_jpeg_write(const char *path, const kg_tensor *img, int quality) {
   char sb[KG_SHAPE_STR_MAX];
   if (!path || !img) return kg_error(KG_ERR_VALUE, "jpeg_write", "path and image are required");
   if (img->dtype != KG_U8)
-    return kg_error(KG_ERR_TYPE, "jpeg_write", "image %s has dtype %s, expected u8", kg_shape_str(sb, img->ndim, img->shape),
-                    kg_dtype_info[img->dtype].name);
+    return kg_error(KG_ERR_TYPE, "jpeg_write", "image %s has dtype %s, expected u8",
+                    kg_shape_str(sb, img->ndim, img->shape), kg_dtype_info[img->dtype].name);
   if (img->device.type != KG_DEV_CPU)
     return kg_error(KG_ERR_DEVICE, "jpeg_write", "image must be on the cpu (move it with :to(\"cpu\"))");
   if (quality < 1 || quality > 100)
@@ -132,7 +135,8 @@ kg_status kg_jpeg_write(const char *path, const kg_tensor *img, int quality) {
   int64_t ch = img->ndim == 3 ? img->shape[2] : 1;
   if ((img->ndim != 2 && img->ndim != 3) || (ch != 1 && ch != 3) || h < 1 || w < 1 || h > JPEG_MAX_DIMENSION ||
       w > JPEG_MAX_DIMENSION)
-    return kg_error(KG_ERR_SHAPE, "jpeg_write", "image %s: expected [H, W] or [H, W, C] with C 1 or 3 and H, W in 1..%d",
+    return kg_error(KG_ERR_SHAPE, "jpeg_write",
+                    "image %s: expected [H, W] or [H, W, C] with C 1 or 3 and H, W in 1..%d",
                     kg_shape_str(sb, img->ndim, img->shape), (int)JPEG_MAX_DIMENSION);
   size_t n = strlen(path);
   char *tmp = malloc(n + 5);
@@ -175,7 +179,8 @@ kg_status kg_jpeg_write(const char *path, const kg_tensor *img, int quality) {
   while (ci.next_scanline < ci.image_height) {
     int64_t y = ci.next_scanline;
     for (int64_t x = 0; x < w; x++)
-      for (int64_t k = 0; k < ch; k++) row[x * ch + k] = src[y * sh + x * sw + k * sc];
+      for (int64_t k = 0; k < ch; k++)
+        row[x * ch + k] = src[y * sh + x * sw + k * sc];
     JSAMPROW r = row;
     jpeg_write_scanlines(&ci, &r, 1);
   }

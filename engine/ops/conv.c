@@ -1,5 +1,5 @@
 /* conv.c — front-ends of the convolution and resampling family (NCHW): conv2d,
- * conv_transpose2d, nearest interpolation, and their backward passes.
+ * conv_transpose2d, interpolation (nearest, bilinear, bicubic, antialias), and their backward passes.
  *
  * Shape letters: B batch, C channels (Cin, Cout), H/W height and width, kh/kw kernel size.
  * Output sizes follow PyTorch:
@@ -8,6 +8,8 @@
  * Kernels: engine/cpu/conv.c (im2col + GEMM; conv_transpose2d is conv2d's adjoint). */
 #include "../core/internal.h"
 #include "interp.h"
+
+#include <string.h>
 
 /* validates x, w, b and p for conv2d (transposed = false) or conv_transpose2d; shape: [4] out */
 static kg_status conv_check(const char *op, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b,
@@ -137,7 +139,7 @@ kg_status kg_grad_conv_transpose2d(kg_node *n, kg_tensor *const *dout, kg_tensor
   return conv_grad(KG_OP_CONV_TRANSPOSE2D_BACKWARD, n, dout, din);
 }
 
-/* ---- interpolation (nearest, bilinear, bicubic) ---------------------------------------------------------------- */
+/* ---- interpolation (nearest, bilinear, bicubic) ----------------------------------------- */
 
 kg_status kg_interpolate(kg_tensor **out, const kg_tensor *x, const kg_interpolate_params *p) {
   char s1[KG_SHAPE_STR_MAX];
@@ -164,7 +166,9 @@ kg_status kg_interpolate(kg_tensor **out, const kg_tensor *x, const kg_interpola
 }
 
 kg_status kg_interpolate_nearest(kg_tensor **out, const kg_tensor *x, int64_t out_h, int64_t out_w) {
-  kg_interpolate_params p = {out_h, out_w, KG_INTERP_NEAREST, false, false, 0, 0};
+  kg_interpolate_params p;
+  memset(&p, 0, sizeof p); /* padding too: params are copied bytewise into the graph */
+  p.out_h = out_h, p.out_w = out_w, p.mode = KG_INTERP_NEAREST;
   return kg_interpolate(out, x, &p);
 }
 

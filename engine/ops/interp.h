@@ -53,7 +53,8 @@ KG_INTERP_FN double kg_interp_filter(int mode, double x) {
 }
 
 /* antialias: the filter's centre and half-width in source coordinates */
-KG_INTERP_FN void kg_interp_aa_geom(const kg_interp_axis *a, int64_t i, double *center, double *support, double *invscale) {
+KG_INTERP_FN void kg_interp_aa_geom(const kg_interp_axis *a, int64_t i, double *center, double *support,
+                                    double *invscale) {
   double step = kg_interp_step(a), half = a->mode == KG_INTERP_BICUBIC ? 2.0 : 1.0;
   *support = kg_interp_r(a, step >= 1.0 ? half * step : half);
   *center = kg_interp_r(a, step * kg_interp_r(a, (double)i + 0.5));
@@ -63,7 +64,8 @@ KG_INTERP_FN void kg_interp_aa_geom(const kg_interp_axis *a, int64_t i, double *
 /* the plain (non-antialias) modes: base index and fraction (guard_index_and_lambda) */
 KG_INTERP_FN void kg_interp_base(const kg_interp_axis *a, int64_t i, int64_t *idx, double *t) {
   double step = kg_interp_step(a), real;
-  if (a->align_corners) real = kg_interp_r(a, step * (double)i);
+  if (a->align_corners)
+    real = kg_interp_r(a, step * (double)i);
   else {
     real = kg_interp_r(a, kg_interp_r(a, step * kg_interp_r(a, (double)i + 0.5)) - 0.5);
     if (a->mode == KG_INTERP_BILINEAR && real < 0) real = 0;
@@ -98,8 +100,10 @@ KG_INTERP_FN void kg_interp_bounds(const kg_interp_axis *a, int64_t i, int64_t *
     int64_t k;
     double t;
     kg_interp_base(a, i, &k, &t);
-    if (a->mode == KG_INTERP_BILINEAR) *lo = k, *hi = (k < a->in - 1 ? k + 1 : k) + 1;
-    else *lo = kg_interp_clamp(k - 1, a->in), *hi = kg_interp_clamp(k + 2, a->in) + 1;
+    if (a->mode == KG_INTERP_BILINEAR)
+      *lo = k, *hi = (k < a->in - 1 ? k + 1 : k) + 1;
+    else
+      *lo = kg_interp_clamp(k - 1, a->in), *hi = kg_interp_clamp(k + 2, a->in) + 1;
   }
 }
 
@@ -108,7 +112,8 @@ KG_INTERP_FN double kg_interp_norm(const kg_interp_axis *a, int64_t i, int64_t l
   if (a->mode == KG_INTERP_NEAREST || !a->antialias) return 1.0;
   double c, sup, inv, tot = 0;
   kg_interp_aa_geom(a, i, &c, &sup, &inv);
-  for (int64_t j = lo; j < hi; j++) tot += kg_interp_r(a, kg_interp_filter(a->mode, kg_interp_r(a, ((double)j - c + 0.5) * inv)));
+  for (int64_t j = lo; j < hi; j++)
+    tot += kg_interp_r(a, kg_interp_filter(a->mode, kg_interp_r(a, ((double)j - c + 0.5) * inv)));
   return tot != 0 ? 1.0 / tot : 1.0;
 }
 
@@ -118,7 +123,8 @@ KG_INTERP_FN double kg_interp_weight(const kg_interp_axis *a, int64_t i, int64_t
   if (a->antialias) {
     double c, sup, inv;
     kg_interp_aa_geom(a, i, &c, &sup, &inv);
-    return kg_interp_r(a, kg_interp_r(a, kg_interp_filter(a->mode, kg_interp_r(a, ((double)j - c + 0.5) * inv))) * norm);
+    return kg_interp_r(a,
+                       kg_interp_r(a, kg_interp_filter(a->mode, kg_interp_r(a, ((double)j - c + 0.5) * inv))) * norm);
   }
   int64_t k;
   double t, w = 0;
@@ -144,16 +150,20 @@ KG_INTERP_FN void kg_interp_readers(const kg_interp_axis *a, int64_t j, int64_t 
   while (l < r) {
     int64_t m = (l + r) / 2;
     kg_interp_bounds(a, m, &lo, &hi);
-    if (hi > j) r = m;
-    else l = m + 1;
+    if (hi > j)
+      r = m;
+    else
+      l = m + 1;
   }
   *o0 = l;
   r = a->out;
   while (l < r) {
     int64_t m = (l + r) / 2;
     kg_interp_bounds(a, m, &lo, &hi);
-    if (lo > j) r = m;
-    else l = m + 1;
+    if (lo > j)
+      r = m;
+    else
+      l = m + 1;
   }
   *o1 = l;
 }

@@ -7,14 +7,14 @@
 #include <stdio.h>
 
 static int failures;
-#define CHECK(cond, a, i)                                                                                            \
-  do {                                                                                                               \
-    if (!(cond)) {                                                                                                   \
-      if (failures++ < 20)                                                                                           \
-        fprintf(stderr, "%s:%d: %s (mode %d aa %d align %d in %lld out %lld scale %g, index %lld)\n", __FILE__,    \
-                __LINE__, #cond, (a)->mode, (a)->antialias, (a)->align_corners, (long long)(a)->in,               \
-                (long long)(a)->out, (a)->scale, (long long)(i));                                                  \
-    }                                                                                                                \
+#define CHECK(cond, a, i)                                                                                              \
+  do {                                                                                                                 \
+    if (!(cond)) {                                                                                                     \
+      if (failures++ < 20)                                                                                             \
+        fprintf(stderr, "%s:%d: %s (mode %d aa %d align %d in %lld out %lld scale %g, index %lld)\n", __FILE__,        \
+                __LINE__, #cond, (a)->mode, (a)->antialias, (a)->align_corners, (long long)(a)->in,                    \
+                (long long)(a)->out, (a)->scale, (long long)(i));                                                      \
+    }                                                                                                                  \
   } while (0)
 
 static void check_axis(const kg_interp_axis *a) {
@@ -26,7 +26,8 @@ static void check_axis(const kg_interp_axis *a) {
     CHECK(lo >= plo && hi >= phi, a, o);
     plo = lo, phi = hi;
     double norm = kg_interp_norm(a, o, lo, hi), sum = 0;
-    for (int64_t j = lo; j < hi; j++) sum += kg_interp_weight(a, o, j, norm);
+    for (int64_t j = lo; j < hi; j++)
+      sum += kg_interp_weight(a, o, j, norm);
     CHECK(fabs(sum - 1) < 1e-5, a, o);
   }
   for (int64_t j = 0; j < a->in; j++) {
@@ -41,8 +42,10 @@ static void check_axis(const kg_interp_axis *a) {
         b1 = o + 1;
       }
     }
-    if (b0 < 0) CHECK(o0 == o1, a, j);
-    else CHECK(o0 == b0 && o1 == b1, a, j);
+    if (b0 < 0)
+      CHECK(o0 == o1, a, j);
+    else
+      CHECK(o0 == b0 && o1 == b1, a, j);
   }
 }
 

@@ -15,7 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   volatile uint8_t sink = 0;
   const uint8_t *p = kg_data(t);
-  for (int64_t i = 0; i < kg_numel(t); i++) sink ^= p[i];
+  for (int64_t i = 0; i < kg_numel(t); i++)
+    sink ^= p[i];
   (void)sink;
   kg_tensor_release(t);
   return 0;
