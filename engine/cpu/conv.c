@@ -1,5 +1,5 @@
 /* conv.c (cpu) — conv2d and conv_transpose2d (NCHW) by im2col + GEMM, their backward passes,
- * and nearest-neighbour resizing.
+ * and interpolate (nearest, bilinear, bicubic, antialias).
  *
  * Shape letters: B batch, C channels, H/W image height and width, G groups.
  * Every conv is three primitives over one geometry: an "image" side [B, G*C, H, W] and a
@@ -31,6 +31,7 @@
  * docs/kernels.md ("Convolution and elementwise", "Winograd convolution"). */
 #include "conv_winograd.h"
 #include "cpu.h"
+#include "../ops/interp.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -914,32 +915,58 @@ done:
 kg_status kg_cpu_conv2d_backward(const kg_op_call *c) { return conv_backward(c, false); }
 kg_status kg_cpu_conv_transpose2d_backward(const kg_op_call *c) { return conv_backward(c, true); }
 
-/* ---- nearest-neighbour resize ------------------------------------------------------------------ */
+/* ---- interpolate: nearest, bilinear, bicubic, antialias ------------------------------------ */
 
-/* src index of each destination index: floor(dst * in / out), as PyTorch's "nearest" */
-static int64_t *nearest_map(int64_t in, int64_t out) {
-  int64_t *m = malloc((size_t)(out > 0 ? out : 1) * sizeof *m);
-  if (m)
-    for (int64_t i = 0; i < out; i++) m[i] = i * in / out;
-  return m;
+/* one axis's windows and weights (engine/ops/interp.h) tabulated: output index o reads source
+ * indices lo[o] .. lo[o] + n[o] - 1 with weights w[o * k ..] */
+typedef struct {
+  int64_t *lo, *n, k;
+  double *w;
+} interp_table;
+
+static void interp_table_free(interp_table *t) { free(t->lo), free(t->n), free(t->w); }
+
+static bool interp_table_make(interp_table *t, const kg_interpolate_params *p, bool single, int axis, int64_t in) {
+  kg_interp_axis a = {p->mode, p->antialias, p->align_corners, single, in, axis ? p->out_w : p->out_h,
+                      axis ? p->scale_w : p->scale_h};
+  t->lo = malloc((size_t)a.out * sizeof *t->lo), t->n = malloc((size_t)a.out * sizeof *t->n), t->w = NULL, t->k = 1;
+  if (!t->lo || !t->n) return false;
+  for (int64_t o = 0; o < a.out; o++) {
+    int64_t hi;
+    kg_interp_bounds(&a, o, &t->lo[o], &hi);
+    t->n[o] = hi - t->lo[o];
+    if (t->n[o] > t->k) t->k = t->n[o];
+  }
+  t->w = malloc((size_t)(a.out * t->k) * sizeof *t->w);
+  if (!t->w) return false;
+  for (int64_t o = 0; o < a.out; o++) {
+    double norm = kg_interp_norm(&a, o, t->lo[o], t->lo[o] + t->n[o]);
+    for (int64_t j = 0; j < t->n[o]; j++) t->w[o * t->k + j] = kg_interp_weight(&a, o, t->lo[o] + j, norm);
+  }
+  return true;
 }
 
-/* in {x: [B, C, H, W]} -> out {y: [B, C, Ho, Wo]}; a copy, so done in double for every dtype */
+/* in {x: [B, C, H, W]} -> out {y: [B, C, Ho, Wo]}, separable: each output row is first the
+ * weighted sum of its source rows, then each output pixel the weighted sum along that row; in
+ * double for every dtype (the index math in the dtype's own precision, as PyTorch) */
 kg_status kg_cpu_interpolate(const kg_op_call *c) {
   const kg_tensor *x = c->in[0];
   kg_tensor *y = c->out[0];
+  const kg_interpolate_params *p = c->params;
   int64_t C = x->shape[1], H = x->shape[2], W = x->shape[3], Ho = y->shape[2], Wo = y->shape[3];
-  int64_t *mh = nearest_map(H, Ho), *mw = nearest_map(W, Wo);
+  interp_table th, tw;
+  bool single = x->dtype != KG_F64;
+  bool ok = interp_table_make(&th, p, single, 0, H), okw = interp_table_make(&tw, p, single, 1, W);
   kg_status s = KG_OK;
-  if (!mh || !mw) s = kg_error(KG_ERR_OOM, "interpolate", "out of memory");
+  if (!ok || !okw) s = kg_error(KG_ERR_OOM, "interpolate", "out of memory for the weight tables");
   const char *xb = kg_data(x);
   char *yb = kg_data(y);
   int xes = kg_dtype_info[x->dtype].size, yes = kg_dtype_info[y->dtype].size;
   int64_t rows = s == KG_OK ? y->shape[0] * C * Ho : 0;
   int oom = 0;
-#pragma omp parallel if (rows * Wo > KG_PAR_THRESHOLD)
+#pragma omp parallel if (rows * Wo * th.k * tw.k > KG_PAR_THRESHOLD)
   {
-    double *in = malloc((size_t)(W + Wo) * sizeof(double)), *out = in ? in + W : NULL;
+    double *in = malloc((size_t)(2 * W + Wo) * sizeof(double)), *mid = in ? in + W : NULL, *out = in ? mid + W : NULL;
     if (!in) {
 #pragma omp atomic write
       oom = 1;
@@ -948,35 +975,49 @@ kg_status kg_cpu_interpolate(const kg_op_call *c) {
     for (int64_t r = 0; r < rows; r++) {
       if (!in) continue;
       int64_t oh = r % Ho, bc = r / Ho, b = bc / C, ch = bc % C;
-      const char *src = xb + (b * x->stride[0] + ch * x->stride[1] + mh[oh] * x->stride[2]) * xes;
-      kg_cpu_load_f64(in, src, x->dtype, x->stride[3], W);
-      for (int64_t j = 0; j < Wo; j++) out[j] = in[mw[j]];
+      for (int64_t j = 0; j < W; j++) mid[j] = 0;
+      for (int64_t q = 0; q < th.n[oh]; q++) {
+        const char *src = xb + (b * x->stride[0] + ch * x->stride[1] + (th.lo[oh] + q) * x->stride[2]) * xes;
+        kg_cpu_load_f64(in, src, x->dtype, x->stride[3], W);
+        double wq = th.w[oh * th.k + q];
+        for (int64_t j = 0; j < W; j++) mid[j] += wq * in[j];
+      }
+      for (int64_t j = 0; j < Wo; j++) {
+        const double *wj = tw.w + j * tw.k, *mj = mid + tw.lo[j];
+        double acc = 0;
+        for (int64_t q = 0; q < tw.n[j]; q++) acc += wj[q] * mj[q];
+        out[j] = acc;
+      }
       kg_cpu_store_f64(yb + r * Wo * yes, y->dtype, 1, out, Wo);
     }
     free(in);
   }
-  free(mh), free(mw);
+  interp_table_free(&th), interp_table_free(&tw);
   if (oom) s = kg_error(KG_ERR_OOM, "interpolate", "out of memory for row buffers");
   return s;
 }
 
-/* in {dy: [B, C, Ho, Wo]} -> out {dx: [B, C, H, W]}: each source pixel sums the gradients of
- * the destination pixels that copied it */
+/* in {dy: [B, C, Ho, Wo]} -> out {dx: [B, C, H, W]}: the forward's transpose; each source pixel
+ * sums the gradients of the output pixels that read it, times the weights they read it with */
 kg_status kg_cpu_interpolate_backward(const kg_op_call *c) {
   const kg_tensor *dy = c->in[0];
   kg_tensor *dx = c->out[0];
+  const kg_interpolate_params *p = c->params;
   int64_t C = dx->shape[1], H = dx->shape[2], W = dx->shape[3], Ho = dy->shape[2], Wo = dy->shape[3];
-  int64_t *mh = nearest_map(H, Ho), *mw = nearest_map(W, Wo);
+  interp_table th, tw;
+  bool single = dx->dtype != KG_F64;
+  bool ok = interp_table_make(&th, p, single, 0, H), okw = interp_table_make(&tw, p, single, 1, W);
   kg_status s = KG_OK;
-  if (!mh || !mw) s = kg_error(KG_ERR_OOM, "interpolate", "out of memory");
+  if (!ok || !okw) s = kg_error(KG_ERR_OOM, "interpolate", "out of memory for the weight tables");
   const char *gb = kg_data(dy);
   char *xb = kg_data(dx);
   int ges = kg_dtype_info[dy->dtype].size, xes = kg_dtype_info[dx->dtype].size;
   int64_t planes = s == KG_OK ? dx->shape[0] * C : 0;
   int oom = 0;
-#pragma omp parallel if (planes * Ho * Wo > KG_PAR_THRESHOLD)
+#pragma omp parallel if (planes * Ho * Wo * th.k * tw.k > KG_PAR_THRESHOLD)
   {
-    double *acc = malloc((size_t)(H * W + Wo) * sizeof(double)), *row = acc ? acc + H * W : NULL;
+    double *acc = malloc((size_t)(H * W + W + Wo) * sizeof(double)), *mid = acc ? acc + H * W : NULL,
+           *row = acc ? mid + W : NULL;
     if (!acc) {
 #pragma omp atomic write
       oom = 1;
@@ -989,14 +1030,19 @@ kg_status kg_cpu_interpolate_backward(const kg_op_call *c) {
       for (int64_t oh = 0; oh < Ho; oh++) {
         const char *src = gb + (b * dy->stride[0] + ch * dy->stride[1] + oh * dy->stride[2]) * ges;
         kg_cpu_load_f64(row, src, dy->dtype, dy->stride[3], Wo);
-        double *dst = acc + mh[oh] * W;
-        for (int64_t j = 0; j < Wo; j++) dst[mw[j]] += row[j];
+        memset(mid, 0, (size_t)W * sizeof(double));
+        for (int64_t j = 0; j < Wo; j++)
+          for (int64_t q = 0; q < tw.n[j]; q++) mid[tw.lo[j] + q] += tw.w[j * tw.k + q] * row[j];
+        for (int64_t q = 0; q < th.n[oh]; q++) {
+          double *dst = acc + (th.lo[oh] + q) * W, wq = th.w[oh * th.k + q];
+          for (int64_t j = 0; j < W; j++) dst[j] += wq * mid[j];
+        }
       }
       kg_cpu_store_f64(xb + pl * H * W * xes, dx->dtype, 1, acc, H * W);
     }
     free(acc);
   }
-  free(mh), free(mw);
+  interp_table_free(&th), interp_table_free(&tw);
   if (oom) s = kg_error(KG_ERR_OOM, "interpolate", "out of memory for plane buffers");
   return s;
 }

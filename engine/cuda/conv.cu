@@ -1,5 +1,6 @@
 /* conv.cu — conv2d and conv_transpose2d (forward and backward) through cuDNN's convolution API,
- * and nearest-neighbour interpolate (+ backward) as plain kernels, matching engine/cpu/conv.c.
+ * and interpolate (nearest, bilinear, bicubic, antialias; + backward) as plain kernels, matching
+ * engine/cpu/conv.c through the shared window and weight formulas of engine/ops/interp.h.
  *
  * Every conv is one of cuDNN's three primitives over one geometry: an image side
  * [B, G*C, H, W] and a column side [B, G*M, Ho, Wo] linked by w [G*M, C, kh, kw]:
@@ -17,32 +18,60 @@
  * (db sums in double). Built without cuDNN (not found by CMake) the conv ops raise an error;
  * interpolate works either way. */
 #include "util.cuh"
+#include "../ops/interp.h"
 
 #include <pthread.h>
 
 /* ---- interpolate ------------------------------------------------------------------------------- */
 
-/* y[b, c, oh, ow] = x[b, c, oh * H / Ho, ow * W / Wo] (PyTorch's "nearest") */
+/* one axis of the params (windows and weights: engine/ops/interp.h, as the CPU's tables) */
+static kg_interp_axis interp_axis(const kg_interpolate_params *p, bool single, int axis, int64_t in) {
+  kg_interp_axis a = {p->mode, p->antialias, p->align_corners, single, in, axis ? p->out_w : p->out_h,
+                      axis ? p->scale_w : p->scale_h};
+  return a;
+}
+
+/* y[b, c, oh, ow] = Σ_h Σ_w wh(oh, h) ww(ow, w) x[b, c, h, w] over the two windows, in double */
 __global__ void interp_kernel(const char *x, int xdt, int64_t xs0, int64_t xs1, int64_t xs2, int64_t xs3, char *y,
-                              int ydt, int64_t C, int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t n) {
+                              int ydt, int64_t C, kg_interp_axis ah, kg_interp_axis aw, int64_t n) {
   KG_CUDA_FOR(e, n) {
+    int64_t Ho = ah.out, Wo = aw.out;
     int64_t ow = e % Wo, oh = e / Wo % Ho, ch = e / (Wo * Ho) % C, b = e / (Wo * Ho * C);
-    int64_t off = b * xs0 + ch * xs1 + (oh * H / Ho) * xs2 + (ow * W / Wo) * xs3;
-    kg_store(y, ydt, e, kg_load<double>(x, xdt, off));
+    int64_t h0, h1, w0, w1;
+    kg_interp_bounds(&ah, oh, &h0, &h1);
+    kg_interp_bounds(&aw, ow, &w0, &w1);
+    double nh = kg_interp_norm(&ah, oh, h0, h1), nw = kg_interp_norm(&aw, ow, w0, w1), acc = 0;
+    const int64_t base = b * xs0 + ch * xs1;
+    for (int64_t h = h0; h < h1; h++) {
+      double row = 0;
+      for (int64_t w = w0; w < w1; w++) row += kg_interp_weight(&aw, ow, w, nw) * kg_load<double>(x, xdt, base + h * xs2 + w * xs3);
+      acc += kg_interp_weight(&ah, oh, h, nh) * row;
+    }
+    kg_store(y, ydt, e, acc);
   }
 }
 
-/* dx[b, c, h, w] = Σ dy over the (oh, ow) that copied it: oh in [ceil(h Ho / H), ceil((h+1) Ho / H)),
- * summed in double, oh-major as the CPU's loop */
+/* dx[b, c, h, w] = Σ dy[oh, ow] wh(oh, h) ww(ow, w) over the output pixels that read (h, w):
+ * a gather (no atomics), summed in double */
 __global__ void interp_back_kernel(const char *g, int gdt, int64_t gs0, int64_t gs1, int64_t gs2, int64_t gs3, char *dx,
-                                   int ddt, int64_t C, int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t n) {
+                                   int ddt, int64_t C, kg_interp_axis ah, kg_interp_axis aw, int64_t n) {
   KG_CUDA_FOR(e, n) {
+    int64_t H = ah.in, W = aw.in;
     int64_t w = e % W, h = e / W % H, ch = e / (W * H) % C, b = e / (W * H * C);
-    int64_t oh0 = (h * Ho + H - 1) / H, oh1 = ((h + 1) * Ho + H - 1) / H;
-    int64_t ow0 = (w * Wo + W - 1) / W, ow1 = ((w + 1) * Wo + W - 1) / W;
+    int64_t oh0, oh1, ow0, ow1, lo, hi;
+    kg_interp_readers(&ah, h, &oh0, &oh1);
+    kg_interp_readers(&aw, w, &ow0, &ow1);
     double acc = 0;
-    for (int64_t oh = oh0; oh < oh1 && oh < Ho; oh++)
-      for (int64_t ow = ow0; ow < ow1 && ow < Wo; ow++) acc += kg_load<double>(g, gdt, b * gs0 + ch * gs1 + oh * gs2 + ow * gs3);
+    for (int64_t oh = oh0; oh < oh1; oh++) {
+      kg_interp_bounds(&ah, oh, &lo, &hi);
+      double wh = kg_interp_weight(&ah, oh, h, kg_interp_norm(&ah, oh, lo, hi)), row = 0;
+      for (int64_t ow = ow0; ow < ow1; ow++) {
+        kg_interp_bounds(&aw, ow, &lo, &hi);
+        row += kg_interp_weight(&aw, ow, w, kg_interp_norm(&aw, ow, lo, hi)) *
+               kg_load<double>(g, gdt, b * gs0 + ch * gs1 + oh * gs2 + ow * gs3);
+      }
+      acc += wh * row;
+    }
     kg_store(dx, ddt, e, acc);
   }
 }
@@ -50,24 +79,28 @@ __global__ void interp_back_kernel(const char *g, int gdt, int64_t gs0, int64_t 
 extern "C" kg_status kg_cuda_interpolate(const kg_op_call *c) {
   const kg_tensor *x = c->in[0];
   kg_tensor *y = c->out[0];
+  const kg_interpolate_params *p = (const kg_interpolate_params *)c->params;
   int64_t n = kg_numel(y);
   if (n == 0) return KG_OK;
   int dev = y->device.index;
+  bool single = x->dtype != KG_F64;
   interp_kernel<<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, kg_cuda_stream(dev)>>>(
       (const char *)kg_data(x), x->dtype, x->stride[0], x->stride[1], x->stride[2], x->stride[3], (char *)kg_data(y),
-      y->dtype, x->shape[1], x->shape[2], x->shape[3], y->shape[2], y->shape[3], n);
+      y->dtype, x->shape[1], interp_axis(p, single, 0, x->shape[2]), interp_axis(p, single, 1, x->shape[3]), n);
   return kg_cuda_check("interpolate", dev);
 }
 
 extern "C" kg_status kg_cuda_interpolate_backward(const kg_op_call *c) {
   const kg_tensor *g = c->in[0];
   kg_tensor *dx = c->out[0];
+  const kg_interpolate_params *p = (const kg_interpolate_params *)c->params;
   int64_t n = kg_numel(dx);
   if (n == 0) return KG_OK;
   int dev = dx->device.index;
+  bool single = dx->dtype != KG_F64;
   interp_back_kernel<<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, kg_cuda_stream(dev)>>>(
       (const char *)kg_data(g), g->dtype, g->stride[0], g->stride[1], g->stride[2], g->stride[3], (char *)kg_data(dx),
-      dx->dtype, dx->shape[1], dx->shape[2], dx->shape[3], g->shape[2], g->shape[3], n);
+      dx->dtype, dx->shape[1], interp_axis(p, single, 0, dx->shape[2]), interp_axis(p, single, 1, dx->shape[3]), n);
   return kg_cuda_check("interpolate_backward", dev);
 }
 

@@ -1,5 +1,5 @@
 /* conv.c — front-ends of the convolution and resampling family (NCHW): conv2d,
- * conv_transpose2d, nearest interpolation, and their backward passes.
+ * conv_transpose2d, interpolation (nearest, bilinear, bicubic, antialias), and their backward passes.
  *
  * Shape letters: B batch, C channels (Cin, Cout), H/W height and width, kh/kw kernel size.
  * Output sizes follow PyTorch:
@@ -7,6 +7,9 @@
  *   conv_transpose2d  Ho = (H - 1) stride - 2 pad + dil (kh - 1) + output_padding + 1
  * Kernels: engine/cpu/conv.c (im2col + GEMM; conv_transpose2d is conv2d's adjoint). */
 #include "../core/internal.h"
+#include "interp.h"
+
+#include <string.h>
 
 /* validates x, w, b and p for conv2d (transposed = false) or conv_transpose2d; shape: [4] out */
 static kg_status conv_check(const char *op, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b,
@@ -136,22 +139,37 @@ kg_status kg_grad_conv_transpose2d(kg_node *n, kg_tensor *const *dout, kg_tensor
   return conv_grad(KG_OP_CONV_TRANSPOSE2D_BACKWARD, n, dout, din);
 }
 
-/* ---- nearest interpolation ---------------------------------------------------------------- */
+/* ---- interpolation (nearest, bilinear, bicubic) ----------------------------------------- */
 
-kg_status kg_interpolate_nearest(kg_tensor **out, const kg_tensor *x, int64_t out_h, int64_t out_w) {
+kg_status kg_interpolate(kg_tensor **out, const kg_tensor *x, const kg_interpolate_params *p) {
   char s1[KG_SHAPE_STR_MAX];
+  static const char *const modes[] = {"nearest", "bilinear", "bicubic"};
   if (x->ndim != 4) return kg_error(KG_ERR_SHAPE, "interpolate", "input x %s must be 4-D [B, C, H, W]", KG_SHAPE(x, s1));
-  if (out_h < 1 || out_w < 1)
+  if (p->mode < KG_INTERP_NEAREST || p->mode > KG_INTERP_BICUBIC)
+    return kg_error(KG_ERR_VALUE, "interpolate", "unknown mode %d", p->mode);
+  if (p->mode == KG_INTERP_NEAREST && (p->align_corners || p->antialias))
+    return kg_error(KG_ERR_VALUE, "interpolate", "%s applies to the bilinear and bicubic modes, not nearest",
+                    p->align_corners ? "align_corners" : "antialias");
+  if (p->mode != KG_INTERP_NEAREST && !kg_dtype_info[x->dtype].is_float)
+    return kg_error(KG_ERR_TYPE, "interpolate", "mode '%s' needs a floating-point x, got %s", modes[p->mode],
+                    kg_dtype_info[x->dtype].name);
+  if (p->out_h < 1 || p->out_w < 1)
     return kg_error(KG_ERR_VALUE, "interpolate", "x %s: output size %lldx%lld must be positive", KG_SHAPE(x, s1),
-                    (long long)out_h, (long long)out_w);
+                    (long long)p->out_h, (long long)p->out_w);
   if (x->shape[2] < 1 || x->shape[3] < 1)
     return kg_error(KG_ERR_SHAPE, "interpolate", "x %s: cannot resize an empty image", KG_SHAPE(x, s1));
-  int64_t shape[4] = {x->shape[0], x->shape[1], out_h, out_w};
+  int64_t shape[4] = {x->shape[0], x->shape[1], p->out_h, p->out_w};
   KG_TRY(kg_new_like(out, x, 4, shape, x->dtype));
-  kg_interpolate_params p = {out_h, out_w};
-  kg_status s = kg_op_run(KG_OP_INTERPOLATE, 1, out, 1, &x, &p, sizeof p);
+  kg_status s = kg_op_run(KG_OP_INTERPOLATE, 1, out, 1, &x, p, sizeof *p);
   if (s) kg_tensor_release(*out);
   return s;
+}
+
+kg_status kg_interpolate_nearest(kg_tensor **out, const kg_tensor *x, int64_t out_h, int64_t out_w) {
+  kg_interpolate_params p;
+  memset(&p, 0, sizeof p); /* padding too: params are copied bytewise into the graph */
+  p.out_h = out_h, p.out_w = out_w, p.mode = KG_INTERP_NEAREST;
+  return kg_interpolate(out, x, &p);
 }
 
 kg_status kg_grad_interpolate(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {

@@ -174,6 +174,16 @@ good = png(4, 3)
 put("png", "bad_crc", good[:41] + bytes([good[41] ^ 1]) + good[42:])  # a flipped IDAT byte
 put("png", "short_idat", png(8, 8, rows=b"\0\1\2"))
 
+# ---- JPEG (PIL-written fixtures of tests/fixtures/gen/gen_image.py, and damaged copies) ------
+for name in ["photo", "progressive", "gray", "cmyk"]:
+    put("jpeg", name, read("image", name + ".jpg"))
+jp = read("image", "photo.jpg")
+put("jpeg", "truncated", jp[:300])
+sof = jp.index(b"\xff\xc0") + 5  # SOF0: length, precision, then height and width
+put("jpeg", "huge_dims", jp[:sof] + struct.pack(">HH", 65000, 65000) + jp[sof + 4:])
+put("jpeg", "zero_dims", jp[:sof] + struct.pack(">HH", 0, 0) + jp[sof + 4:])
+put("jpeg", "garbage_scan", jp[:-40] + bytes(range(30)) + b"\xff\xd9")
+
 # ---- tokenizer.json: the JSON, then a NUL and the text to encode ------------------------------
 TEXT = "Hello w\u00f6rld  I'm <|endoftext|> 123 \u4e2d\u6587 e\u0301 \U0001F600\r\n\t x".encode()
 for name in ["gpt2", "llama3", "bert", "t5", "unigram_bf", "misc", "pieces", "regex_deepseek"]:

@@ -469,6 +469,17 @@ for _, dt in ipairs(FLOATS) do
     ;(y * y:detach()):sum():backward()
     return {yd, xl.grad}
   end)
+  for _, o in ipairs{{mode = "bilinear", size = {13, 7}, align_corners = true}, {mode = "bicubic", scale = 1.7},
+                     {mode = "bilinear", size = {3, 2}, antialias = true}, {mode = "bicubic", scale = {0.4, 1.5}, antialias = true}} do
+    check("interpolate " .. o.mode .. (o.antialias and " antialias" or "") .. " + grad", dt, function(dev)
+      local xl = on(x, dev):detach()
+      xl:requires_grad_(true)
+      local y = keng.interpolate(xl, o)
+      local yd = y:detach()
+      ;(y * y:detach()):sum():backward()
+      return {yd, xl.grad}
+    end, CTOL[dt])
+  end
 end
 
 -- ---- randomness ------------------------------------------------------------------------------

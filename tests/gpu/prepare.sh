@@ -28,6 +28,7 @@ provides=(
   "readline:libreadline-dev libreadline8 libtinfo6"
   "m:(image)"
   "PNG:libpng-dev libpng16-16"
+  "JPEG:libjpeg62-turbo-dev libjpeg62-turbo"
   "ZLIB:zlib1g-dev"
   "CUDAToolkit:(image)"
   "cudnn:(image)"
@@ -82,6 +83,8 @@ rm -rf "$p/usr/share/doc" "$p/usr/share/man" "$p/usr/share/info" "$p/usr/share/l
 sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' "$lib"/pkgconfig/*.pc
 # luaconf.h includes "lua5.4-deb-multiarch.h", which Debian keeps in the multiarch include dir
 cp "$p/usr/include/$arch/lua5.4-deb-multiarch.h" "$p/usr/include/lua5.4/"
+# jpeglib.h includes "jconfig.h", also in the multiarch dir (the device has no system copy)
+cp "$p/usr/include/$arch/jconfig.h" "$p/usr/include/"
 # pkgconf needs its own libpkgconf: a wrapper that finds it and searches the prefix's .pc files
 cat >"$p/usr/bin/pkg-config-prefix" <<'EOF'
 #!/bin/sh

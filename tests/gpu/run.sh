@@ -194,7 +194,7 @@ fi
 grep -E "keng: (CUDA backend|cuDNN)" "$work/configure.log"
 # every library must come from the prefix (or the image, for CUDA / OpenMP / zlib's runtime)
 outside=""
-for v in OPENBLAS_INCLUDE OPENBLAS_LIB READLINE_LIB PNG_LIBRARY_RELEASE PNG_PNG_INCLUDE_DIR LUA_INCLUDEDIR; do
+for v in OPENBLAS_INCLUDE OPENBLAS_LIB READLINE_LIB PNG_LIBRARY_RELEASE PNG_PNG_INCLUDE_DIR JPEG_LIBRARY_RELEASE JPEG_INCLUDE_DIR LUA_INCLUDEDIR; do
   p=$(sed -n "s/^$v:[A-Z]*=//p" "$build/CMakeCache.txt" | head -1)
   echo "  $v = $p"
   case "$p" in "$top"/build-gpu-deps/*) ;; *) outside="$outside $v=$p" ;; esac

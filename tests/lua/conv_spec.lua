@@ -512,8 +512,8 @@ describe("interpolate", function()
 
   it("reports bad input", function()
     H.raises(function() keng.interpolate(keng.randn({2, 3, 4}), {scale = 2}) end, "interpolate: input x [2,3,4] must be 4-D")
-    H.raises(function() keng.interpolate(keng.randn({1, 1, 2, 2}), {scale = 2, mode = "bilinear"}) end,
-      "interpolate: mode 'bilinear' is not supported yet")
+    H.raises(function() keng.interpolate(keng.randn({1, 1, 2, 2}), {scale = 2, mode = "linear"}) end,
+      "interpolate: unknown mode 'linear'")
     H.raises(function() keng.interpolate(keng.randn({1, 1, 2, 2}), {}) end, "interpolate: give scale= or size=")
     H.raises(function() keng.interpolate(keng.randn({1, 1, 2, 2}), {size = {0, 2}}) end, "interpolate: x [1,1,2,2]: output size 0x2")
   end)

@@ -143,7 +143,14 @@ typedef struct {
   int stride[2], padding[2], dilation[2], output_padding[2];
   int groups;
 } kg_conv2d_params;
-typedef struct { int64_t out_h, out_w; } kg_interpolate_params;
+/* mode: KG_INTERP_NEAREST / BILINEAR / BICUBIC (engine/ops/interp.h); scale_h/scale_w: the
+ * user's scale factors (0 when a size was given), which PyTorch's source-index math uses */
+typedef struct {
+  int64_t out_h, out_w;
+  int mode;
+  bool align_corners, antialias;
+  double scale_h, scale_w;
+} kg_interpolate_params;
 /* CONV2D_BACKWARD / CONV_TRANSPOSE2D_BACKWARD: in {dy, x, w}; out: the wanted ones of dx, dw, db in order */
 typedef struct { kg_conv2d_params p; bool need[3]; } kg_conv_backward_params;
 
@@ -155,6 +162,8 @@ kg_status kg_conv_transpose2d(kg_tensor **out, const kg_tensor *x, const kg_tens
                               const kg_conv2d_params *p);
 /* nearest-neighbour resize of x: [B, C, H, W] to [B, C, out_h, out_w] */
 kg_status kg_interpolate_nearest(kg_tensor **out, const kg_tensor *x, int64_t out_h, int64_t out_w);
+/* resize of x: [B, C, H, W] to [B, C, p->out_h, p->out_w] as torch.nn.functional.interpolate */
+kg_status kg_interpolate(kg_tensor **out, const kg_tensor *x, const kg_interpolate_params *p);
 
 /* ---- randomness in models (engine/ops/random.c) ------------------------------------------- */
 

@@ -1,16 +1,173 @@
--- keng.image — PNG files and simple drawing on u8 image tensors [H, W, C] (HWC, as in the file).
+-- keng.image — PNG and JPEG files, resizing helpers and simple drawing on u8 image tensors [H, W, C] (HWC, as in the file).
 --
 --   local image = require "keng.image"
 --   local img = image.new(240, 320, {255, 255, 255})          -- white RGB canvas
 --   image.fill_rect(img, 10, 20, 50, 30, {200, 0, 0})         -- x, y (1-based), w, h, colour
 --   image.text(img, 12, 60, "BERT FIT 12.3", {0, 0, 0}, 2)      -- 5x7 font, scale 2
 --   image.write_png("out.png", img)   local back = image.read_png("out.png")
+--   local photo = image.read("cat.jpg")      -- u8 [H, W, 3], PNG or JPEG by content
+--   image.write("small.jpg", photo, {quality = 85})
 --
 -- write_png / read_png are the engine's (engine/io/png.c, libpng); drawing is narrow + fill_ on
 -- views, so nothing loops over tensor elements except the glyph pixels of text.
 local keng = require "keng"
 
-local image = {read_png = keng.image.read_png, write_png = keng.image.write_png}
+local options = require "keng.options"
+
+local image = {read_png = keng.image.read_png, write_png = keng.image.write_png,
+               read_jpeg = keng.image.read_jpeg, write_jpeg = keng.image.write_jpeg}
+
+-- the file's format from its first bytes (PNG's signature, JPEG's SOI marker), or nil
+local function sniff(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local head = f:read(8) or ""
+  f:close()
+  if head == "\137PNG\r\n\26\n" then return "png" end
+  if head:sub(1, 3) == "\255\216\255" then return "jpeg" end
+  return nil, "not a PNG or JPEG file"
+end
+
+-- image.read(path) -> u8 [H, W, 3] RGB, PNG or JPEG by content (not by name): grey is
+-- replicated, alpha dropped (as PIL's convert("RGB"))
+function image.read(path)
+  local kind, err = sniff(path)
+  if not kind then error(string.format("image.read: %s: %s", tostring(path), err), 2) end
+  local ok, t = pcall(kind == "png" and image.read_png or image.read_jpeg, path)
+  if not ok then error(t, 2) end
+  local c = t.shape[3]
+  if c == 3 then return t end
+  if c == 4 then return t:narrow(3, 1, 3):contiguous() end
+  return t:narrow(3, 1, 1):expand({t.shape[1], t.shape[2], 3}):contiguous()
+end
+
+-- image.write(path, t, {quality = 90}): u8 [H, W, C] as PNG (.png) or JPEG (.jpg, .jpeg) by the
+-- extension; quality (1..100, default 90) is JPEG's
+function image.write(path, t, opts)
+  opts = options.check("image.write", opts, {"quality"})
+  local ext = tostring(path):match("%.([^./]+)$")
+  ext = ext and ext:lower()
+  if ext == "png" then
+    if opts.quality ~= nil then error("image.write: quality applies to JPEG files, not " .. path, 2) end
+    local ok, e = pcall(image.write_png, path, t)
+    if not ok then error(e, 2) end
+  elseif ext == "jpg" or ext == "jpeg" then
+    local q = options.integer("image.write", "quality", opts.quality or 90, 1, 2)
+    local ok, e = pcall(image.write_jpeg, path, t, q)
+    if not ok then error(e, 2) end
+  else
+    error(string.format("image.write: %s: unknown extension (valid: .png, .jpg, .jpeg)", tostring(path)), 2)
+  end
+end
+
+-- ---- preprocessing: resize / normalize / pad ------------------------------------------------
+-- Each takes an image as u8 [H, W, C] (as read from a file) or a float [C, H, W] (as a model
+-- takes it) and returns the same layout; what SAM's and Stable Diffusion's preprocessing do.
+
+local function layout(who, t)
+  if not keng.is_tensor(t) or t.ndim ~= 3 then
+    error(string.format("%s: expected u8 [H, W, C] or float [C, H, W], got %s", who,
+      keng.is_tensor(t) and "[" .. table.concat(t.shape, ",") .. "]" or type(t)), 3)
+  end
+  if t.dtype == "u8" then return "hwc", t.shape[1], t.shape[2], t.shape[3] end
+  if t.dtype == "f32" or t.dtype == "f64" or t.dtype == "bf16" or t.dtype == "f16" then
+    return "chw", t.shape[2], t.shape[3], t.shape[1]
+  end
+  error(string.format("%s: expected u8 [H, W, C] or float [C, H, W], got dtype %s", who, t.dtype), 3)
+end
+
+-- image.resize(t, {size = {h, w} | longest_side = n, mode = "bilinear", antialias = true,
+-- align_corners}) through keng.interpolate; longest_side scales the longer side to n and the
+-- other to floor(side * n / longest + 0.5) (SAM's ResizeLongestSide). antialias defaults to
+-- true (as torchvision's Resize) for bilinear/bicubic. u8 is resized in f32 and rounded half up
+-- and clamped to 0..255.
+function image.resize(t, opts)
+  opts = options.check("image.resize", opts, {"size", "longest_side", "mode", "antialias", "align_corners"})
+  local kind, h, w = layout("image.resize", t)
+  local oh, ow
+  if opts.size ~= nil and opts.longest_side ~= nil then error("image.resize: give size= or longest_side=, not both", 2) end
+  if type(opts.size) == "table" then
+    oh = options.integer("image.resize", "size[1]", opts.size[1], 1, 2)
+    ow = options.integer("image.resize", "size[2]", opts.size[2], 1, 2)
+  elseif opts.size ~= nil then
+    oh = options.integer("image.resize", "size", opts.size, 1, 2); ow = oh
+  elseif opts.longest_side ~= nil then
+    local n = options.integer("image.resize", "longest_side", opts.longest_side, 1, 2)
+    local s = n / math.max(h, w)
+    oh, ow = math.floor(h * s + 0.5), math.floor(w * s + 0.5)
+  else
+    error("image.resize: give size= or longest_side=", 2)
+  end
+  local mode = opts.mode or "bilinear"
+  local io = {size = {oh, ow}, mode = mode, align_corners = opts.align_corners}
+  if mode ~= "nearest" then io.antialias = opts.antialias ~= false end
+  if mode == "nearest" and opts.antialias then io.antialias = true end    -- let interpolate refuse it
+  local x = kind == "hwc" and t:float():permute({3, 1, 2}) or t
+  local ok, y = pcall(keng.interpolate, x:unsqueeze(1), io)
+  if not ok then error((tostring(y):gsub("^interpolate:", "image.resize:")), 2) end
+  y = y:squeeze(1)
+  if kind == "chw" then return y end
+  return (y:permute({2, 3, 1}) + 0.5):clamp(0, 255):to("u8"):contiguous()
+end
+
+-- image.normalize(t, mean, std) -> f32 [C, H, W]: (t - mean[c]) / std[c] per channel; mean and
+-- std are lists of C numbers (or one number for all); u8 [H, W, C] input is taken in its 0..255
+-- values (SAM's pixel_mean 123.675, ...), float [C, H, W] as it is (SD's 0.5, 0.5 on 0..1)
+function image.normalize(t, mean, std)
+  local kind, _, _, c = layout("image.normalize", t)
+  local function per_channel(name, v)
+    if type(v) == "number" then v = {v} end
+    if type(v) ~= "table" or (#v ~= 1 and #v ~= c) then
+      error(string.format("image.normalize: %s must be a number or a list of %d numbers", name, c), 3)
+    end
+    local out = {}
+    for i = 1, c do
+      out[i] = v[#v == 1 and 1 or i]
+      if type(out[i]) ~= "number" then error(string.format("image.normalize: %s[%d] is not a number", name, i), 3) end
+      if name == "std" and out[i] == 0 then error(string.format("image.normalize: std[%d] is 0", i), 3) end
+    end
+    return keng.tensor(out):reshape({c, 1, 1})
+  end
+  local m, s = per_channel("mean", mean), per_channel("std", std)
+  local x = kind == "hwc" and t:float():permute({3, 1, 2}) or t:float()
+  return (x - m) / s
+end
+
+-- image.pad(t, {size = {h, w}} | {top =, bottom =, left =, right =}, value = 0): adds rows and
+-- columns of `value`; size pads at the bottom and right up to {h, w} (SAM's 1024 x 1024)
+function image.pad(t, opts)
+  opts = options.check("image.pad", opts, {"size", "top", "bottom", "left", "right", "value"})
+  local kind, h, w, c = layout("image.pad", t)
+  local top, bottom, left, right
+  if opts.size ~= nil then
+    for _, k in ipairs{"top", "bottom", "left", "right"} do
+      if opts[k] ~= nil then error("image.pad: give size= or top/bottom/left/right=, not both", 2) end
+    end
+    if type(opts.size) ~= "table" then error("image.pad: size must be a {h, w} pair", 2) end
+    local sh = options.integer("image.pad", "size[1]", opts.size[1], 1, 2)
+    local sw = options.integer("image.pad", "size[2]", opts.size[2], 1, 2)
+    if sh < h or sw < w then
+      error(string.format("image.pad: size {%d, %d} is smaller than the image's %dx%d", sh, sw, h, w), 2)
+    end
+    top, left, bottom, right = 0, 0, sh - h, sw - w
+  else
+    top = options.integer("image.pad", "top", opts.top or 0, 0, 2)
+    bottom = options.integer("image.pad", "bottom", opts.bottom or 0, 0, 2)
+    left = options.integer("image.pad", "left", opts.left or 0, 0, 2)
+    right = options.integer("image.pad", "right", opts.right or 0, 0, 2)
+  end
+  local value = opts.value or 0
+  if type(value) ~= "number" then error("image.pad: value must be a number", 2) end
+  local H2, W2 = h + top + bottom, w + left + right
+  if kind == "hwc" then
+    local out = keng.full({H2, W2, c}, value, {dtype = t.dtype})
+    out:narrow(1, top + 1, h):narrow(2, left + 1, w):copy_(t)
+    return out
+  end
+  local out = keng.full({c, H2, W2}, value, {dtype = t.dtype, device = t.device})
+  out:narrow(2, top + 1, h):narrow(3, left + 1, w):copy_(t)
+  return out
+end
 
 -- a new u8 [H, W, C] image filled with colour (a number or a list of C numbers; default black)
 function image.new(h, w, color, channels)

@@ -11,7 +11,7 @@ F.rms_norm = function(x, w, eps, opts) return keng.rms_norm(x, w, eps, opts) end
 F.group_norm = function(x, groups, w, b, eps) return keng.group_norm(x, groups, w, b, eps) end -- x [B,C,...]
 F.conv2d = function(x, w, b, opts) return keng.conv2d(x, w, b, opts) end  -- x [B,C,H,W], w [O,C/g,kh,kw]
 F.conv_transpose2d = function(x, w, b, opts) return keng.conv_transpose2d(x, w, b, opts) end
-F.interpolate = function(x, opts) return keng.interpolate(x, opts) end    -- {scale=, size=, mode="nearest"}
+F.interpolate = function(x, opts) return keng.interpolate(x, opts) end    -- {scale=, size=, mode=, align_corners=, antialias=}
 F.embedding = function(ids, table) return keng.embedding(ids, table) end   -- ids 0-based
 F.dropout = function(x, p, training) return keng.dropout(x, p, training) end
 F.scaled_dot_product_attention = function(q, k, v, opts)                    -- q [B,H,T,D], k/v [B,Hkv,S,D]
