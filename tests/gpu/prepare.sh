@@ -29,7 +29,7 @@ provides=(
   "m:(image)"
   "PNG:libpng-dev libpng16-16"
   "ZLIB:zlib1g-dev"
-  "MPI:libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1 librdmacm1"
+  "ompi-c:libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1 librdmacm1"
   "CUDAToolkit:(image)"
   "nccl:(image)"
   "nccl.h:(image)"
