@@ -114,6 +114,9 @@ describe("keng.distributed, 2 ranks under mpirun", function()
     assert.truthy(out:find("rank 1 ok", 1, true), out)
     local maxd = tonumber(out:match("max weight diff (%S+)"))
     assert.is_true(maxd ~= nil and maxd < 1e-5, out)
+    assert.truthy(out:find("list batches: max weight diff", 1, true), out)
+    local _, bars = out:gsub("Epoch 1/1 %-", "")
+    assert.are.equal(1, bars, out)                  -- rank 0 prints, rank 1 is silent
   end)
 
   it("a rank that raises ends the whole job non-zero, naming the rank", function()
