@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static bool inited, use_mpi;
 static int g_rank, g_world = 1, g_local;
@@ -71,6 +72,43 @@ static kg_status mpi_err(int rc, const char *op) {
   return kg_error(KG_ERR_VALUE, op, "MPI error on rank %d: %s", g_rank, msg);
 }
 
+/* Seconds a collective waits for the other ranks (KENG_DIST_TIMEOUT, default 1800): a rank that
+ * hangs rather than exits would otherwise hang the job. */
+static double timeout_s(void) {
+  static double t = -1;
+  if (t < 0) {
+    const char *v = getenv("KENG_DIST_TIMEOUT");
+    t = v && atof(v) > 0 ? atof(v) : 1800;
+  }
+  return t;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Waits for a non-blocking collective (rc: what starting it returned). Polls, sleeping a little
+ * between tests after the first ones, until done or the timeout: then the error names the rank;
+ * the collective cannot be cancelled, so the job is over (the exit aborts it). */
+static kg_status mpi_wait(int rc, MPI_Request *req, const char *op) {
+  if (rc != MPI_SUCCESS) return mpi_err(rc, op);
+  double end = now_s() + timeout_s();
+  for (long spins = 0;; spins++) {
+    int done = 0;
+    rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_err(rc, op);
+    if (done) return KG_OK;
+    if (spins > 1000) {
+      if (now_s() > end)
+        return kg_error(KG_ERR_VALUE, op, "rank %d waited %.0f s for the other ranks (KENG_DIST_TIMEOUT)", g_rank,
+                        timeout_s());
+      nanosleep(&(struct timespec){0, 50000}, NULL);
+    }
+  }
+}
+
 static kg_status need_init(const char *op) {
   if (!inited) return kg_error(KG_ERR_VALUE, op, "call keng.distributed.init() first");
   return KG_OK;
@@ -78,12 +116,15 @@ static kg_status need_init(const char *op) {
 
 kg_status kg_dist_barrier(void) {
   KG_TRY(need_init("barrier"));
-  return use_mpi ? mpi_err(MPI_Barrier(MPI_COMM_WORLD), "barrier") : KG_OK;
+  if (!use_mpi) return KG_OK;
+  MPI_Request req;
+  return mpi_wait(MPI_Ibarrier(MPI_COMM_WORLD, &req), &req, "barrier");
 }
 
 kg_status kg_dist_bcast_bytes(void *buf, size_t n, int root) {
   if (!use_mpi) return KG_OK;
-  return mpi_err(MPI_Bcast(buf, (int)n, MPI_BYTE, root, MPI_COMM_WORLD), "broadcast");
+  MPI_Request req;
+  return mpi_wait(MPI_Ibcast(buf, (int)n, MPI_BYTE, root, MPI_COMM_WORLD, &req), &req, "broadcast");
 }
 
 /* Every rank's dtype, device type and shape agree (one small all-gather); else an error on every
@@ -95,7 +136,8 @@ static kg_status check_same(const char *op, const kg_tensor *t) {
   for (int d = 0; d < t->ndim; d++) mine[3 + d] = t->shape[d];
   int64_t *all = malloc(sizeof(int64_t) * W * g_world);
   if (!all) return kg_error(KG_ERR_OOM, op, "no memory for the shape check");
-  kg_status s = mpi_err(MPI_Allgather(mine, W, MPI_INT64_T, all, W, MPI_INT64_T, MPI_COMM_WORLD), op);
+  MPI_Request req;
+  kg_status s = mpi_wait(MPI_Iallgather(mine, W, MPI_INT64_T, all, W, MPI_INT64_T, MPI_COMM_WORLD, &req), &req, op);
   bool same = true;
   for (int r = 1; s == KG_OK && r < g_world; r++) same = same && memcmp(all, all + r * W, sizeof mine) == 0;
   if (s == KG_OK && !same) {
@@ -176,8 +218,9 @@ kg_status kg_dist_all_reduce(kg_tensor *t, kg_dist_op op) {
   if (cuda) {
     s = kg_nccl_run(KG_NCCL_ALL_REDUCE, w, w, op, 0);
   } else {
-    s = mpi_err(MPI_Allreduce(MPI_IN_PLACE, kg_data(w), (int)kg_numel(w), mpi_type(w->dtype), mpi_op(op),
-                              MPI_COMM_WORLD), "all_reduce");
+    MPI_Request req;
+    s = mpi_wait(MPI_Iallreduce(MPI_IN_PLACE, kg_data(w), (int)kg_numel(w), mpi_type(w->dtype), mpi_op(op),
+                                MPI_COMM_WORLD, &req), &req, "all_reduce");
     if (s == KG_OK && op == KG_DIST_AVG) scale(w, 1.0 / g_world);
   }
   if (s == KG_OK && w != t) s = kg_copy_(t, w);
@@ -197,11 +240,13 @@ kg_status kg_dist_broadcast(kg_tensor *t, int root) {
   kg_tensor *w;
   KG_TRY(kg_contiguous(&w, t));
   kg_status s;
-  if (t->device.type == KG_DEV_CUDA)
+  if (t->device.type == KG_DEV_CUDA) {
     s = kg_nccl_run(KG_NCCL_BROADCAST, w, w, KG_DIST_SUM, root);
-  else
-    s = mpi_err(MPI_Bcast(kg_data(w), (int)(kg_numel(w) * (int64_t)kg_elem_size(w)), MPI_BYTE, root, MPI_COMM_WORLD),
-                "broadcast");
+  } else {
+    MPI_Request req;
+    s = mpi_wait(MPI_Ibcast(kg_data(w), (int)(kg_numel(w) * (int64_t)kg_elem_size(w)), MPI_BYTE, root, MPI_COMM_WORLD,
+                            &req), &req, "broadcast");
+  }
   if (s == KG_OK && w != t) s = kg_copy_(t, w);
   if (s == KG_OK && w == t) kg_tensor_bump_version(t);
   kg_tensor_release(w);
@@ -226,7 +271,9 @@ kg_status kg_dist_all_gather(kg_tensor **out, const kg_tensor *t) {
       memcpy(kg_data(o), kg_data(w), (size_t)kg_numel(w) * kg_elem_size(w));
     } else {
       int n = (int)(kg_numel(w) * (int64_t)kg_elem_size(w));
-      s = mpi_err(MPI_Allgather(kg_data(w), n, MPI_BYTE, kg_data(o), n, MPI_BYTE, MPI_COMM_WORLD), "all_gather");
+      MPI_Request req;
+      s = mpi_wait(MPI_Iallgather(kg_data(w), n, MPI_BYTE, kg_data(o), n, MPI_BYTE, MPI_COMM_WORLD, &req), &req,
+                   "all_gather");
     }
   }
   kg_tensor_release(w);
@@ -261,8 +308,9 @@ kg_status kg_dist_reduce_scatter(kg_tensor **out, const kg_tensor *t, kg_dist_op
     } else if (!use_mpi) {
       memcpy(kg_data(o), kg_data(w), (size_t)kg_numel(w) * kg_elem_size(w));
     } else {
-      s = mpi_err(MPI_Reduce_scatter_block(kg_data(w), kg_data(o), (int)kg_numel(o), mpi_type(wd), mpi_op(op),
-                                           MPI_COMM_WORLD), "reduce_scatter");
+      MPI_Request req;
+      s = mpi_wait(MPI_Ireduce_scatter_block(kg_data(w), kg_data(o), (int)kg_numel(o), mpi_type(wd), mpi_op(op),
+                                             MPI_COMM_WORLD, &req), &req, "reduce_scatter");
       if (s == KG_OK && op == KG_DIST_AVG) scale(o, 1.0 / g_world);
     }
   }

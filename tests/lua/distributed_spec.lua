@@ -21,9 +21,9 @@ local function find_keng()
 end
 local KENG = find_keng()
 
-local function mpirun(script, np)
-  local cmd = "cd " .. sh_quote(root) .. " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " ..
-    "OMPI_MCA_btl=self,vader OMPI_MCA_rmaps_base_oversubscribe=1 timeout 60 mpirun -np " .. (np or 2) ..
+local function mpirun(script, env)
+  local cmd = "cd " .. sh_quote(root) .. " && " .. (env or "") .. " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " ..
+    "OMPI_MCA_btl=self,vader OMPI_MCA_rmaps_base_oversubscribe=1 timeout 60 mpirun -np 2" ..
     " --oversubscribe --allow-run-as-root " .. sh_quote(KENG) .. " " .. script .. " 2>&1"
   return run_capture(cmd)
 end
@@ -117,6 +117,14 @@ describe("keng.distributed, 2 ranks under mpirun", function()
     assert.truthy(out:find("list batches: max weight diff", 1, true), out)
     local _, bars = out:gsub("Epoch 1/1 %-", "")
     assert.are.equal(1, bars, out)                  -- rank 0 prints, rank 1 is silent
+  end)
+
+  it("a collective that waits longer than KENG_DIST_TIMEOUT raises on the waiting rank", function()
+    local t0 = keng.time()
+    local out, code = mpirun("tests/dist/timeout.lua", "KENG_DIST_TIMEOUT=1")
+    assert.are_not.equal(0, code, out)
+    assert.truthy(out:find("all_reduce: rank 0 waited 1 s for the other ranks (KENG_DIST_TIMEOUT)", 1, true), out)
+    assert.is_true(keng.time() - t0 < 15, "the job was not ended by the timeout")
   end)
 
   it("a rank that raises ends the whole job non-zero, naming the rank", function()
