@@ -210,7 +210,8 @@ kg_status kg_dist_all_reduce(kg_tensor *t, kg_dist_op op) {
   KG_TRY(check_reduce("all_reduce", t, op));
   KG_TRY(kg_check_inplace("all_reduce", t));
   KG_TRY(check_same("all_reduce", t));
-  if (g_world == 1 || kg_numel(t) == 0) return KG_OK;
+  /* cuda: NCCL even alone (a real communicator of one: the path a single-GPU run can check) */
+  if ((g_world == 1 && t->device.type != KG_DEV_CUDA) || kg_numel(t) == 0) return KG_OK;
   kg_tensor *w;
   bool cuda = t->device.type == KG_DEV_CUDA;
   KG_TRY(work_copy(&w, t, cuda ? t->dtype : reduce_dtype(t->dtype)));
@@ -236,7 +237,7 @@ kg_status kg_dist_broadcast(kg_tensor *t, int root) {
   KG_TRY(check_device("broadcast", t));
   KG_TRY(kg_check_inplace("broadcast", t));
   KG_TRY(check_same("broadcast", t));
-  if (g_world == 1 || kg_numel(t) == 0) return KG_OK;
+  if ((g_world == 1 && t->device.type != KG_DEV_CUDA) || kg_numel(t) == 0) return KG_OK;
   kg_tensor *w;
   KG_TRY(kg_contiguous(&w, t));
   kg_status s;

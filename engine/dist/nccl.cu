@@ -51,7 +51,7 @@ extern "C" kg_status kg_nccl_run(kg_nccl_kind kind, kg_tensor *out, const kg_ten
     return kg_error(KG_ERR_TYPE, "distributed", "NCCL has no %s type", kg_dtype_info[in->dtype].name);
   ncclRedOp_t rop = op == KG_DIST_AVG ? ncclAvg : op == KG_DIST_MAX ? ncclMax : op == KG_DIST_MIN ? ncclMin : ncclSum;
   int dev = in->device.index;
-  ncclComm_t comm;
+  ncclComm_t comm = NULL;
   KG_TRY(comm_for(dev, &comm));
   cudaStream_t s = kg_cuda_stream(dev);
   void *src = kg_data(in), *dst = kg_data(out);

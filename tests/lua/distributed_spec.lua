@@ -47,6 +47,19 @@ describe("keng.distributed, world size 1 (no mpirun)", function()
     assert.are.same({1, 2}, dist.reduce_scatter(keng.tensor({1, 2}, {dtype = "i32"})):tolist())
   end)
 
+  it("cuda tensors go through NCCL even alone (runs where a GPU exists)", function()
+    if not keng.cuda.is_available() then return end
+    assert.is_true(dist.available().nccl)
+    for _, dt in ipairs({"f32", "bf16", "i64"}) do
+      local t = keng.tensor({{1, -2, 3}, {4, 5, 6}}, {dtype = dt, device = "cuda"})
+      assert.are.equal(t, dist.all_reduce(t, {op = "max"}))
+      assert.are.same({{1, -2, 3}, {4, 5, 6}}, t:cpu():tolist())
+      assert.are.same({{1, -2, 3}, {4, 5, 6}}, dist.broadcast(t:transpose(1, 2), 0):transpose(1, 2):cpu():tolist())
+      assert.are.same({{{1, -2, 3}, {4, 5, 6}}}, dist.all_gather(t):cpu():tolist())
+      assert.are.same({{1, -2, 3}, {4, 5, 6}}, dist.reduce_scatter(t):cpu():tolist())
+    end
+  end)
+
   it("refuses bad arguments naming them", function()
     local function err(f, ...) local ok, e = pcall(f, ...); assert.is_false(ok); return e end
     assert.truthy(err(dist.broadcast, keng.zeros({2}), 1):find("root 1 is not a rank (world size 1", 1, true))
