@@ -81,6 +81,38 @@ if R == 0 then
   assert(math.abs(h3.history.accuracy[2] - h4.history.accuracy[2]) < 1e-12, "accuracy differs")
 end
 
+-- LoRA adapters (only they train, so only they are reduced), in f32 and under mixed_bfloat16
+-- (bf16 forward/backward per shard: sums over 4 rows round differently than over 8)
+local lora, precision = require "keng.lora", require "keng.precision"
+local function run_lora(policy, distributed)
+  local old = precision.set_policy(policy)
+  local d = data()
+  local m = model()
+  keng.manual_seed(9)
+  lora.enable(m, {rank = 2, targets = {"1", "3"}})
+  keng.manual_seed(5)
+  local h = train.fit(m, d, {loss = "mse", optimizer = "adamw", lr = 0.01, epochs = 2, batch_size = 8,
+    verbose = 0, distributed = distributed or nil})
+  precision.set_policy(old)
+  return m, h
+end
+for _, case in ipairs({{"float32", 1e-6, 1e-6}, {"mixed_bfloat16", 1e-3, 2e-2}}) do
+  local policy, wtol, ltol = case[1], case[2], case[3]
+  local m6, h6 = run_lora(policy, true)
+  if R == 0 then
+    local m5, h5 = run_lora(policy, false)
+    local maxd, n = 0, 0
+    for i, p in ipairs(m5:parameters()) do
+      if p.requires_grad then n = n + 1 end
+      maxd = math.max(maxd, (p - m6:parameters()[i]):float():abs():max():item())
+    end
+    local dl = 0
+    for i, l in ipairs(h5.steps) do dl = math.max(dl, math.abs(l - h6.steps[i])) end
+    print(string.format("lora %s: %d trainable, max weight diff %.3g max step-loss diff %.3g", policy, n, maxd, dl))
+    assert(n == 4 and maxd < wtol and dl < ltol, "lora fit differs under " .. policy)
+  end
+end
+
 -- one progress line per job (rank 0's): the spec counts "Epoch 1/1 -" in the job's output
 do
   local d = data()
