@@ -5,6 +5,7 @@
 #include "../core/internal.h"
 #include <keng/ops_api.h>
 #include <mpi.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +202,12 @@ static kg_status check_device(const char *op, const kg_tensor *t) {
   if (t->device.type == KG_DEV_CUDA && !kg_nccl_available())
     return kg_error(KG_ERR_DEVICE, op, "cuda tensors need NCCL, and this keng was built without it");
   if (t->device.type == KG_DEV_META) return kg_error(KG_ERR_DEVICE, op, "meta tensors hold no data");
+  /* MPI counts are ints: byte counts (broadcast, gather) must fit */
+  if (t->device.type == KG_DEV_CPU && kg_numel(t) * (int64_t)kg_elem_size(t) > INT_MAX) {
+    char buf[KG_SHAPE_STR_MAX];
+    return kg_error(KG_ERR_SHAPE, op, "%s %s is over 2^31 - 1 bytes, more than one MPI call moves: split it",
+                    kg_dtype_info[t->dtype].name, kg_shape_str(buf, t->ndim, t->shape));
+  }
   return KG_OK;
 }
 

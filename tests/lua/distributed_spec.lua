@@ -70,6 +70,8 @@ describe("keng.distributed, world size 1 (no mpirun)", function()
     assert.truthy(err(dist.data_parallel, {}):find("model must be a keng.nn module", 1, true))
     local nn = require "keng.nn"
     assert.truthy(err(dist.data_parallel, nn.Linear(2, 2), {bucket = 1}):find("bucket", 1, true))
+    local huge = keng.zeros({1}, {dtype = "u8"}):expand({2 ^ 31})      -- a view: nothing allocated
+    assert.truthy(err(dist.broadcast, huge, 0):find("broadcast: u8 [2147483648] is over 2^31 - 1 bytes", 1, true))
     local w = keng.zeros({2}, {requires_grad = true})
     assert.truthy(err(dist.all_reduce, w):find("all_reduce", 1, true))
   end)
