@@ -7,7 +7,8 @@ BUILD   ?= build
 PREFIX  ?= /usr/local
 CMAKE_FLAGS ?=
 DEPS = cmake ninja-build pkg-config liblua5.4-dev lua5.4 lua-busted lua-filesystem \
-       libopenblas-openmp-dev libreadline-dev util-linux libpng-dev libjpeg62-turbo-dev
+       libopenblas-openmp-dev libreadline-dev util-linux libpng-dev libjpeg62-turbo-dev \
+       libopenmpi-dev openmpi-bin
 
 .PHONY: setup build test bench demo install clean
 

@@ -196,6 +196,7 @@ function ModelCheckpoint:on_epoch_end(epoch, logs)
       value and string.format(" (%s %.5f)", self.monitor, value) or ""))
   end
 end
+ModelCheckpoint.writes_files = true  -- fit{distributed = true} keeps it on rank 0 only
 callbacks.ModelCheckpoint = ModelCheckpoint
 
 -- EarlyStopping{monitor = "val_loss", patience = 0, min_delta = 0, mode = "auto",

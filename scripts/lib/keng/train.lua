@@ -106,7 +106,8 @@ local function pick(x, f)  -- apply f to a tensor or to each tensor of a list
 end
 
 -- data -> {next_epoch = fn(shuffle) -> iterator, steps = number|nil}; iterator() -> x, y | nil
-local function make_source(data, opts, who)
+-- share_perm(perm) -> perm: distributed fit makes every rank use rank 0's shuffle
+local function make_source(data, opts, who, share_perm)
   if type(data) == "function" then
     -- an iterator (each call is a batch) or a factory (each call is a fresh iterator): probed
     -- on the first call
@@ -156,7 +157,7 @@ local function make_source(data, opts, who)
     if shuffle and N > 1 then
       local dev = first_tensor(x).device
       local _, idx = keng.rand({N}, {device = dev}):topk(N)            -- a random permutation (0-based)
-      perm = idx
+      perm = share_perm and share_perm(idx) or idx
     end
     local b = 0
     return function()
@@ -238,7 +239,7 @@ end
 
 local FIT_OPTS = {"loss", "optimizer", "lr", "epochs", "batch_size", "steps_per_epoch", "shuffle", "metrics",
   "validation_data", "validation_batch_size", "validation_steps", "callbacks", "clip_norm", "verbose", "loss_opts",
-  "from_logits", "initial_epoch", "resume_from"}
+  "from_logits", "initial_epoch", "resume_from", "distributed"}
 local EVALUATE_OPTS = {"loss", "metrics", "batch_size", "steps", "verbose", "loss_opts", "from_logits"}
 
 -- the count options that are present: epochs >= 0, the others >= 1 (raises at the user's line)
@@ -361,11 +362,30 @@ function train.fit(model, data, opts)
   end
   local loss = loss_fn(opts.loss, opts, "fit")
   local metrics = metric_list(opts.metrics, opts, "fit")
-  local src = make_source(data, opts, "fit")
+  -- distributed: every rank runs the model through a DataParallel wrapper on its rows of each
+  -- batch (rows rank+1, rank+1+W, ...); losses and metrics are summed over the ranks
+  local D = opts.distributed and require "keng.distributed"
+  local run = model
+  if D then D.init(); run = D.data_parallel(model) end
+  local src = make_source(data, opts, "fit", D and function(perm) return D.broadcast(perm, 0) end)
+  if D then
+    local next_epoch = src.next_epoch
+    src = {steps = src.steps, next_epoch = function(shuffle)
+      local it = next_epoch(shuffle)
+      return function()
+        local x, y = it()
+        if x == nil then return nil end
+        local ids = D.shard_rows(batch_len(x))
+        local function rows(t) return t:index_select(1, ids) end
+        return pick(x, rows), y ~= nil and pick(y, rows) or nil, batch_len(x)
+      end
+    end}
+  end
   local opt = make_optimizer(model, opts, "fit")
   local epochs = opts.epochs or 1
   local verbose = opts.verbose
   if verbose == nil or verbose == "auto" then verbose = default_verbose() end
+  if D and D.rank() ~= 0 then verbose = 0 end     -- one progress bar per job
   local shuffle = opts.shuffle
   if shuffle == nil then shuffle = true end
   local clip = opts.clip_norm
@@ -377,7 +397,7 @@ function train.fit(model, data, opts)
   local cbs = {}
   for i, cb in ipairs(opts.callbacks or {}) do
     if type(cb) ~= "table" then error(string.format("fit: callback %d is a %s, not a table", i, type(cb)), 2) end
-    cbs[i] = cb
+    if not (D and D.rank() ~= 0 and cb.writes_files) then cbs[#cbs + 1] = cb end  -- checkpoints: rank 0
   end
   local hist = setmetatable({history = {}, steps = {}, epoch = {},
     params = {epochs = epochs, steps = src.steps, verbose = verbose}}, History)
@@ -422,38 +442,57 @@ function train.fit(model, data, opts)
     local sum, n, msum, mcount = 0, 0, {}, {}
     local step = 0
     local running = {}
-    for x, y in src.next_epoch(shuffle) do
+    for x, y, n_all in src.next_epoch(shuffle) do
       step = step + 1
       global = global + 1
       call_cbs(cbs, "on_batch_begin", step, {epoch = epoch, global_step = global})
-      set_mode(model, true)
-      local pred = forward(model, x)
-      local l = loss(pred, y)
-      if not keng.is_tensor(l) or l:numel() ~= 1 then
-        error(string.format("fit: the loss must be a one-element tensor (got %s)",
-          keng.is_tensor(l) and "shape [" .. table.concat(l.shape, ",") .. "]" or type(l)), 2)
+      set_mode(run, true)
+      local B = batch_len(x)
+      local pred, l, lv
+      if B > 0 or not D then
+        pred = forward(run, x)
+        l = loss(pred, y)
+        if not keng.is_tensor(l) or l:numel() ~= 1 then
+          error(string.format("fit: the loss must be a one-element tensor (got %s)",
+            keng.is_tensor(l) and "shape [" .. table.concat(l.shape, ",") .. "]" or type(l)), 2)
+        end
       end
       opt:zero_grad()
-      l:backward()
+      if l then
+        -- each rank's grad is weighted by its share of the batch: the sum is the global mean
+        if D then rawset(run, "_next_weight", B / n_all) end
+        l:backward()
+        lv = l:item()
+      else
+        run:sync_grads(0)                 -- no rows here this step: zeros in the sum
+        lv = 0
+      end
       if clip then optim.clip_grad_norm(params, clip) end
       opt:step()
-      local lv = l:item()
-      local B = batch_len(x)
+      local step_m = {}
+      if #metrics > 0 and pred then
+        keng.no_grad(function()
+          local p = pred:detach()
+          for i, m in ipairs(metrics) do step_m[i] = {m[2](p, y)} end
+        end)
+      end
+      if D then                           -- the job's batch: sums over ranks
+        local v = {lv * B, B}
+        for i = 1, #metrics do local sc = step_m[i] or {0, 0}; v[#v + 1] = sc[1]; v[#v + 1] = sc[2] end
+        v = D.all_reduce(keng.tensor(v, {dtype = "f64"})):tolist()
+        lv, B = v[1] / v[2], v[2]
+        for i = 1, #metrics do step_m[i] = {v[2 * i + 1], v[2 * i + 2]} end
+      end
       hist.steps[#hist.steps + 1] = lv
       sum, n = sum + lv * B, n + B
       running.loss = sum / n
       local blogs = {loss = lv, epoch = epoch, global_step = global, batch_size = B}
-      if #metrics > 0 then
-        keng.no_grad(function()
-          local p = pred:detach()
-          for _, m in ipairs(metrics) do
-            local s, c = m[2](p, y)
-            msum[m[1]] = (msum[m[1]] or 0) + s
-            mcount[m[1]] = (mcount[m[1]] or 0) + c
-            running[m[1]] = msum[m[1]] / mcount[m[1]]
-            blogs[m[1]] = s / c
-          end
-        end)
+      for i, m in ipairs(metrics) do
+        local s, c = step_m[i][1], step_m[i][2]
+        msum[m[1]] = (msum[m[1]] or 0) + s
+        mcount[m[1]] = (mcount[m[1]] or 0) + c
+        running[m[1]] = msum[m[1]] / mcount[m[1]]
+        blogs[m[1]] = s / c
       end
       if bar then bar:update(step, ordered(running), running) end
       call_cbs(cbs, "on_batch_end", step, blogs)

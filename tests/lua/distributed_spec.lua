@@ -1,0 +1,158 @@
+-- distributed_spec.lua — keng.distributed: world size 1 in this process (no launcher), and the
+-- 2-rank scripts of tests/dist/ under mpirun (Open MPI, shared memory only; root allowed for CI
+-- containers).
+local keng = require "keng"
+local dist = require "keng.distributed"
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function run_capture(cmd)
+  local p = io.popen(cmd, "r")
+  local out = p:read("a")
+  local ok, _, code = p:close()
+  return out, code or (ok and 0 or 1)
+end
+local root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/distributed_spec.lua$") or "."
+local function find_keng()
+  local env = os.getenv("KENG_BIN")
+  if env and env ~= "" then return env end
+  local self = (run_capture("readlink /proc/$PPID/exe 2>/dev/null")):gsub("%s+$", "")
+  if self:match("keng$") then return self end
+  return ((run_capture("ls -d " .. sh_quote(root) .. "/build*/keng 2>/dev/null | head -n 1")):gsub("%s+$", ""))
+end
+local KENG = find_keng()
+
+local function mpirun(script, env)
+  local cmd = "cd " .. sh_quote(root) .. " && " .. (env or "") .. " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " ..
+    "OMPI_MCA_btl=self,vader OMPI_MCA_rmaps_base_oversubscribe=1 timeout 60 mpirun -np 2" ..
+    " --oversubscribe --allow-run-as-root " .. sh_quote(KENG) .. " " .. script .. " 2>&1"
+  return run_capture(cmd)
+end
+
+describe("keng.distributed, world size 1 (no mpirun)", function()
+  it("is rank 0 of 1 without starting MPI", function()
+    assert.are.equal(1, dist.init())
+    assert.are.equal(0, dist.rank())
+    assert.are.equal(1, dist.world_size())
+    assert.are.equal(0, dist.local_rank())
+    assert.is_false(dist.available().mpi)
+    dist.barrier()
+  end)
+
+  it("collectives leave the values and return their tensor", function()
+    local t = keng.tensor({1.5, -2, 3})
+    assert.are.equal(t, dist.all_reduce(t, {op = "avg"}))
+    assert.are.same({1.5, -2, 3}, t:tolist())
+    assert.are.same({1.5, -2, 3}, dist.broadcast(t, 0):tolist())
+    assert.are.same({{1.5, -2, 3}}, dist.all_gather(t):tolist())
+    assert.are.same({1, 2}, dist.reduce_scatter(keng.tensor({1, 2}, {dtype = "i32"})):tolist())
+  end)
+
+  it("cuda tensors go through NCCL even alone (runs where a GPU exists)", function()
+    if not keng.cuda.is_available() then return end
+    assert.is_true(dist.available().nccl)
+    for _, dt in ipairs({"f32", "bf16", "i64"}) do
+      local t = keng.tensor({{1, -2, 3}, {4, 5, 6}}, {dtype = dt, device = "cuda"})
+      assert.are.equal(t, dist.all_reduce(t, {op = "max"}))
+      assert.are.same({{1, -2, 3}, {4, 5, 6}}, t:cpu():tolist())
+      assert.are.same({{1, -2, 3}, {4, 5, 6}}, dist.broadcast(t:transpose(1, 2), 0):transpose(1, 2):cpu():tolist())
+      assert.are.same({{{1, -2, 3}, {4, 5, 6}}}, dist.all_gather(t):cpu():tolist())
+      assert.are.same({{1, -2, 3}, {4, 5, 6}}, dist.reduce_scatter(t):cpu():tolist())
+    end
+  end)
+
+  it("refuses bad arguments naming them", function()
+    local function err(f, ...) local ok, e = pcall(f, ...); assert.is_false(ok); return e end
+    assert.truthy(err(dist.broadcast, keng.zeros({2}), 1):find("root 1 is not a rank (world size 1", 1, true))
+    assert.truthy(err(dist.all_reduce, keng.zeros({2}), {op = "prod"}):find("unknown op 'prod' (valid: avg, max, min, sum)", 1, true))
+    assert.truthy(err(dist.all_reduce, keng.zeros({2}), {ops = "sum"}):find("ops", 1, true))
+    assert.truthy(err(dist.all_reduce, keng.zeros({2}, {dtype = "i64"}), {op = "avg"}):find('op "avg" needs a float tensor, got i64', 1, true))
+    assert.truthy(err(dist.all_reduce, keng.zeros({2}, {dtype = "bool"})):find("bool tensors cannot be reduced", 1, true))
+    assert.truthy(err(dist.data_parallel, {}):find("model must be a keng.nn module", 1, true))
+    local nn = require "keng.nn"
+    assert.truthy(err(dist.data_parallel, nn.Linear(2, 2), {bucket = 1}):find("bucket", 1, true))
+    local huge = keng.zeros({1}, {dtype = "u8"}):expand({2 ^ 31})      -- a view: nothing allocated
+    assert.truthy(err(dist.broadcast, huge, 0):find("broadcast: u8 [2147483648] is over 2^31 - 1 bytes", 1, true))
+    local w = keng.zeros({2}, {requires_grad = true})
+    assert.truthy(err(dist.all_reduce, w):find("all_reduce", 1, true))
+  end)
+
+  it("data_parallel runs the model; fit{distributed = true} equals a plain fit", function()
+    local nn, train = require "keng.nn", require "keng.train"
+    local function one(distributed)
+      keng.manual_seed(3)
+      local m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+      local x = keng.randn({10, 4})
+      local h = train.fit(m, {x = x, y = x:sum(2, true)}, {loss = "mse", optimizer = "sgd", lr = 0.05,
+        epochs = 2, batch_size = 4, verbose = 0, distributed = distributed})
+      return m, h
+    end
+    local m1, h1 = one(nil)
+    local m2, h2 = one(true)
+    for i, p in ipairs(m1:parameters()) do
+      assert.is_true((p - m2:parameters()[i]):abs():max():item() < 1e-6)
+    end
+    assert.are.same(h1.steps, h2.steps)
+    local dp = dist.data_parallel(m1)
+    assert.are.equal(dp, dist.data_parallel(dp))
+    local x = keng.randn({3, 4})
+    assert.are.same(m1(x):tolist(), keng.no_grad(function() return dp(x) end):tolist())
+    assert.is_nil(next(dist._armed))
+    -- a backward after a training forward leaves grads synced (world size 1: unchanged) and disarms
+    local l = dp(x):sum()
+    assert.truthy(dist._armed[dp])
+    l:backward()
+    assert.is_nil(dist._armed[dp])
+    assert.truthy(m1:parameters()[1].grad)
+    local ok, e = pcall(function() local s = dp(x):sum(); s:backward({retain = true}) end)
+    assert.is_false(ok)
+    assert.truthy(e:find("distributed_spec.lua:%d+: backward: unknown option 'retain'"), e)
+    local a, b = m1:state_dict(), dp:state_dict()     -- the model's names, no "module." prefix
+    for k, v in pairs(a) do assert.are.same(v:tolist(), b[k]:tolist()) end
+    for k in pairs(b) do assert.truthy(a[k], k) end
+  end)
+end)
+
+describe("keng.distributed, 2 ranks under mpirun", function()
+  local have = os.execute("command -v mpirun >/dev/null 2>&1")
+
+  it("every collective on every dtype, broadcast from rank 1, gather order, errors", function()
+    assert.is_true(have, "mpirun not found (make setup installs openmpi-bin)")
+    local out, code = mpirun("tests/dist/collectives.lua")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 0 ok", 1, true), out)
+    assert.truthy(out:find("rank 1 ok", 1, true), out)
+  end)
+
+  it("data-parallel fit over 2 ranks gives the one-process weights", function()
+    local out, code = mpirun("tests/dist/dp_fit.lua")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 1 ok", 1, true), out)
+    local maxd = tonumber(out:match("max weight diff (%S+)"))
+    assert.is_true(maxd ~= nil and maxd < 1e-5, out)
+    assert.truthy(out:find("list batches: max weight diff", 1, true), out)
+    local _, bars = out:gsub("Epoch 1/1 %-", "")
+    assert.are.equal(1, bars, out)                  -- rank 0 prints, rank 1 is silent
+  end)
+
+  it("a collective that waits longer than KENG_DIST_TIMEOUT raises on the waiting rank", function()
+    local t0 = keng.time()
+    local out, code = mpirun("tests/dist/timeout.lua", "KENG_DIST_TIMEOUT=1")
+    assert.are_not.equal(0, code, out)
+    assert.truthy(out:find("all_reduce: rank 0 waited 1 s for the other ranks (KENG_DIST_TIMEOUT)", 1, true), out)
+    assert.is_true(keng.time() - t0 < 15, "the job was not ended by the timeout")
+  end)
+
+  it("a rank that raises ends the whole job non-zero, naming the rank", function()
+    local f = os.tmpname()
+    local h = assert(io.open(f, "w"))
+    h:write([[local dist = require "keng.distributed"; dist.init()
+      if dist.rank() == 1 then error("boom on purpose") end
+      dist.barrier()]])
+    h:close()
+    local out, code = mpirun(f)
+    os.remove(f)
+    assert.are_not.equal(0, code, out)
+    assert.truthy(out:find("boom on purpose", 1, true), out)
+    assert.truthy(out:find("rank 1 exited with status 1", 1, true), out)
+  end)
+end)
