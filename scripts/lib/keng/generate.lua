@@ -1,0 +1,446 @@
+-- keng.generate — the generation loop every causal LM uses (Gemma, Mistral, later families),
+-- with Hugging Face `generate` semantics for the options it takes (docs/models.md).
+--
+--   local generate = require "keng.generate"
+--   generate.generate(lm, prompts, opts)        -- what lm:generate(prompts, opts) calls
+--
+-- The model supplies: lm.cfg {vocab, eos_id, pad_id}, lm.tokenizer (optional), lm.add_bos,
+-- lm:param_device(), lm:new_cache(B, L), lm:decode_weights(), lm:prefill(ids, positions, mask,
+-- caches, raw) and lm:decode(ids, positions, mask, col, caches, fused, raw) (models/causal_lm.lua).
+--
+-- The decode step has one shape for every token: a KV cache of the full length L written in
+-- place at a column held in a device tensor, positions and the padding / causal / window mask
+-- derived on the device from that column, the next ids chosen on the device and copied into the
+-- step's input, the ids kept in a device buffer. Lua reads that buffer back every `sync_every`
+-- tokens (default 8; every token with on_token, which streams) and stops the rows that met a stop
+-- id, a stop string or their length there (later ids of a stopped row are dropped). So a step builds no tensor from Lua values and waits for nothing, and
+-- on CUDA it is captured once with keng.cuda.graph and replayed (the embedding's id check is then
+-- deferred to the next sync). Beam search (num_beams > 1) reorders the beams on the host each
+-- step (one read-back per token).
+--
+-- Shape letters: B rows (prompts × num_return_sequences), P padded prompt length, N new tokens,
+-- L cache length (P + N), V vocabulary, K beams.
+local keng = require "keng"
+
+local G = {}
+
+-- the options generate takes (LUA_API.md), sorted for the error message
+G.OPTIONS = {"decode", "early_stopping", "graph", "length_penalty", "max_length", "max_new_tokens",
+  "min_new_tokens", "min_p", "num_beams", "num_return_sequences", "on_token", "repetition_penalty",
+  "sampler", "seed", "stop_strings", "stop_token_ids", "sync_every", "temperature", "top_k", "top_p"}
+local KNOWN = {}
+for _, k in ipairs(G.OPTIONS) do KNOWN[k] = true end
+
+local SAMPLERS = {greedy = true, temperature = true, top_k = true, top_p = true}
+
+local function fail(level, fmt, ...) error("generate: " .. string.format(fmt, ...), level + 1) end
+
+local function is_int(v) return math.type(v) == "integer" or (type(v) == "number" and v == math.floor(v) and v == v and math.abs(v) < 2^53) end
+
+-- an integer option >= lo, or nil
+local function int_opt(opts, key, lo, level)
+  local v = opts[key]
+  if v == nil then return nil end
+  if type(v) ~= "number" or not is_int(v) then fail(level + 1, "%s must be an integer, got %s", key, tostring(v)) end
+  if v < lo then fail(level + 1, "%s must be >= %d, got %d", key, lo, math.tointeger(v)) end
+  return math.tointeger(v)
+end
+
+-- a number option in [lo, hi] (NaN refused), or nil
+local function num_opt(opts, key, lo, hi, level, lo_open)
+  local v = opts[key]
+  if v == nil then return nil end
+  if type(v) ~= "number" or v ~= v then fail(level + 1, "%s must be a number, got %s", key, tostring(v)) end
+  if v < lo or v > hi or (lo_open and v == lo) then
+    fail(level + 1, "%s must be in %s%s, %s], got %s", key, lo_open and "(" or "[", tostring(lo), tostring(hi), tostring(v))
+  end
+  return v
+end
+
+-- check(lm, opts, level) -> o: every option validated, defaults filled in, the sampling decided
+function G.check(lm, opts, level)
+  opts = opts or {}
+  if type(opts) ~= "table" then fail(level, "options must be a table, got %s", type(opts)) end
+  for k in pairs(opts) do
+    if not KNOWN[k] then
+      fail(level, "unknown option '%s' (valid: %s)", tostring(k), table.concat(G.OPTIONS, ", "))
+    end
+  end
+  local o = {}
+  o.max_length = int_opt(opts, "max_length", 1, level)
+  o.max_new_tokens = int_opt(opts, "max_new_tokens", 1, level)
+  if not o.max_length and not o.max_new_tokens then o.max_length = 50 end
+  o.min_new_tokens = int_opt(opts, "min_new_tokens", 0, level) or 0
+  o.num_beams = int_opt(opts, "num_beams", 1, level) or 1
+  o.num_return_sequences = int_opt(opts, "num_return_sequences", 1, level) or 1
+  o.sync_every = int_opt(opts, "sync_every", 1, level) or 8
+  o.seed = int_opt(opts, "seed", -math.maxinteger, level)
+  o.top_k = int_opt(opts, "top_k", 0, level)
+  if o.top_k == 0 then o.top_k = nil end                            -- 0: no top-k, as transformers
+  o.top_p = num_opt(opts, "top_p", 0, 1, level)
+  if o.top_p == 1 then o.top_p = nil end
+  o.min_p = num_opt(opts, "min_p", 0, 1, level)
+  o.temperature = num_opt(opts, "temperature", 0, math.huge, level, true)
+  o.repetition_penalty = num_opt(opts, "repetition_penalty", 0, math.huge, level, true)
+  if o.repetition_penalty == 1 then o.repetition_penalty = nil end
+  o.length_penalty = num_opt(opts, "length_penalty", -math.huge, math.huge, level) or 1
+  local es = opts.early_stopping
+  if es ~= nil and type(es) ~= "boolean" and es ~= "never" then
+    fail(level, "early_stopping must be true, false or \"never\", got %s", tostring(es))
+  end
+  o.early_stopping = es or false
+  if opts.on_token ~= nil and type(opts.on_token) ~= "function" then
+    fail(level, "on_token must be a function(row, id, text_piece), got %s", type(opts.on_token))
+  end
+  o.on_token, o.decode = opts.on_token, opts.decode
+  if opts.graph ~= nil and type(opts.graph) ~= "boolean" then fail(level, "graph must be true or false") end
+  o.graph = opts.graph
+
+  -- stop ids: the model's EOS unless given; a single id or a list
+  local stops = opts.stop_token_ids
+  if stops == nil then stops = lm.cfg.eos_id and {lm.cfg.eos_id} or {}
+  elseif type(stops) == "number" then stops = {stops} end
+  if type(stops) ~= "table" then fail(level, "stop_token_ids must be a list of ids, got %s", type(stops)) end
+  o.stop_ids, o.stop = {}, {}
+  for i, id in ipairs(stops) do
+    if math.type(id) ~= "integer" or id < 0 or id >= lm.cfg.vocab then
+      fail(level, "stop_token_ids[%d] = %s is not an id of the vocabulary (0 .. %d)", i, tostring(id), lm.cfg.vocab - 1)
+    end
+    o.stop_ids[#o.stop_ids + 1], o.stop[id] = id, true
+  end
+  local ss = opts.stop_strings
+  if type(ss) == "string" then ss = {ss} end
+  if ss ~= nil then
+    if type(ss) ~= "table" then fail(level, "stop_strings must be a string or a list of strings") end
+    for i, s in ipairs(ss) do
+      if type(s) ~= "string" or s == "" then fail(level, "stop_strings[%d] must be a non-empty string", i) end
+    end
+    if not lm.tokenizer then fail(level, "stop_strings need a tokenizer (lm.tokenizer)") end
+    if #ss > 0 then o.stop_strings = ss end
+  end
+
+  -- sampling: a sampler name, or any sampling option, chooses it; greedy refuses them
+  local sampler = opts.sampler
+  if sampler ~= nil and not SAMPLERS[sampler] then
+    fail(level, "unknown sampler '%s' (greedy, temperature, top_k or top_p)", tostring(sampler))
+  end
+  local given = {}
+  for _, k in ipairs({"temperature", "top_k", "top_p", "min_p"}) do
+    if opts[k] ~= nil then given[#given + 1] = k end
+  end
+  if sampler == "greedy" and #given > 0 then
+    fail(level, "sampler 'greedy' takes no %s (leave out sampler to sample)", table.concat(given, ", "))
+  end
+  o.sample = sampler ~= "greedy" and (sampler ~= nil or #given > 0)
+  if sampler == "top_k" and opts.top_k == nil then o.top_k = 50 end
+  if sampler == "top_p" and opts.top_p == nil then o.top_p = 0.9 end
+  o.temperature = o.temperature or 1
+  if o.num_beams > 1 and o.sample then fail(level, "num_beams > 1 with sampling is not supported (beam search is deterministic)") end
+  if o.num_return_sequences > 1 and not o.sample and o.num_return_sequences > o.num_beams then
+    fail(level, "num_return_sequences (%d) must be <= num_beams (%d) without sampling: greedy rows would be copies",
+      o.num_return_sequences, o.num_beams)
+  end
+  return o
+end
+
+-- prompt_rows(lm, prompts, level) -> list of id lists, and whether they came as text
+function G.prompt_rows(lm, prompts, level)
+  if type(prompts) == "string" then prompts = {prompts} end
+  if keng.is_tensor(prompts) then
+    local t = lm:check_ids(prompts, level + 1)
+    return t:tolist(), false
+  end
+  if type(prompts) ~= "table" or #prompts == 0 then
+    fail(level, "prompts must be a string, a list of strings, a list of id lists or an i64 tensor")
+  end
+  local rows, text = {}, type(prompts[1]) == "string"
+  for i, p in ipairs(prompts) do
+    if type(p) == "string" then
+      if not lm.tokenizer then
+        fail(level, "string prompts need a tokenizer (from_pretrained with tokenizer.model, or set lm.tokenizer)")
+      end
+      local tok = lm.tokenizer                                      -- BOS first, as HF and Keras do
+      local bos = lm.add_bos and (tok.bos_id == nil or tok.bos_id >= 0)
+      local ids = tok:encode(p, {add_bos = bos})
+      if keng.is_tensor(ids) then ids = ids:view{-1}:tolist() end
+      rows[i] = ids
+    elseif keng.is_tensor(p) then
+      rows[i] = p:view{-1}:tolist()
+    elseif type(p) == "table" then
+      rows[i] = p
+    else
+      fail(level, "prompt %d is a %s", i, type(p))
+    end
+    if #rows[i] == 0 then fail(level, "prompt %d is empty", i) end
+    for _, id in ipairs(rows[i]) do
+      if math.type(id) ~= "integer" or id < 0 or id >= lm.cfg.vocab then
+        fail(level, "token id %s in prompt %d is out of range for vocabulary size %d", tostring(id), i, lm.cfg.vocab)
+      end
+    end
+  end
+  return rows, text
+end
+
+---------------------------------------------------------------------------------------------
+-- logits processors (transformers' order: repetition penalty, min new tokens, then the
+-- sampling warpers temperature, top-k, top-p, min-p). All run on the device; f32 [B, V] in.
+
+-- repetition_penalty (CTRL, Keskar et al. 2019): a logit of a token already in the row is
+-- divided by p when positive, multiplied by p when negative. counts [B, V] > 0 marks them.
+function G.repetition_penalty(logits, counts, p)
+  local pen = keng.where(logits:lt(0), logits * p, logits / p)
+  return keng.where(counts:gt(0), pen, logits)
+end
+
+-- min_new_tokens: the stop ids cannot be chosen while `generated < min`; bias [V] holds -inf at
+-- the stop ids, on (a bool [1] device tensor) says whether the rule is still in force
+function G.min_new_tokens(logits, bias, on)
+  return keng.where(on, logits + bias, logits)
+end
+
+-- warp(logits [B, V] f32, o) -> logits [B, K], ids [B, K] or nil (the vocabulary ids kept when
+-- top-k narrowed the columns): temperature -> top_k -> top_p -> min_p; removed tokens are -inf
+function G.warp(logits, o)
+  if o.temperature ~= 1 then logits = logits / o.temperature end
+  local ids
+  if o.top_k then logits, ids = logits:topk(math.min(o.top_k, logits.shape[2]), -1) end
+  if o.top_p then
+    local vals, idx = logits:topk(logits.shape[2], -1)              -- sorted, descending
+    local p = vals:softmax(-1)
+    local before = p:cumsum(-1) - p                                 -- mass ranked above each token
+    -- the top token has exactly 0 above it, so it always stays (top_p = 0 is greedy)
+    local keep = before:lt(o.top_p > 0 and o.top_p or 1e-38)
+    logits = keng.where(keep, vals, -math.huge)
+    ids = ids and ids:gather(2, idx) or idx
+  end
+  if o.min_p then                                                   -- the top token always stays
+    local p = logits:softmax(-1)
+    local top = p:max(-1):view{-1, 1}                               -- [B, 1]
+    logits = keng.where(p:lt(top * o.min_p), -math.huge, logits)
+  end
+  return logits, ids
+end
+
+-- process(logits, o, st) -> logits [B, V] after the processors that do not sample
+local function process(logits, o, st)
+  if o.repetition_penalty then logits = G.repetition_penalty(logits, st.counts, o.repetition_penalty) end
+  if st.min_bias then logits = G.min_new_tokens(logits, st.min_bias, st.min_on) end
+  return logits
+end
+
+-- choose(logits [B, V], o, st) -> next ids [B] i64 on the device
+local function choose(logits, o, st)
+  logits = process(logits, o, st)
+  if not o.sample then return logits:argmax(-1) end
+  local ids
+  logits, ids = G.warp(logits, o)
+  local j = keng.multinomial(logits:softmax(-1), 1)                 -- [B, 1]
+  if ids then j = ids:gather(2, j) end
+  return j:view{-1}
+end
+
+---------------------------------------------------------------------------------------------
+-- masks derived on the device (bool; a where() is the logical and)
+
+local function band(a, b) return keng.where(a, b, a) end
+
+-- prefill mask [B, 1, P, P] for left-padded rows: query t of row b sees key j when the key is
+-- not padding, not in the future and inside the window; a padding query sees itself only (no
+-- softmax row is empty)
+local function prefill_mask(pads, P, window, dev)
+  local q = keng.arange(P, {device = dev}):view{1, P, 1}            -- [1, P, 1] query column
+  local j = keng.arange(P, {device = dev}):view{1, 1, P}            -- [1, 1, P] key column
+  local pad = pads:view{-1, 1, 1}                                   -- [B, 1, 1]
+  local ok = band(j:le(q), j:ge(pad))
+  if window then ok = band(ok, (q - j):lt(window)) end
+  ok = keng.where(q:lt(pad), j:eq(q), ok)                           -- [B, P, P]
+  return ok:unsqueeze(2)                                            -- [B, 1, P, P]
+end
+
+---------------------------------------------------------------------------------------------
+-- the sampling / greedy loop
+
+-- per-row text bookkeeping for on_token pieces and stop strings
+local function text_of(tok, ids)
+  local s = tok:decode(ids)
+  return type(s) == "table" and s[1] or s
+end
+
+local function loop(lm, rows, o, budget)
+  local cfg, dev = lm.cfg, lm:param_device()
+  local B, P, N = #rows, 0, 0
+  for b, r in ipairs(rows) do P, N = math.max(P, #r), math.max(N, budget[b]) end
+  local out = {}
+  for b, r in ipairs(rows) do out[b] = {table.unpack(r)} end
+  if N == 0 then return out end
+  local L = P + N                                                   -- the last id is never fed
+  local pad_id = cfg.pad_id or 0
+  local ids, pos, pads, any_pad = {}, {}, {}, false                 -- left-padded prompt [B, P]
+  for b, r in ipairs(rows) do
+    local pad = P - #r
+    ids[b], pos[b], pads[b] = {}, {}, {pad}
+    any_pad = any_pad or pad > 0
+    for j = 1, P do
+      ids[b][j] = j > pad and r[j - pad] or pad_id
+      pos[b][j] = math.max(0, j - 1 - pad)
+    end
+  end
+  local caches = lm:new_cache(B, L)
+  local fused = lm:decode_weights()
+  local raw = not o.sample and not o.repetition_penalty and o.min_new_tokens == 0  -- argmax of model-dtype logits
+  local i64 = {dtype = "i64", device = dev}
+  local pads_t = keng.tensor(pads, i64)                             -- [B, 1]
+  local ids_t = keng.tensor(ids, i64)                               -- [B, P]
+  local st = {}
+  if o.repetition_penalty then                                      -- the prompt's tokens count
+    st.counts = keng.zeros({B, cfg.vocab}, {device = dev})
+    local real = keng.arange(P, i64):view{1, P}:ge(pads_t):float()  -- [B, P] 1 = not padding
+    st.counts:scatter_add_(2, ids_t, real)
+    st.one = keng.ones({B, 1}, {device = dev})
+  end
+  if o.min_new_tokens > 0 and #o.stop_ids > 0 then
+    local bias = {}
+    for v = 1, cfg.vocab do bias[v] = 0 end
+    for _, id in ipairs(o.stop_ids) do bias[id + 1] = -math.huge end
+    st.min_bias = keng.tensor(bias, {device = dev})                 -- [V]
+  end
+
+  -- prefill: the whole prompt in one pass (causal when no row is padded)
+  local mask = any_pad and prefill_mask(pads_t, P, cfg.window, dev) or nil
+  local logits = lm:prefill(ids_t, keng.tensor(pos, i64), mask, caches, raw)  -- [B, V]
+
+  -- decode state, all on the device. The step's additive mask [B, 1, 1, W + L] (0 = visible,
+  -- -BIG = not) gains the column fed and, with a window W, loses the one W behind it: two
+  -- entries of one index_add_ (cache column c sits at W + c, so c - W never goes negative;
+  -- -BIG + BIG is exactly 0). A window as long as the cache is no window.
+  local W = cfg.window and cfg.window < L and cfg.window or nil
+  local off, BIG = W or 0, 1e30
+  local c = keng.arange(off + L, i64):view{1, off + L} - off        -- [1, W + L] cache column
+  local vis = band(c:ge(pads_t), c:lt(P))                           -- what the last prompt token sees
+  if W then vis = band(vis, c:gt(P - 1 - W)) end
+  local amask = keng.where(vis, 0.0, -BIG):view{B, 1, 1, off + L}   -- f32
+  local edits = keng.tensor(W and {BIG, -BIG} or {BIG}, {device = dev}):view{1, 1, 1, -1}:expand{B, 1, 1, W and 2 or 1}:contiguous()
+  local view = W and amask:narrow(4, off + 1, L) or amask           -- [B, 1, 1, L]
+  -- counters [pos_1 .. pos_B, W + col, col]: the rows' positions, the mask entries to edit,
+  -- the cache column being fed; one add_ moves them all
+  local ctr = {}
+  for b = 1, B do ctr[b] = P - pads[b][1] end
+  ctr[B + 1], ctr[B + 2] = off + P, P
+  local ctr_t, inc = keng.tensor(ctr, i64), keng.ones({B + 2}, i64)
+  local positions = ctr_t:narrow(1, 1, B):view{B, 1}                -- [B, 1]
+  local edit_at = ctr_t:narrow(1, B + 1, W and 2 or 1)
+  local col = ctr_t:narrow(1, B + 2, 1)                             -- [1]
+  local buf = keng.zeros({B, L}, i64)                               -- ids by the column they are fed at
+  local feed = keng.zeros({B, 1}, i64)                              -- the step's input ids
+
+  -- record(logits): choose the next ids (to be fed at column col), keep them, feed them
+  local function record(lg)
+    if st.min_bias then st.min_on = col:lt(P + o.min_new_tokens) end
+    local nxt = choose(lg, o, st):view{B, 1}                        -- [B, 1]
+    buf:index_add_(2, col, nxt)
+    feed:copy_(nxt)
+    if st.counts then st.counts:scatter_add_(2, feed, st.one) end
+  end
+  -- one decode step: feed [B, 1] at column col; every shape is fixed by (B, L)
+  local function step()
+    amask:index_add_(4, edit_at, edits)
+    local lg = lm:decode(feed, positions, view, col, caches, fused, raw)
+    ctr_t:add_(inc)
+    record(lg)
+  end
+  if o.graph ~= false and dev:find("^cuda") and keng.cuda and keng.cuda.graph then
+    local g = keng.cuda.graph(step, {warmup = 2, device = dev})     -- captured on the 3rd call
+    step = function() g() end
+  elseif o.graph then
+    error("generate: graph = true needs a CUDA device (the model is on " .. dev .. ")", 4)
+  end
+
+  record(logits)
+  local done, left, read = {}, B, 0                                 -- read: ids read back so far
+  local texts = {}                                                  -- per row: generated text so far
+  local tok = lm.tokenizer
+  local function take(upto)                                         -- read ids read+1 .. upto
+    local chunk = buf:narrow(2, P + read + 1, upto - read):tolist() -- the one sync
+    for s = read + 1, upto do
+      for b = 1, B do
+        if not done[b] then
+          local id = chunk[b][s - read]
+          local r = out[b]
+          r[#r + 1] = id
+          local piece
+          if tok and (o.on_token or o.stop_strings) then
+            local before = texts[b] or ""
+            local now = text_of(tok, {table.unpack(r, #rows[b] + 1)})
+            piece = now:sub(1, #before) == before and now:sub(#before + 1) or now
+            texts[b] = now
+            if o.stop_strings then
+              for _, ss in ipairs(o.stop_strings) do
+                local at = now:find(ss, 1, true)
+                if at and at + #ss - 1 > #before then done[b] = true end  -- completed by this token
+              end
+            end
+          end
+          if o.on_token then o.on_token(b, id, piece) end
+          if o.stop[id] or #r - #rows[b] >= budget[b] then done[b] = true end
+          if done[b] then left = left - 1 end
+        end
+      end
+    end
+    read = upto
+  end
+  local every = o.on_token and 1 or o.sync_every
+  for s = 1, N do
+    if s - read >= every or s == N then
+      take(s)
+      if left == 0 then break end
+    end
+    if s < N then step() end
+  end
+  return out
+end
+
+---------------------------------------------------------------------------------------------
+-- generate
+
+-- generate(lm, prompts, opts, level) -> list of id lists (prompt + generated, the stop id
+-- included), and the decoded strings when the model has a tokenizer and the prompts were text
+-- (or opts.decode). With num_return_sequences n: n lists per prompt, a prompt's lists together.
+function G.generate(lm, prompts, opts, level)
+  level = level or 2
+  local o = G.check(lm, opts, level + 1)
+  local rows, text = G.prompt_rows(lm, prompts, level + 1)
+  local budget = {}                                                 -- new tokens per row
+  for i, r in ipairs(rows) do
+    if o.max_new_tokens then
+      budget[i] = o.max_new_tokens
+    else
+      if #r > o.max_length then fail(level, "prompt %d has %d tokens, more than max_length %d", i, #r, o.max_length) end
+      budget[i] = o.max_length - #r
+    end
+  end
+  if o.seed then keng.manual_seed(o.seed) end
+  local was_training = lm.training
+  lm:eval()
+  local ok, out = pcall(keng.no_grad, function()
+    if o.num_beams > 1 then return G.beam_search(lm, rows, o, budget) end
+    local n = o.num_return_sequences
+    if n == 1 then return loop(lm, rows, o, budget) end
+    local rr, bb = {}, {}
+    for i, r in ipairs(rows) do
+      for _ = 1, n do rr[#rr + 1], bb[#bb + 1] = r, budget[i] end
+    end
+    return loop(lm, rr, o, bb)
+  end)
+  if was_training then lm:train() end
+  if not ok then error(out, 0) end
+  if lm.tokenizer and (text or o.decode) then
+    local strs = {}
+    for b, r in ipairs(out) do strs[b] = lm.tokenizer:decode(r) end
+    return out, strs
+  end
+  return out
+end
+
+function G.beam_search() error("generate: num_beams > 1 is not implemented yet", 3) end
+
+return G

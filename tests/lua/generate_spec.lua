@@ -1,0 +1,161 @@
+-- generate_spec.lua — keng.generate (scripts/lib/keng/generate.lua): options refused by name
+-- and range, the device-resident decode step (no tensor built from Lua values per token, one
+-- read-back per sync_every tokens, the same ids for every sync_every), streaming, and the
+-- generation features against transformers' generate and LogitsProcessors (fixtures in
+-- tests/fixtures/generate, written by tests/fixtures/gen/gen_generate.py).
+-- Shape letters: B rows, V vocabulary.
+local keng = require "keng"
+local H = require "helper"
+local gemma = require "models.gemma"
+local mistral = require "models.mistral"
+local generate = require "keng.generate"
+
+local FIX = "tests/fixtures/"
+local FAMILIES = {gemma = gemma, mistral = mistral}
+
+local function lm_of(name) return FAMILIES[name].from_pretrained(FIX .. name) end
+
+describe("generate options", function()
+  local lm = lm_of("gemma")
+
+  it("refuse unknown keys, naming the key and the valid ones", function()
+    local e = H.raises(function() lm:generate({{2, 5}}, {max_len = 5}) end, "unknown option 'max_len'")
+    assert.is_truthy(e:find("max_new_tokens", 1, true))
+    assert.is_truthy(e:find("num_beams", 1, true))
+    H.raises(function() lm:generate({{2, 5}}, {do_sample = true}) end, "unknown option 'do_sample'")
+    -- the error points at the caller's line
+    assert.is_truthy(e:find("generate_spec.lua", 1, true), e)
+  end)
+
+  it("refuse values out of range or of the wrong type", function()
+    local p = {{2, 5}}
+    H.raises(function() lm:generate(p, {max_length = 4.5}) end, "max_length must be an integer, got 4.5")
+    H.raises(function() lm:generate(p, {max_length = 0}) end, "max_length must be >= 1")
+    H.raises(function() lm:generate(p, {max_new_tokens = 0}) end, "max_new_tokens must be >= 1")
+    H.raises(function() lm:generate(p, {min_new_tokens = -1}) end, "min_new_tokens must be >= 0")
+    H.raises(function() lm:generate(p, {temperature = 0 / 0}) end, "temperature must be a number, got")
+    H.raises(function() lm:generate(p, {temperature = 0}) end, "temperature must be in (0")
+    H.raises(function() lm:generate(p, {top_k = -1}) end, "top_k must be >= 0")
+    H.raises(function() lm:generate(p, {top_k = 2.5}) end, "top_k must be an integer")
+    H.raises(function() lm:generate(p, {top_p = 1.5}) end, "top_p must be in [0")
+    H.raises(function() lm:generate(p, {min_p = -0.1}) end, "min_p must be in [0")
+    H.raises(function() lm:generate(p, {repetition_penalty = 0}) end, "repetition_penalty must be in (0")
+    H.raises(function() lm:generate(p, {num_beams = 0}) end, "num_beams must be >= 1")
+    H.raises(function() lm:generate(p, {early_stopping = "yes"}) end, "early_stopping must be true, false or \"never\"")
+    H.raises(function() lm:generate(p, {on_token = 3}) end, "on_token must be a function")
+    H.raises(function() lm:generate(p, {stop_token_ids = {1, 500}}) end, "stop_token_ids[2] = 500")
+    H.raises(function() lm:generate(p, {stop_strings = {"x"}}) end, "stop_strings need a tokenizer")
+    H.raises(function() lm:generate(p, {sampler = "greedy", temperature = 0.5}) end, "sampler 'greedy' takes no temperature")
+    H.raises(function() lm:generate(p, {num_return_sequences = 2}) end, "num_return_sequences (2) must be <= num_beams (1)")
+    H.raises(function() lm:generate(p, {graph = true}) end, "graph = true needs a CUDA device")
+    H.raises(function() lm:generate(p, 5) end, "options must be a table")
+  end)
+
+  it("top_p = 0 is greedy (the best token always stays)", function()
+    local g = lm:generate({{2, 17, 90}}, {max_new_tokens = 12})
+    for _, seed in ipairs({1, 2, 3}) do
+      assert.are.same(g, lm:generate({{2, 17, 90}}, {max_new_tokens = 12, top_p = 0, seed = seed}))
+    end
+  end)
+
+  it("top_k = 0 and top_p = 1 switch the filter off, as in transformers", function()
+    local base = lm:generate({{2, 17, 90}}, {max_new_tokens = 12, temperature = 1.3, seed = 5})
+    assert.are.same(base, lm:generate({{2, 17, 90}}, {max_new_tokens = 12, temperature = 1.3, top_k = 0, seed = 5}))
+    assert.are.same(base, lm:generate({{2, 17, 90}}, {max_new_tokens = 12, temperature = 1.3, top_p = 1, seed = 5}))
+  end)
+
+  it("a sampling option alone samples (it is not ignored)", function()
+    local g = lm:generate({{2, 17, 90}}, {max_new_tokens = 16, stop_token_ids = {}})
+    local s = lm:generate({{2, 17, 90}}, {max_new_tokens = 16, stop_token_ids = {}, temperature = 5, seed = 1})
+    assert.are_not.same(g, s)
+  end)
+end)
+
+describe("the decode step", function()
+  -- counts keng.tensor calls (tensors from Lua values) and host reads during fn
+  local function counting(fn)
+    local mt = getmetatable(keng.zeros({1})).methods
+    local n = {sync = 0, lua = 0}
+    local saved = {item = mt.item, tolist = mt.tolist, cpu = mt.cpu, tensor = keng.tensor}
+    for _, k in ipairs({"item", "tolist", "cpu"}) do
+      mt[k] = function(...) n.sync = n.sync + 1; return saved[k](...) end
+    end
+    keng.tensor = function(...) n.lua = n.lua + 1; return saved.tensor(...) end
+    local ok, e = pcall(fn)
+    mt.item, mt.tolist, mt.cpu, keng.tensor = saved.item, saved.tolist, saved.cpu, saved.tensor
+    assert(ok, e)
+    return n
+  end
+
+  it("builds no tensor from Lua values per token and reads back once per sync_every tokens", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local prompts = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}}   -- padded; longer than the window
+      local function run(n) return lm:generate(prompts, {max_new_tokens = n, stop_token_ids = {}}) end
+      local a, b = counting(function() run(8) end), counting(function() run(40) end)
+      assert.are.equal(a.lua, b.lua, name .. ": tensors from Lua values grow with the length")
+      assert.are.equal(4, b.sync - a.sync, name .. ": read-backs for 32 more tokens")
+    end
+  end)
+
+  it("gives the same ids whatever sync_every is", function()
+    local lm = lm_of("mistral")
+    local prompts = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {2}}
+    local want = lm:generate(prompts, {max_length = 30, sync_every = 1})
+    for _, k in ipairs({2, 3, 8, 100}) do
+      assert.are.same(want, lm:generate(prompts, {max_length = 30, sync_every = k}), "sync_every " .. k)
+    end
+  end)
+
+  it("streams every generated token once, in order, through on_token", function()
+    local lm = lm_of("gemma")
+    local seen = {}
+    local out = lm:generate({{2, 17, 90, 33, 5}, {2, 64, 7}}, {max_length = 24, on_token = function(row, id, piece)
+      seen[row] = seen[row] or {}
+      seen[row][#seen[row] + 1] = id
+      assert.is_nil(piece)                                          -- no tokenizer: no text
+    end})
+    assert.are.same({table.unpack(out[1], 6)}, seen[1])
+    assert.are.same({table.unpack(out[2], 4)}, seen[2])
+  end)
+
+  it("gives each text piece of a tokenizer's decode as it goes", function()
+    if not keng.sentencepiece then return pending("keng.sentencepiece is not present") end
+    keng.manual_seed(1)
+    local sp = keng.sentencepiece(FIX .. "sentencepiece/bpe_gemma.model")
+    local cfg = gemma.config("gemma_tiny")
+    cfg.vocab, cfg.layers = sp:vocab_size(), 1
+    local lm = gemma.build(cfg)
+    lm.tokenizer = sp
+    local pieces = {}
+    local ids, texts = lm:generate({"I you get"}, {max_new_tokens = 10, stop_token_ids = {},
+      on_token = function(_, _, piece) pieces[#pieces + 1] = piece end})
+    local prompt_text = sp:decode(sp:encode("I you get", {add_bos = true}))
+    assert.are.equal(10, #pieces)
+    assert.are.equal(texts[1], prompt_text .. table.concat(pieces))
+    -- a stop string ends the row at the token that completes it
+    local gen = sp:decode({table.unpack(ids[1], #ids[1] - 9)})
+    local target = gen:sub(#gen // 2, #gen // 2 + 1)                -- spans a token boundary or not
+    assert.are.equal(2, #target, gen)
+    local cut = lm:generate({"I you get"}, {max_new_tokens = 10, stop_token_ids = {}, stop_strings = {target}})
+    local first = #ids[1] - 9                                       -- the first generated id
+    assert.is_true(#cut[1] < #ids[1], "the stop string did not stop the row")
+    assert.are.same({table.unpack(ids[1], 1, #cut[1])}, cut[1])     -- the same ids up to there
+    assert.is_truthy(sp:decode({table.unpack(cut[1], first)}):find(target, 1, true))
+    assert.is_falsy(sp:decode({table.unpack(cut[1], first, #cut[1] - 1)}):find(target, 1, true),
+      "the row went past the token that completed the stop string")
+  end)
+
+  it("max_new_tokens gives every row that many tokens; max_length counts the prompt", function()
+    local lm = lm_of("mistral")
+    local out = lm:generate({{2, 5, 6}, {2, 9, 10, 11, 12}}, {max_new_tokens = 7, stop_token_ids = {}})
+    assert.are.equal(10, #out[1])
+    assert.are.equal(12, #out[2])
+    out = lm:generate({{2, 5, 6}, {2, 9, 10, 11, 12}}, {max_length = 7, stop_token_ids = {}})
+    assert.are.equal(7, #out[1])
+    assert.are.equal(7, #out[2])
+    -- both given: max_new_tokens wins, as in transformers
+    out = lm:generate({{2, 5, 6}}, {max_length = 4, max_new_tokens = 6, stop_token_ids = {}})
+    assert.are.equal(9, #out[1])
+  end)
+end)
