@@ -159,3 +159,74 @@ describe("the decode step", function()
     assert.are.equal(9, #out[1])
   end)
 end)
+
+describe("against transformers", function()
+  local json = require "keng.json"
+  local function read(path)
+    local f = assert(io.open(path, "rb")); local s = f:read("a"); f:close()
+    return json.decode(s)
+  end
+  local cases = read(FIX .. "generate/cases.json")
+  local models = {}
+
+  it("generate gives transformers' ids (greedy, max_new_tokens, stop ids, min_new_tokens, repetition penalty, beam search)", function()
+    assert.is_true(#cases >= 20)
+    for _, c in ipairs(cases) do
+      models[c.family] = models[c.family] or lm_of(c.family)
+      local out = models[c.family]:generate(c.prompts, c.opts)      -- the prompts as one batch
+      assert.are.same(c.want, out, c.name)
+    end
+  end)
+
+  it("the logits processors give transformers' scores", function()
+    local t = keng.load(FIX .. "generate/processors.safetensors")
+    local meta = read(FIX .. "generate/processors.json")
+    local n = 0
+    for name, spec in pairs(meta.specs) do
+      local opts = {}
+      for k, v in pairs(spec) do opts[k] = v end
+      opts.stop_token_ids = meta.stop_token_ids
+      local y = generate.process_logits(t.logits, opts, {input_ids = t.input_ids, generated = meta.generated})
+      local want = t[name]
+      -- the same tokens removed, the same scores for the rest
+      assert.are.same(want:eq(-math.huge):tolist(), y:eq(-math.huge):tolist(), name .. ": removed tokens")
+      local finite = want:gt(-math.huge)
+      H.close(keng.where(finite, y, 0.0), keng.where(finite, want, 0.0), 1e-5, name)
+      n = n + 1
+    end
+    assert.are.equal(8, n)
+  end)
+
+  it("sampling draws from the processed distribution (seeded, reproducible)", function()
+    local t = keng.load(FIX .. "generate/processors.safetensors")
+    local opts = {temperature = 0.7, top_k = 20, top_p = 0.9, min_p = 0.05}
+    local row = t.logits:narrow(1, 1, 1)                            -- [1, V]
+    local p = generate.process_logits(row, opts):softmax(-1):view{-1}:tolist()
+    local M = 20000
+    local o = generate.check({cfg = {vocab = 128}}, opts, 1)
+    keng.manual_seed(11)
+    local vals, ids = generate.warp(row:expand{M, 128}:contiguous(), o)
+    local draws = keng.multinomial(vals:softmax(-1), 1)
+    draws = ids:gather(2, draws):view{-1}:tolist()
+    local count = {}
+    for _, id in ipairs(draws) do count[id] = (count[id] or 0) + 1 end
+    for id, c in pairs(count) do assert.is_true(p[id + 1] > 0, "drew removed token " .. id) end
+    for v = 1, 128 do                                               -- 5 standard deviations
+      local e = p[v] * M
+      assert.is_true(math.abs((count[v - 1] or 0) - e) <= 5 * math.sqrt(e * (1 - p[v])) + 1,
+        string.format("token %d: %d draws, expected %.1f", v - 1, count[v - 1] or 0, e))
+    end
+  end)
+
+  it("num_return_sequences samples n rows per prompt, a prompt's rows together", function()
+    local lm = lm_of("gemma")
+    local out = lm:generate({{2, 17, 90}, {2, 64}}, {max_new_tokens = 8, temperature = 2, seed = 3,
+      num_return_sequences = 3, stop_token_ids = {}})
+    assert.are.equal(6, #out)
+    for i = 1, 3 do assert.are.same({2, 17, 90}, {table.unpack(out[i], 1, 3)}) end
+    for i = 4, 6 do assert.are.same({2, 64}, {table.unpack(out[i], 1, 2)}) end
+    assert.are_not.same(out[1], out[2])
+    assert.are.same(out, lm:generate({{2, 17, 90}, {2, 64}}, {max_new_tokens = 8, temperature = 2, seed = 3,
+      num_return_sequences = 3, stop_token_ids = {}}))
+  end)
+end)

@@ -135,7 +135,11 @@ function G.check(lm, opts, level)
   if sampler == "top_k" and opts.top_k == nil then o.top_k = 50 end
   if sampler == "top_p" and opts.top_p == nil then o.top_p = 0.9 end
   o.temperature = o.temperature or 1
-  if o.num_beams > 1 and o.sample then fail(level, "num_beams > 1 with sampling is not supported (beam search is deterministic)") end
+  if o.num_beams > 1 then
+    if o.sample then fail(level, "num_beams > 1 with sampling is not supported (beam search is deterministic)") end
+    if o.on_token then fail(level, "on_token cannot stream beam search (the best beam is known at the end)") end
+    if o.stop_strings then fail(level, "stop_strings are not supported with num_beams > 1") end
+  end
   if o.num_return_sequences > 1 and not o.sample and o.num_return_sequences > o.num_beams then
     fail(level, "num_return_sequences (%d) must be <= num_beams (%d) without sampling: greedy rows would be copies",
       o.num_return_sequences, o.num_beams)
@@ -239,6 +243,37 @@ local function choose(logits, o, st)
   return j:view{-1}
 end
 
+-- process_logits(logits [B, V] f32, opts, {input_ids = i64 [B, T], generated = n}) -> [B, V]:
+-- the scores sampling draws from (softmax of them), -inf where a rule removed a token, as
+-- transformers' LogitsProcessorList of the same options. opts: generate's sampling options
+-- (repetition_penalty, min_new_tokens with stop_token_ids, temperature, top_k, top_p, min_p);
+-- input_ids: the tokens so far (repetition penalty); generated: how many of them are new.
+function G.process_logits(logits, opts, ctx)
+  ctx = ctx or {}
+  local B, V = logits.shape[1], logits.shape[2]
+  local o = G.check({cfg = {vocab = V}}, opts, 2)
+  local st = {}
+  if o.repetition_penalty then
+    st.counts = keng.zeros({B, V}, {device = logits.device})
+    local ids = ctx.input_ids
+    st.counts:scatter_add_(2, ids, keng.ones(ids.shape, {device = logits.device}))
+  end
+  if o.min_new_tokens > 0 and #o.stop_ids > 0 then
+    local bias = keng.zeros({V}, {device = logits.device})
+    for _, id in ipairs(o.stop_ids) do bias:narrow(1, id + 1, 1):fill_(-math.huge) end
+    st.min_bias = bias
+    st.min_on = keng.tensor({(ctx.generated or 0) < o.min_new_tokens}, {dtype = "bool", device = logits.device})
+  end
+  local y = process(logits:float(), o, st)
+  if not o.sample then return y end
+  local vals, ids = G.warp(y, o)
+  if not ids then return vals end
+  local full, seen = keng.zeros({B, V}, {device = y.device}), keng.zeros({B, V}, {device = y.device})
+  full:scatter_add_(2, ids, vals)                                    -- the kept columns back in place
+  seen:scatter_add_(2, ids, keng.ones(ids.shape, {device = y.device}))
+  return keng.where(seen:gt(0), full, -math.huge)
+end
+
 ---------------------------------------------------------------------------------------------
 -- masks derived on the device (bool; a where() is the logical and)
 
@@ -266,13 +301,14 @@ local function text_of(tok, ids)
   return type(s) == "table" and s[1] or s
 end
 
-local function loop(lm, rows, o, budget)
+-- open(lm, rows, N, raw) -> dec: the prompts (left-padded to P) prefilled into a KV cache of
+-- L = P + N columns, and the fixed-shape decode state. dec.logits [B, V] after the prompt;
+-- dec.feed [B, 1] the ids the next dec.step() feeds; dec.col i64 [1] the column they go to;
+-- dec.step() -> logits [B, V]; dec.reorder(idx) picks cache rows (beam search).
+local function open(lm, rows, N, raw)
   local cfg, dev = lm.cfg, lm:param_device()
-  local B, P, N = #rows, 0, 0
-  for b, r in ipairs(rows) do P, N = math.max(P, #r), math.max(N, budget[b]) end
-  local out = {}
-  for b, r in ipairs(rows) do out[b] = {table.unpack(r)} end
-  if N == 0 then return out end
+  local B, P = #rows, 0
+  for _, r in ipairs(rows) do P = math.max(P, #r) end
   local L = P + N                                                   -- the last id is never fed
   local pad_id = cfg.pad_id or 0
   local ids, pos, pads, any_pad = {}, {}, {}, false                 -- left-padded prompt [B, P]
@@ -285,41 +321,28 @@ local function loop(lm, rows, o, budget)
       pos[b][j] = math.max(0, j - 1 - pad)
     end
   end
+  local i64 = {dtype = "i64", device = dev}
+  local dec = {B = B, P = P, L = L, dev = dev, i64 = i64}
   local caches = lm:new_cache(B, L)
   local fused = lm:decode_weights()
-  local raw = not o.sample and not o.repetition_penalty and o.min_new_tokens == 0  -- argmax of model-dtype logits
-  local i64 = {dtype = "i64", device = dev}
-  local pads_t = keng.tensor(pads, i64)                             -- [B, 1]
-  local ids_t = keng.tensor(ids, i64)                               -- [B, P]
-  local st = {}
-  if o.repetition_penalty then                                      -- the prompt's tokens count
-    st.counts = keng.zeros({B, cfg.vocab}, {device = dev})
-    local real = keng.arange(P, i64):view{1, P}:ge(pads_t):float()  -- [B, P] 1 = not padding
-    st.counts:scatter_add_(2, ids_t, real)
-    st.one = keng.ones({B, 1}, {device = dev})
-  end
-  if o.min_new_tokens > 0 and #o.stop_ids > 0 then
-    local bias = {}
-    for v = 1, cfg.vocab do bias[v] = 0 end
-    for _, id in ipairs(o.stop_ids) do bias[id + 1] = -math.huge end
-    st.min_bias = keng.tensor(bias, {device = dev})                 -- [V]
-  end
+  dec.pads, dec.ids = keng.tensor(pads, i64), keng.tensor(ids, i64)  -- [B, 1], [B, P]
 
   -- prefill: the whole prompt in one pass (causal when no row is padded)
-  local mask = any_pad and prefill_mask(pads_t, P, cfg.window, dev) or nil
-  local logits = lm:prefill(ids_t, keng.tensor(pos, i64), mask, caches, raw)  -- [B, V]
+  local mask = any_pad and prefill_mask(dec.pads, P, cfg.window, dev) or nil
+  dec.logits = lm:prefill(dec.ids, keng.tensor(pos, i64), mask, caches, raw)  -- [B, V]
 
-  -- decode state, all on the device. The step's additive mask [B, 1, 1, W + L] (0 = visible,
-  -- -BIG = not) gains the column fed and, with a window W, loses the one W behind it: two
-  -- entries of one index_add_ (cache column c sits at W + c, so c - W never goes negative;
-  -- -BIG + BIG is exactly 0). A window as long as the cache is no window.
+  -- The step's additive mask [B, 1, 1, W + L] (0 = visible, -BIG = not) gains the column fed
+  -- and, with a window W, loses the one W behind it: two entries of one index_add_ (cache
+  -- column c sits at W + c, so c - W never goes negative; -BIG + BIG is exactly 0). A window
+  -- as long as the cache is no window.
   local W = cfg.window and cfg.window < L and cfg.window or nil
   local off, BIG = W or 0, 1e30
   local c = keng.arange(off + L, i64):view{1, off + L} - off        -- [1, W + L] cache column
-  local vis = band(c:ge(pads_t), c:lt(P))                           -- what the last prompt token sees
+  local vis = band(c:ge(dec.pads), c:lt(P))                         -- what the last prompt token sees
   if W then vis = band(vis, c:gt(P - 1 - W)) end
   local amask = keng.where(vis, 0.0, -BIG):view{B, 1, 1, off + L}   -- f32
-  local edits = keng.tensor(W and {BIG, -BIG} or {BIG}, {device = dev}):view{1, 1, 1, -1}:expand{B, 1, 1, W and 2 or 1}:contiguous()
+  local edits = keng.tensor(W and {BIG, -BIG} or {BIG}, {device = dev}):view{1, 1, 1, -1}
+    :expand{B, 1, 1, W and 2 or 1}:contiguous()
   local view = W and amask:narrow(4, off + 1, L) or amask           -- [B, 1, 1, L]
   -- counters [pos_1 .. pos_B, W + col, col]: the rows' positions, the mask entries to edit,
   -- the cache column being fed; one add_ moves them all
@@ -329,9 +352,48 @@ local function loop(lm, rows, o, budget)
   local ctr_t, inc = keng.tensor(ctr, i64), keng.ones({B + 2}, i64)
   local positions = ctr_t:narrow(1, 1, B):view{B, 1}                -- [B, 1]
   local edit_at = ctr_t:narrow(1, B + 1, W and 2 or 1)
-  local col = ctr_t:narrow(1, B + 2, 1)                             -- [1]
-  local buf = keng.zeros({B, L}, i64)                               -- ids by the column they are fed at
-  local feed = keng.zeros({B, 1}, i64)                              -- the step's input ids
+  dec.col = ctr_t:narrow(1, B + 2, 1)                               -- [1]
+  dec.feed = keng.zeros({B, 1}, i64)                                -- the step's input ids
+
+  function dec.step()
+    amask:index_add_(4, edit_at, edits)
+    local lg = lm:decode(dec.feed, positions, view, dec.col, caches, fused, raw)  -- [B, V]
+    ctr_t:add_(inc)
+    return lg
+  end
+  function dec.reorder(idx)                                         -- idx i64 [B]: new row b = old idx[b]
+    for _, kv in ipairs(caches) do kv.k, kv.v = kv.k:index_select(1, idx), kv.v:index_select(1, idx) end
+  end
+  return dec
+end
+
+-- processor state: the repetition counts [B, V] and the min_new_tokens bias [V]
+local function processors(lm, o, dec)
+  local st, cfg, dev = {}, lm.cfg, dec.dev
+  if o.repetition_penalty then                                      -- the prompt's tokens count
+    st.counts = keng.zeros({dec.B, cfg.vocab}, {device = dev})
+    local real = keng.arange(dec.P, dec.i64):view{1, dec.P}:ge(dec.pads):float()  -- [B, P] 1 = not padding
+    st.counts:scatter_add_(2, dec.ids, real)
+    st.one = keng.ones({dec.B, 1}, {device = dev})
+  end
+  if o.min_new_tokens > 0 and #o.stop_ids > 0 then
+    st.min_bias = keng.zeros({cfg.vocab}, {device = dev})           -- [V], -inf at the stop ids
+    for _, id in ipairs(o.stop_ids) do st.min_bias:narrow(1, id + 1, 1):fill_(-math.huge) end
+  end
+  return st
+end
+
+local function loop(lm, rows, o, budget)
+  local B, N = #rows, 0
+  for b = 1, B do N = math.max(N, budget[b]) end
+  local out = {}
+  for b, r in ipairs(rows) do out[b] = {table.unpack(r)} end
+  if N == 0 then return out end
+  local raw = not o.sample and not o.repetition_penalty and o.min_new_tokens == 0  -- argmax of model-dtype logits
+  local dec = open(lm, rows, N, raw)
+  local st = processors(lm, o, dec)
+  local P, col, feed = dec.P, dec.col, dec.feed
+  local buf = keng.zeros({B, dec.L}, dec.i64)                       -- ids by the column they are fed at
 
   -- record(logits): choose the next ids (to be fed at column col), keep them, feed them
   local function record(lg)
@@ -342,20 +404,15 @@ local function loop(lm, rows, o, budget)
     if st.counts then st.counts:scatter_add_(2, feed, st.one) end
   end
   -- one decode step: feed [B, 1] at column col; every shape is fixed by (B, L)
-  local function step()
-    amask:index_add_(4, edit_at, edits)
-    local lg = lm:decode(feed, positions, view, col, caches, fused, raw)
-    ctr_t:add_(inc)
-    record(lg)
-  end
-  if o.graph ~= false and dev:find("^cuda") and keng.cuda and keng.cuda.graph then
-    local g = keng.cuda.graph(step, {warmup = 2, device = dev})     -- captured on the 3rd call
+  local function step() record(dec.step()) end
+  if o.graph ~= false and dec.dev:find("^cuda") and keng.cuda and keng.cuda.graph then
+    local g = keng.cuda.graph(step, {warmup = 2, device = dec.dev}) -- captured on the 3rd call
     step = function() g() end
   elseif o.graph then
-    error("generate: graph = true needs a CUDA device (the model is on " .. dev .. ")", 4)
+    error("generate: graph = true needs a CUDA device (the model is on " .. dec.dev .. ")", 4)
   end
 
-  record(logits)
+  record(dec.logits)
   local done, left, read = {}, B, 0                                 -- read: ids read back so far
   local texts = {}                                                  -- per row: generated text so far
   local tok = lm.tokenizer
@@ -395,6 +452,123 @@ local function loop(lm, rows, o, budget)
       if left == 0 then break end
     end
     if s < N then step() end
+  end
+  return out
+end
+
+---------------------------------------------------------------------------------------------
+-- beam search, as transformers' _beam_search (v5): per prompt K running beams and K finished
+-- hypotheses; each step takes the top max(2, 1 + #stop ids)·K continuations over all beams;
+-- those that stop (a stop id, or the length) and rank in the top K enter the finished set with
+-- score sum(log p) / new_tokens ^ length_penalty; the best K that do not stop run on.
+-- early_stopping: true stops a prompt when K hypotheses are finished; false when the best
+-- running beam, scored at its current length, cannot beat the worst finished one; "never" the
+-- same at the longest possible length when length_penalty > 0. The step runs eagerly with one
+-- read-back per token (the host orders the beams); the caches are reordered by index_select.
+
+local NEG = -1.0e9
+local function f32(x) return (string.unpack("f", string.pack("f", x))) end  -- round as torch's f32
+
+function G.beam_search(lm, rows, o, budget)
+  local K, n, R = o.num_beams, o.num_return_sequences, #rows
+  local brows, N = {}, 0
+  for r, row in ipairs(rows) do
+    N = math.max(N, budget[r])
+    for _ = 1, K do brows[#brows + 1] = row end
+  end
+  local out = {}
+  if N == 0 then
+    for _, row in ipairs(rows) do for _ = 1, n do out[#out + 1] = {table.unpack(row)} end end
+    return out
+  end
+  local dec = open(lm, brows, N, false)
+  local st = processors(lm, o, dec)
+  local V = lm.cfg.vocab
+  local keep = math.max(2, 1 + #o.stop_ids) * K
+  local running, fin, heur, active = {}, {}, {}, {}
+  for r = 1, R do
+    running[r], fin[r], heur[r], active[r] = {}, {}, true, true
+    for k = 1, K do
+      running[r][k] = {score = k == 1 and 0 or NEG, toks = {}}
+      fin[r][k] = {score = NEG, toks = {}, done = false}
+    end
+  end
+  local lp_pen, es = o.length_penalty, o.early_stopping
+  local logits = dec.logits
+  for s = 1, N do                                                   -- s: the new token's number
+    local scores = {}
+    for r = 1, R do for k = 1, K do scores[#scores + 1] = {running[r][k].score} end end
+    local lp = logits:log_softmax(-1)                               -- [R·K, V]
+    if st.min_bias then st.min_on = keng.tensor({s - 1 < o.min_new_tokens}, {dtype = "bool", device = dec.dev}) end
+    lp = process(lp, o, st) + keng.tensor(scores, {device = dec.dev})
+    local vals, idx = lp:view{R, K * V}:topk(keep, -1)
+    vals, idx = vals:tolist(), idx:tolist()                         -- the one read-back per token
+    local src, nxt = {}, {}
+    for r = 1, R do
+      local cands = {}
+      for c = 1, keep do
+        local beam, id = idx[r][c] // V + 1, idx[r][c] % V
+        local toks = {table.unpack(running[r][beam].toks)}
+        toks[#toks + 1] = id
+        cands[c] = {lp = vals[r][c], beam = beam, id = id, toks = toks,
+                    hit = o.stop[id] or s >= budget[r]}
+      end
+      -- the best K that did not stop run on (stopped ones sink by 1e9)
+      local order = {}
+      for c = 1, keep do order[c] = {v = f32(cands[c].lp + (cands[c].hit and NEG or 0)), c = c} end
+      table.sort(order, function(a, b) if a.v ~= b.v then return a.v > b.v end return a.c < b.c end)
+      local nrun = {}
+      for k = 1, K do
+        local cd = cands[order[k].c]
+        nrun[k] = {score = order[k].v, toks = cd.toks}
+        src[#src + 1] = (r - 1) * K + cd.beam - 1
+        nxt[#nxt + 1] = {cd.id}
+      end
+      -- the finished set: the old K and the new top-K stoppers, best K kept
+      local full = true
+      for k = 1, K do full = full and fin[r][k].done end
+      local merged = {}
+      for k = 1, K do merged[k] = {v = fin[r][k].score, h = fin[r][k], i = k} end
+      local denom = s ^ lp_pen
+      for c = 1, keep do
+        local cd = cands[c]
+        local just = cd.hit and c <= K
+        local v = f32(cd.lp / denom)
+        if full and es == true then v = f32(v + NEG) end
+        if not heur[r] then v = f32(v + NEG) end
+        if not just then v = f32(v + NEG) end
+        merged[#merged + 1] = {v = v, h = {score = v, toks = cd.toks, done = just}, i = K + c}
+      end
+      table.sort(merged, function(a, b) if a.v ~= b.v then return a.v > b.v end return a.i < b.i end)
+      for k = 1, K do fin[r][k] = {score = merged[k].v, toks = merged[k].h.toks, done = merged[k].h.done} end
+      running[r] = nrun
+      -- can the running beams still do better?
+      local all_done, worst = true, math.huge
+      for k = 1, K do all_done = all_done and fin[r][k].done; worst = math.min(worst, fin[r][k].score) end
+      local best_len = (es == "never" and lp_pen > 0) and budget[r] or s
+      local best = f32(nrun[1].score / best_len ^ lp_pen)
+      heur[r] = heur[r] and (not all_done or best > worst)
+      local all_hit = true
+      for c = 1, keep do all_hit = all_hit and cands[c].hit end
+      active[r] = heur[r] and not (all_done and es == true) and not all_hit and s < budget[r]
+      if not active[r] then heur[r] = false end                    -- nothing more enters its finished set
+    end
+    local any = false
+    for r = 1, R do any = any or active[r] end
+    if not any or s == N then break end
+    local idx_t = keng.tensor(src, dec.i64)
+    dec.reorder(idx_t)
+    if st.counts then st.counts = st.counts:index_select(1, idx_t) end
+    dec.feed:copy_(keng.tensor(nxt, dec.i64))
+    if st.counts then st.counts:scatter_add_(2, dec.feed, st.one) end
+    logits = dec.step()
+  end
+  for r, row in ipairs(rows) do
+    for k = 1, n do
+      local t = {table.unpack(row)}
+      for _, id in ipairs(fin[r][k].toks) do t[#t + 1] = id end
+      out[#out + 1] = t
+    end
   end
   return out
 end
@@ -440,7 +614,5 @@ function G.generate(lm, prompts, opts, level)
   end
   return out
 end
-
-function G.beam_search() error("generate: num_beams > 1 is not implemented yet", 3) end
 
 return G
