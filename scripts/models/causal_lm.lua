@@ -310,14 +310,15 @@ function M.load_hf(lm, tensors, level)
   return lm
 end
 
--- keng.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else nil
+-- keng.tokenizers.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else
+-- nil; with tokenizer_config.json's chat_template and BOS / EOS strings (keng.chat_template)
 function M.load_tokenizer(dir)
   local path = dir .. "/tokenizer.model"
   local f = io.open(path, "rb")
   if not f then return nil end
   f:close()
   if not keng.sentencepiece then return nil end
-  return keng.sentencepiece(path)
+  return require("keng.chat_template").attach(require("keng.tokenizers").sentencepiece(path), dir)
 end
 
 ---------------------------------------------------------------------------------------------

@@ -230,3 +230,81 @@ describe("against transformers", function()
       num_return_sequences = 3, stop_token_ids = {}}))
   end)
 end)
+
+-- the CUDA Graph path: whenever CUDA is available (tests/gpu/run.sh runs this spec and
+-- scripts/bench/generate_graph.lua on the GPU machine); pending elsewhere
+describe("on CUDA", function()
+  it("captures the greedy decode step and replays it: the same ids as eager and as the CPU", function()
+    if not (keng.cuda and keng.cuda.is_available and keng.cuda.is_available()) then
+      return pending("CUDA is not available")
+    end
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local prompts = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {2}}
+      local want = lm:generate(prompts, {max_length = 30})
+      lm:to("cuda")
+      assert.are.same(want, lm:generate(prompts, {max_length = 30, graph = false}), name .. " eager")
+      assert.are.same(want, lm:generate(prompts, {max_length = 30, graph = true}), name .. " graph")
+      assert.are.same(want, lm:generate(prompts, {max_length = 30, graph = true, sync_every = 1}), name .. " graph, k = 1")
+    end
+  end)
+end)
+
+describe("chat templates", function()
+  local json = require "keng.json"
+  local CT = require "keng.chat_template"
+  local f = assert(io.open(FIX .. "generate/chat.json", "rb"))
+  local chat = json.decode(f:read("a"))
+  f:close()
+
+  it("recognise the checkpoints' templates and render transformers' apply_chat_template strings", function()
+    for name, template in pairs(chat.templates) do assert.are.equal(name, CT.format_of(template)) end
+    assert.is_true(#chat.cases >= 12)
+    for i, c in ipairs(chat.cases) do
+      local tok = {chat_template = chat.templates[c.format], bos_token = c.format == "gemma" and "<bos>" or "<s>",
+                   eos_token = c.format == "gemma" and "<eos>" or "</s>"}
+      assert.are.equal(c.want, CT.apply(tok, c.messages, {add_generation_prompt = c.add_generation_prompt}),
+        "case " .. i .. " " .. c.format)
+    end
+  end)
+
+  it("raise on an unknown template (naming it), a system turn, roles out of order, unknown options", function()
+    local tok = {chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    H.raises(function() CT.apply(tok, {{role = "user", content = "x"}}) end,
+      "unknown chat template '{% for m in messages %}")
+    H.raises(function() CT.apply({}, {{role = "user", content = "x"}}) end, "no chat template")
+    local g = {chat_template = chat.templates.gemma}
+    H.raises(function() CT.apply(g, {{role = "system", content = "x"}, {role = "user", content = "y"}}) end,
+      "no system role")
+    H.raises(function() CT.apply(g, {{role = "assistant", content = "x"}}) end, "roles must alternate")
+    H.raises(function() CT.apply({chat_template = chat.templates.mistral}, {{role = "user", content = "a"},
+      {role = "tool", content = "b"}}) end, "only user and assistant roles (message 2 is 'tool')")
+    H.raises(function() CT.apply(g, {{role = "user", content = "x"}}, {add_generation = true}) end,
+      "unknown option 'add_generation'")
+    H.raises(function() CT.apply(g, {{role = "user"}}) end, "message 1 must be {role = <string>, content = <string>}")
+  end)
+
+  it("from_pretrained attaches tokenizer_config.json's template; tokenize = true gives ids", function()
+    if not keng.sentencepiece then return pending("keng.sentencepiece is not present") end
+    local lm = H.with_model_dir(FIX .. "gemma", function() end, function(dir)
+      local function cp(src, dst)
+        local a = assert(io.open(src, "rb")); local data = a:read("a"); a:close()
+        local b = assert(io.open(dir .. "/" .. dst, "wb")); b:write(data); b:close()
+      end
+      cp(FIX .. "sentencepiece/bpe_gemma.model", "tokenizer.model")
+      local b = assert(io.open(dir .. "/tokenizer_config.json", "wb"))
+      b:write(json.encode({chat_template = chat.templates.gemma, bos_token = "<bos>", eos_token = "<eos>"}))
+      b:close()
+      return gemma.from_pretrained(dir)
+    end)
+    local tok = lm.tokenizer
+    local msgs = {{role = "user", content = "I you get"}}
+    local text = tok:apply_chat_template(msgs, {add_generation_prompt = true})
+    assert.are.equal("<bos><start_of_turn>user\nI you get<end_of_turn>\n<start_of_turn>model\n", text)
+    local ids = tok:apply_chat_template(msgs, {add_generation_prompt = true, tokenize = true})
+    assert.are.equal(tok.bos_id, ids[1])
+    local rest = tok:encode(text:sub(#"<bos>" + 1), {add_bos = false})
+    assert.are.same(rest, {table.unpack(ids, 2)})
+    assert.are.equal(tok.sp:piece_to_id("<start_of_turn>"), ids[2])  -- a user-defined piece, whole
+  end)
+end)

@@ -95,6 +95,9 @@ function G.check(lm, opts, level)
   o.on_token, o.decode = opts.on_token, opts.decode
   if opts.graph ~= nil and type(opts.graph) ~= "boolean" then fail(level, "graph must be true or false") end
   o.graph = opts.graph
+  if o.graph and not tostring(lm.param_device and lm:param_device() or ""):find("^cuda") then
+    fail(level, "graph = true needs a CUDA device (the model is on %s)", tostring(lm.param_device and lm:param_device()))
+  end
 
   -- stop ids: the model's EOS unless given; a single id or a list
   local stops = opts.stop_token_ids
@@ -132,6 +135,9 @@ function G.check(lm, opts, level)
     fail(level, "sampler 'greedy' takes no %s (leave out sampler to sample)", table.concat(given, ", "))
   end
   o.sample = sampler ~= "greedy" and (sampler ~= nil or #given > 0)
+  if o.graph and o.sample then
+    fail(level, "graph = true: sampling is not capturable yet (multinomial takes its RNG offset at capture)")
+  end
   if sampler == "top_k" and opts.top_k == nil then o.top_k = 50 end
   if sampler == "top_p" and opts.top_p == nil then o.top_p = 0.9 end
   o.temperature = o.temperature or 1
@@ -139,6 +145,7 @@ function G.check(lm, opts, level)
     if o.sample then fail(level, "num_beams > 1 with sampling is not supported (beam search is deterministic)") end
     if o.on_token then fail(level, "on_token cannot stream beam search (the best beam is known at the end)") end
     if o.stop_strings then fail(level, "stop_strings are not supported with num_beams > 1") end
+    if o.graph then fail(level, "graph = true: beam search runs eagerly (its caches are reordered each step)") end
   end
   if o.num_return_sequences > 1 and not o.sample and o.num_return_sequences > o.num_beams then
     fail(level, "num_return_sequences (%d) must be <= num_beams (%d) without sampling: greedy rows would be copies",
@@ -405,11 +412,11 @@ local function loop(lm, rows, o, budget)
   end
   -- one decode step: feed [B, 1] at column col; every shape is fixed by (B, L)
   local function step() record(dec.step()) end
-  if o.graph ~= false and dec.dev:find("^cuda") and keng.cuda and keng.cuda.graph then
-    local g = keng.cuda.graph(step, {warmup = 2, device = dec.dev}) -- captured on the 3rd call
+  -- on CUDA the step is captured on its 3rd call and replayed after (sampling stays eager until
+  -- multinomial reads its RNG offset from the device while captured: issue 14, item 7)
+  if o.graph ~= false and not o.sample and dec.dev:find("^cuda") then
+    local g = keng.cuda.graph(step, {warmup = 2, device = dec.dev})
     step = function() g() end
-  elseif o.graph then
-    error("generate: graph = true needs a CUDA device (the model is on " .. dec.dev .. ")", 4)
   end
 
   record(dec.logits)
