@@ -308,3 +308,19 @@ describe("chat templates", function()
     assert.are.equal(tok.sp:piece_to_id("<start_of_turn>"), ids[2])  -- a user-defined piece, whole
   end)
 end)
+
+describe("examples/chat.lua", function()
+  it("chats through a pipe in --demo mode (streams, keeps the history, /reset, ends at EOF)", function()
+    if not keng.sentencepiece then return pending("keng.sentencepiece is not present") end
+    local function sh(cmd) local p = io.popen(cmd, "r"); local s = p:read("a"); p:close(); return (s:gsub("%s+$", "")) end
+    local bin = os.getenv("KENG_BIN") or sh("readlink /proc/$PPID/exe 2>/dev/null")
+    if not bin:match("keng$") then bin = (arg and arg[-1]) or "./build/keng" end
+    local p = io.popen("printf 'hello\\nhow are you\\n/reset\\nbye\\n' | " .. bin ..
+      " examples/chat.lua --demo --max-new-tokens 5 2>&1; echo \"rc=$?\"", "r")
+    local out = p:read("a")
+    p:close()
+    assert.is_truthy(out:find("rc=0", 1, true), out)
+    local _, turns = out:gsub("model> ", "")
+    assert.are.equal(3, turns, out)
+  end)
+end)
