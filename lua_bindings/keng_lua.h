@@ -65,7 +65,7 @@ bool kgl_field_bool(lua_State *L, int idx, const char *key, bool def);
 /* Registration: each family file adds tensor methods (into the table at methods) and module
  * functions (into the table at keng). Defined in lua_bindings/<family>.c. */
 #define KGL_FAMILIES(X) \
-  X(core) X(elementwise) X(reduce) X(index) X(norm) X(conv) X(random) X(attention) X(loss) X(io) X(optim) X(image) X(wordpiece) X(sentencepiece) X(clip) X(debug) X(backends)
+  X(core) X(elementwise) X(reduce) X(index) X(norm) X(conv) X(random) X(attention) X(loss) X(io) X(optim) X(image) X(wordpiece) X(sentencepiece) X(clip) X(debug) X(backends) X(decode)
 #define X(f) void kgl_register_##f(lua_State *L, int methods, int keng);
 KGL_FAMILIES(X)
 #undef X

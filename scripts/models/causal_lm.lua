@@ -54,18 +54,22 @@ end
 -- x [B, T, C]; ctx.positions i64 [T] or [B, T] (0-based); ctx.mask bool [B, 1, T, S] or nil
 -- (nil: causal with the sliding window); ctx.cache {k=, v=} [B, Hkv, L, D] written at column
 -- ctx.start (1-based) -> [B, T, C]. The decode step of keng.generate instead gives ctx.col (i64
--- [T] on the device, 0-based columns): k and v are added into the (zero) cache columns there and
--- the query attends over the whole fixed-length cache under ctx.mask [B, 1, T, L], so the step
--- has one shape for every token (capturable as a CUDA graph); ctx.qkv (this layer's [q; k; v]
--- weights in one matrix) makes the three projections one GEMM and RoPE one call for q and k.
+-- [T] on the device, 0-based columns): keng.decode_qkv ropes q and k and writes k and v into the
+-- cache columns there in one op, and the query attends over the whole fixed-length cache under
+-- ctx.mask [B, 1, T, L] (or the first ctx.keys columns, eagerly), so the step can have one shape
+-- for every token (capturable as a CUDA graph);
+-- ctx.qkv (this layer's [q; k; v] weights in one matrix) makes the projections one GEMM.
 function Attention:forward(x, ctx)
   local B, T = x.shape[1], x.shape[2]
   local H, Hkv, D = self.heads, self.kv_heads, self.head_dim
   local q, k, v
-  if ctx.qkv then
-    local y = keng.linear(x, ctx.qkv):view{B, T, H + 2 * Hkv, D}:transpose(2, 3)  -- [B, H+2Hkv, T, D]
-    local qk = keng.rope(y:narrow(2, 1, H + Hkv), ctx.positions, {base = self.rope_base})
-    q, k, v = qk:narrow(2, 1, H), qk:narrow(2, H + 1, Hkv), y:narrow(2, H + Hkv + 1, Hkv)
+  local cache = ctx.cache
+  if ctx.qkv and cache and ctx.col then                             -- decode: one GEMM, one fused op
+    q = keng.decode_qkv(keng.linear(x, ctx.qkv), ctx.positions, cache.k, cache.v, ctx.col,
+      {heads = H, kv_heads = Hkv, base = self.rope_base})           -- [B, H, T, D]; k, v cached
+  elseif ctx.col then                                               -- decode, unfused weights (LoRA)
+    local qkv = keng.cat({self.query(x), self.key(x), self.value(x)}, 3):to(cache.k.dtype)  -- [B, T, (H+2Hkv)·D]
+    q = keng.decode_qkv(qkv, ctx.positions, cache.k, cache.v, ctx.col, {heads = H, kv_heads = Hkv, base = self.rope_base})
   else
     q = self.query(x):view{B, T, H, D}:transpose(2, 3)              -- [B, H, T, D]
     k = self.key(x):view{B, T, Hkv, D}:transpose(2, 3)              -- [B, Hkv, T, D]
@@ -73,11 +77,9 @@ function Attention:forward(x, ctx)
     q = keng.rope(q, ctx.positions, {base = self.rope_base})
     k = keng.rope(k, ctx.positions, {base = self.rope_base})
   end
-  local cache = ctx.cache
-  if cache and ctx.col then                                         -- fixed shape: the whole cache
-    cache.k:index_add_(3, ctx.col, k)
-    cache.v:index_add_(3, ctx.col, v)
+  if ctx.col then                                                   -- the first ctx.keys (or all L) columns
     k, v = cache.k, cache.v                                         -- [B, Hkv, L, D]
+    if ctx.keys then k, v = k:narrow(3, 1, ctx.keys), v:narrow(3, 1, ctx.keys) end
   elseif cache then                                                 -- write in place, read a view
     cache.k:narrow(3, ctx.start, T):copy_(k)
     cache.v:narrow(3, ctx.start, T):copy_(v)
@@ -266,10 +268,12 @@ function CausalLM:prefill(ids, positions, mask, caches, raw)
   return self:head(h:narrow(2, P, 1), raw):select(2, 1)             -- [B, V]
 end
 
--- decode(ids [B, 1], positions [B, 1], mask [B, 1, 1, L], col i64 [1] (0-based cache column),
--- caches, fused, raw) -> logits [B, V]: one token per row, every shape fixed by (B, L)
-function CausalLM:decode(ids, positions, mask, col, caches, fused, raw)
-  local h = self:hidden(ids, {positions = positions, mask = mask, col = col, fused = fused}, caches)
+-- decode(ids [B, 1], positions [B, 1], mask [B, 1, 1, S], col i64 [1] (0-based cache column),
+-- caches, fused, raw, keys) -> logits [B, V]: one token per row attending to the first `keys`
+-- cache columns (S = keys), or to all L when keys is nil (every shape fixed by (B, L): the CUDA
+-- Graph step)
+function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
+  local h = self:hidden(ids, {positions = positions, mask = mask, col = col, fused = fused, keys = keys}, caches)
   return self:head(h, raw):select(2, 1)                             -- [B, V]
 end
 

@@ -98,12 +98,22 @@ describe("the decode step", function()
     end
   end)
 
-  it("gives the same ids whatever sync_every is", function()
-    local lm = lm_of("mistral")
-    local prompts = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {2}}
-    local want = lm:generate(prompts, {max_length = 30, sync_every = 1})
-    for _, k in ipairs({2, 3, 8, 100}) do
-      assert.are.same(want, lm:generate(prompts, {max_length = 30, sync_every = k}), "sync_every " .. k)
+  it("gives the same ids whatever sync_every is, and with the fixed-shape (CUDA Graph) step", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local prompts = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {2}}
+      local want = lm:generate(prompts, {max_length = 30, sync_every = 1})
+      for _, k in ipairs({2, 3, 8, 100}) do
+        assert.are.same(want, lm:generate(prompts, {max_length = 30, sync_every = k}), name .. " sync_every " .. k)
+      end
+      generate.fixed_shape = true
+      local ok, got = pcall(lm.generate, lm, prompts, {max_length = 30})
+      local ok2, sampled = pcall(lm.generate, lm, prompts, {max_length = 30, temperature = 0.9, seed = 2})
+      generate.fixed_shape = false
+      assert(ok, got)
+      assert(ok2, sampled)
+      assert.are.same(want, got, name .. " fixed shape")
+      assert.are.same(lm:generate(prompts, {max_length = 30, temperature = 0.9, seed = 2}), sampled, name .. " sampled, fixed shape")
     end
   end)
 
@@ -322,5 +332,25 @@ describe("examples/chat.lua", function()
     assert.is_truthy(out:find("rc=0", 1, true), out)
     local _, turns = out:gsub("model> ", "")
     assert.are.equal(3, turns, out)
+  end)
+end)
+
+describe("the decode step without fused weights", function()
+  it("(LoRA adapters on query / value) picks the full-sequence argmax at every step", function()
+    local ok, lora = pcall(require, "keng.lora")
+    if not ok then return pending("keng.lora is not present") end
+    local lm = lm_of("mistral")
+    lora.enable(lm, {rank = 2, targets = {"query", "value"}})
+    keng.manual_seed(4)
+    for _, p in ipairs(lm:parameters()) do                          -- non-zero adapters
+      if p.requires_grad then keng.no_grad(function() p:copy_(keng.randn(p.shape) * 0.3) end) end
+    end
+    assert.is_falsy(lm.model.layers[1].self_attn:fused_qkv())
+    local prompt = {2, 40, 41, 42, 43, 44, 45, 46, 47, 48}            -- longer than the window 8
+    local out = lm:generate({prompt, {2, 7}}, {max_length = 20, stop_token_ids = {}})[1]
+    for t = #prompt, #out - 1 do
+      local next_id = lm:logits(keng.tensor({{table.unpack(out, 1, t)}})):select(2, t):argmax(-1):item()
+      assert.are.equal(next_id, out[t + 1], "step " .. t)
+    end
   end)
 end)

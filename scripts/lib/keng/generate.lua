@@ -33,6 +33,10 @@ for _, k in ipairs(G.OPTIONS) do KNOWN[k] = true end
 
 local SAMPLERS = {greedy = true, temperature = true, top_k = true, top_p = true}
 
+-- true: the eager decode step also attends over all L cache columns, as the captured CUDA Graph
+-- step does (the specs run that fixed-shape step on the CPU with it)
+G.fixed_shape = false
+
 local function fail(level, fmt, ...) error("generate: " .. string.format(fmt, ...), level + 1) end
 
 local function is_int(v) return math.type(v) == "integer" or (type(v) == "number" and v == math.floor(v) and v == v and math.abs(v) < 2^53) end
@@ -362,9 +366,13 @@ local function open(lm, rows, N, raw)
   dec.col = ctr_t:narrow(1, B + 2, 1)                               -- [1]
   dec.feed = keng.zeros({B, 1}, i64)                                -- the step's input ids
 
-  function dec.step()
+  -- step(S) -> logits [B, V]: feeds dec.feed at column col attending to the first S columns
+  -- (S = col + 1, known to the host without reading the device), or to all L when S is nil (the
+  -- fixed shape a CUDA Graph replays; eagerly the shorter keys save the unfilled columns' work)
+  function dec.step(S)
     amask:index_add_(4, edit_at, edits)
-    local lg = lm:decode(dec.feed, positions, view, dec.col, caches, fused, raw)  -- [B, V]
+    local m = S and view:narrow(4, 1, S) or view
+    local lg = lm:decode(dec.feed, positions, m, dec.col, caches, fused, raw, S)  -- [B, V]
     ctr_t:add_(inc)
     return lg
   end
@@ -410,12 +418,13 @@ local function loop(lm, rows, o, budget)
     feed:copy_(nxt)
     if st.counts then st.counts:scatter_add_(2, feed, st.one) end
   end
-  -- one decode step: feed [B, 1] at column col; every shape is fixed by (B, L)
-  local function step() record(dec.step()) end
+  -- decode step s: feeds token s at column P + s - 1, attending to P + s columns (all L when
+  -- captured: every shape fixed by (B, L))
+  local function step(s) record(dec.step(s and not G.fixed_shape and P + s or nil)) end
   -- on CUDA the step is captured on its 3rd call and replayed after (sampling stays eager until
   -- multinomial reads its RNG offset from the device while captured: issue 14, item 7)
   if o.graph ~= false and not o.sample and dec.dev:find("^cuda") then
-    local g = keng.cuda.graph(step, {warmup = 2, device = dec.dev})
+    local g = keng.cuda.graph(function() step() end, {warmup = 2, device = dec.dev})
     step = function() g() end
   end
 
@@ -458,7 +467,7 @@ local function loop(lm, rows, o, budget)
       take(s)
       if left == 0 then break end
     end
-    if s < N then step() end
+    if s < N then step(s) end
   end
   return out
 end
@@ -568,7 +577,7 @@ function G.beam_search(lm, rows, o, budget)
     if st.counts then st.counts = st.counts:index_select(1, idx_t) end
     dec.feed:copy_(keng.tensor(nxt, dec.i64))
     if st.counts then st.counts:scatter_add_(2, dec.feed, st.one) end
-    logits = dec.step()
+    logits = dec.step(dec.P + s)
   end
   for r, row in ipairs(rows) do
     for k = 1, n do
