@@ -1,4 +1,5 @@
--- generate_graph.lua — the GPU check of keng.generate's captured decode step: greedy ids on
+-- generate_graph.lua — the GPU check of keng.generate's captured decode step: decode_qkv on cuda
+-- against the cpu, greedy ids on
 -- cuda (eager and CUDA Graph replay, several sync_every) equal the CPU's on the Gemma and
 -- Mistral fixtures, then ms per decode token, eager vs graph, for gemma_tiny / mistral_tiny
 -- (bf16, batch 1 and 32) and, with a size argument, the 2B / 7B presets (random weights).
@@ -17,6 +18,25 @@ local function check(name, fn)
   print(string.format("%-52s %s", name, ok and "ok" or ("FAIL " .. tostring(err))))
   if not ok then failed = failed + 1 end
 end
+
+check("decode_qkv: cuda == cpu (f32, bf16; D 64, 128, 256)", function()
+  for _, dt in ipairs({"f32", "bf16"}) do
+    for _, D in ipairs({64, 128, 256}) do
+      local B, T, H, Hkv, L = 3, 1, 8, 2, 40
+      local qkv = keng.randn({B, T, (H + 2 * Hkv) * D}):to(dt)
+      local pos, col = keng.tensor({{5}, {17}, {39}}), keng.tensor({33})
+      local ck, cv = keng.randn({B, Hkv, L, D}):to(dt), keng.randn({B, Hkv, L, D}):to(dt)
+      local gk, gv = ck:to("cuda"), cv:to("cuda")
+      local o = {heads = H, kv_heads = Hkv}
+      local q = keng.decode_qkv(qkv, pos, ck, cv, col, o)
+      local gq = keng.decode_qkv(qkv:to("cuda"), pos:to("cuda"), gk, gv, col:to("cuda"), o)
+      for _, pair in ipairs({{q, gq}, {ck, gk}, {cv, gv}}) do
+        local d = (pair[1]:double() - pair[2]:cpu():double()):abs():max():item()
+        assert(d <= (dt == "bf16" and 1e-2 or 1e-5), string.format("%s D=%d: max |cpu - cuda| = %g", dt, D, d))
+      end
+    end
+  end
+end)
 
 for _, name in ipairs({"gemma", "mistral"}) do
   check(name .. " fixture: cuda eager / graph ids == cpu", function()
