@@ -430,6 +430,9 @@ local function loop(lm, rows, o, budget)
 
   record(dec.logits)
   local done, left, read = {}, B, 0                                 -- read: ids read back so far
+  for b = 1, B do                                                   -- a prompt as long as max_length
+    if budget[b] == 0 then done[b], left = true, left - 1 end
+  end
   local texts = {}                                                  -- per row: generated text so far
   local tok = lm.tokenizer
   local function take(upto)                                         -- read ids read+1 .. upto
@@ -582,7 +585,9 @@ function G.beam_search(lm, rows, o, budget)
   for r, row in ipairs(rows) do
     for k = 1, n do
       local t = {table.unpack(row)}
-      for _, id in ipairs(fin[r][k].toks) do t[#t + 1] = id end
+      for i, id in ipairs(fin[r][k].toks) do
+        if i <= budget[r] then t[#t + 1] = id end                   -- budget 0: the prompt alone
+      end
       out[#out + 1] = t
     end
   end
