@@ -117,6 +117,33 @@ describe("the decode step", function()
     end
   end)
 
+  it("refills a kept decode state in place: calls of the same shape give fresh results", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local a = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}}
+      local b = {{2, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {2, 30}}     -- same B and L, other padding
+      local c = {{2, 3}}                                            -- another shape
+      local want = {lm:generate(a, {max_length = 28}), lm:generate(b, {max_length = 28}), lm:generate(c, {max_length = 28})}
+      generate.fixed_shape, generate.keep_state = true, true
+      local ok, got = pcall(function()
+        local r = {lm:generate(a, {max_length = 28}), lm:generate(b, {max_length = 28})}
+        local state = rawget(lm, "_decode_state")
+        r[3] = lm:generate(c, {max_length = 28})
+        assert(rawget(lm, "_decode_state") ~= state, "a new shape replaces the kept state")
+        r[4] = lm:generate(c, {max_length = 28})
+        return r
+      end)
+      generate.fixed_shape, generate.keep_state = false, false
+      assert(ok, got)
+      assert.are.same(want[1], got[1], name .. " first call")
+      assert.are.same(want[2], got[2], name .. " second call, same state")
+      assert.are.same(want[3], got[3], name .. " new shape")
+      assert.are.same(want[3], got[4], name .. " new shape again")
+      generate.release(lm)
+      assert.is_nil(rawget(lm, "_decode_state"))
+    end
+  end)
+
   it("streams every generated token once, in order, through on_token", function()
     local lm = lm_of("gemma")
     local seen = {}

@@ -36,6 +36,9 @@ local SAMPLERS = {greedy = true, temperature = true, top_k = true, top_p = true}
 -- true: the eager decode step also attends over all L cache columns, as the captured CUDA Graph
 -- step does (the specs run that fixed-shape step on the CPU with it)
 G.fixed_shape = false
+-- true: keep the decode state on the model between calls on the CPU too, as a greedy CUDA
+-- generate does for its captured step (the specs check the in-place refill with it)
+G.keep_state = false
 
 local function fail(level, fmt, ...) error("generate: " .. string.format(fmt, ...), level + 1) end
 
@@ -316,7 +319,7 @@ end
 -- L = P + N columns, and the fixed-shape decode state. dec.logits [B, V] after the prompt;
 -- dec.feed [B, 1] the ids the next dec.step() feeds; dec.col i64 [1] the column they go to;
 -- dec.step() -> logits [B, V]; dec.reorder(idx) picks cache rows (beam search).
-local function open(lm, rows, N, raw)
+local function open(lm, rows, N, raw, reuse)
   local cfg, dev = lm.cfg, lm:param_device()
   local B, P = #rows, 0
   for _, r in ipairs(rows) do P = math.max(P, #r) end
@@ -333,9 +336,22 @@ local function open(lm, rows, N, raw)
     end
   end
   local i64 = {dtype = "i64", device = dev}
-  local dec = {B = B, P = P, L = L, dev = dev, i64 = i64}
-  local caches = lm:new_cache(B, L)
   local fused = lm:decode_weights()
+  local W = cfg.window and cfg.window < L and cfg.window or nil     -- a window as long as the cache is none
+  local flags = {}
+  for i, f in ipairs(fused) do flags[i] = f and "1" or "0" end
+  local key = table.concat({B, L, W or 0, raw and 1 or 0, lm:param_dtype(), dev, table.concat(flags)}, ":")
+  -- reuse: the tensors a captured step reads (cache, mask, counters, ids) are kept on the model
+  -- and refilled in place, so the next call of the same shape replays the same CUDA Graph
+  local dec = reuse and rawget(lm, "_decode_state")
+  if dec and dec.key == key then
+    for i, f in ipairs(dec.fused) do if f then f:copy_(fused[i]) end end  -- weights may have changed
+  else
+    dec = {key = key, B = B, L = L, dev = dev, i64 = i64, caches = lm:new_cache(B, L), fused = fused}
+    if reuse then rawset(lm, "_decode_state", dec) end
+  end
+  dec.P = P
+  local caches, off, BIG = dec.caches, W or 0, 1e30
   dec.pads, dec.ids = keng.tensor(pads, i64), keng.tensor(ids, i64)  -- [B, 1], [B, P]
 
   -- prefill: the whole prompt in one pass (causal when no row is padded)
@@ -344,27 +360,32 @@ local function open(lm, rows, N, raw)
 
   -- The step's additive mask [B, 1, 1, W + L] (0 = visible, -BIG = not) gains the column fed
   -- and, with a window W, loses the one W behind it: two entries of one index_add_ (cache
-  -- column c sits at W + c, so c - W never goes negative; -BIG + BIG is exactly 0). A window
-  -- as long as the cache is no window.
-  local W = cfg.window and cfg.window < L and cfg.window or nil
-  local off, BIG = W or 0, 1e30
+  -- column c sits at W + c, so c - W never goes negative; -BIG + BIG is exactly 0).
   local c = keng.arange(off + L, i64):view{1, off + L} - off        -- [1, W + L] cache column
   local vis = band(c:ge(dec.pads), c:lt(P))                         -- what the last prompt token sees
   if W then vis = band(vis, c:gt(P - 1 - W)) end
   local amask = keng.where(vis, 0.0, -BIG):view{B, 1, 1, off + L}   -- f32
-  local edits = keng.tensor(W and {BIG, -BIG} or {BIG}, {device = dev}):view{1, 1, 1, -1}
-    :expand{B, 1, 1, W and 2 or 1}:contiguous()
-  local view = W and amask:narrow(4, off + 1, L) or amask           -- [B, 1, 1, L]
   -- counters [pos_1 .. pos_B, W + col, col]: the rows' positions, the mask entries to edit,
   -- the cache column being fed; one add_ moves them all
   local ctr = {}
   for b = 1, B do ctr[b] = P - pads[b][1] end
   ctr[B + 1], ctr[B + 2] = off + P, P
-  local ctr_t, inc = keng.tensor(ctr, i64), keng.ones({B + 2}, i64)
+  if dec.amask then                                                 -- kept: refill in place
+    dec.amask:copy_(amask)
+    dec.ctr:copy_(keng.tensor(ctr, i64))
+    dec.buf:zero_()
+    return dec
+  end
+  dec.amask, dec.ctr = amask, keng.tensor(ctr, i64)
+  local edits = keng.tensor(W and {BIG, -BIG} or {BIG}, {device = dev}):view{1, 1, 1, -1}
+    :expand{B, 1, 1, W and 2 or 1}:contiguous()
+  local view = W and amask:narrow(4, off + 1, L) or amask           -- [B, 1, 1, L]
+  local ctr_t, inc = dec.ctr, keng.ones({B + 2}, i64)
   local positions = ctr_t:narrow(1, 1, B):view{B, 1}                -- [B, 1]
   local edit_at = ctr_t:narrow(1, B + 1, W and 2 or 1)
   dec.col = ctr_t:narrow(1, B + 2, 1)                               -- [1]
   dec.feed = keng.zeros({B, 1}, i64)                                -- the step's input ids
+  dec.buf = keng.zeros({B, L}, i64)                                 -- ids by the column they are fed at
 
   -- step(S) -> logits [B, V]: feeds dec.feed at column col attending to the first S columns
   -- (S = col + 1, known to the host without reading the device), or to all L when S is nil (the
@@ -372,7 +393,7 @@ local function open(lm, rows, N, raw)
   function dec.step(S)
     amask:index_add_(4, edit_at, edits)
     local m = S and view:narrow(4, 1, S) or view
-    local lg = lm:decode(dec.feed, positions, m, dec.col, caches, fused, raw, S)  -- [B, V]
+    local lg = lm:decode(dec.feed, positions, m, dec.col, caches, dec.fused, raw, S)  -- [B, V]
     ctr_t:add_(inc)
     return lg
   end
@@ -381,6 +402,10 @@ local function open(lm, rows, N, raw)
   end
   return dec
 end
+
+-- release(lm): frees the decode state (KV cache, CUDA Graph) a greedy CUDA generate keeps on the
+-- model for its next call of the same shape
+function G.release(lm) rawset(lm, "_decode_state", nil) end
 
 -- processor state: the repetition counts [B, V] and the min_new_tokens bias [V]
 local function processors(lm, o, dec)
@@ -405,10 +430,13 @@ local function loop(lm, rows, o, budget)
   for b, r in ipairs(rows) do out[b] = {table.unpack(r)} end
   if N == 0 then return out end
   local raw = not o.sample and not o.repetition_penalty and o.min_new_tokens == 0  -- argmax of model-dtype logits
-  local dec = open(lm, rows, N, raw)
+  -- on CUDA the greedy step is captured on its 3rd call and replayed after (sampling stays eager
+  -- until multinomial reads its RNG offset from the device while captured: issue 14, item 7);
+  -- without processors the captured step and its state are kept for the next call
+  local capture = o.graph ~= false and not o.sample and lm:param_device():find("^cuda") ~= nil
+  local dec = open(lm, rows, N, raw, (capture or G.keep_state) and raw)
   local st = processors(lm, o, dec)
-  local P, col, feed = dec.P, dec.col, dec.feed
-  local buf = keng.zeros({B, dec.L}, dec.i64)                       -- ids by the column they are fed at
+  local P, col, feed, buf = dec.P, dec.col, dec.feed, dec.buf
 
   -- record(logits): choose the next ids (to be fed at column col), keep them, feed them
   local function record(lg)
@@ -421,10 +449,9 @@ local function loop(lm, rows, o, budget)
   -- decode step s: feeds token s at column P + s - 1, attending to P + s columns (all L when
   -- captured: every shape fixed by (B, L))
   local function step(s) record(dec.step(s and not G.fixed_shape and P + s or nil)) end
-  -- on CUDA the step is captured on its 3rd call and replayed after (sampling stays eager until
-  -- multinomial reads its RNG offset from the device while captured: issue 14, item 7)
-  if o.graph ~= false and not o.sample and dec.dev:find("^cuda") then
-    local g = keng.cuda.graph(function() step() end, {warmup = 2, device = dec.dev})
+  if capture then
+    local g = dec.graph or keng.cuda.graph(function() step() end, {warmup = 2, device = dec.dev})
+    if raw then dec.graph = g end                                   -- kept with the state (open)
     step = function() g() end
   end
 
