@@ -4,18 +4,21 @@
 --   local generate = require "keng.generate"
 --   generate.generate(lm, prompts, opts)        -- what lm:generate(prompts, opts) calls
 --
--- The model supplies: lm.cfg {vocab, eos_id, pad_id}, lm.tokenizer (optional), lm.add_bos,
--- lm:param_device(), lm:new_cache(B, L), lm:decode_weights(), lm:prefill(ids, positions, mask,
--- caches, raw) and lm:decode(ids, positions, mask, col, caches, fused, raw) (models/causal_lm.lua).
+-- The model supplies: lm.cfg {vocab, eos_id, pad_id, window}, lm.tokenizer (optional),
+-- lm.add_bos, lm:check_ids, lm:param_device(), lm:param_dtype(), lm:new_cache(B, L),
+-- lm:decode_weights(), lm:prefill(ids, positions, mask, caches, raw) and lm:decode(ids,
+-- positions, mask, col, caches, fused, raw, keys) (models/causal_lm.lua).
 --
--- The decode step has one shape for every token: a KV cache of the full length L written in
--- place at a column held in a device tensor, positions and the padding / causal / window mask
--- derived on the device from that column, the next ids chosen on the device and copied into the
--- step's input, the ids kept in a device buffer. Lua reads that buffer back every `sync_every`
--- tokens (default 8; every token with on_token, which streams) and stops the rows that met a stop
--- id, a stop string or their length there (later ids of a stopped row are dropped). So a step builds no tensor from Lua values and waits for nothing, and
--- on CUDA it is captured once with keng.cuda.graph and replayed (the embedding's id check is then
--- deferred to the next sync). Beam search (num_beams > 1) reorders the beams on the host each
+-- The decode step stays on the device: a KV cache of the full length L written in place (by
+-- keng.decode_qkv) at a column held in a device tensor, positions and the padding / causal /
+-- window mask edited on the device from that column, the next ids chosen on the device and
+-- copied into the step's input and into an id buffer. Lua reads that buffer back every
+-- `sync_every` tokens (default 8; every token with on_token, which streams) and stops the rows
+-- that met a stop id, a stop string or their length there (later ids of a stopped row are
+-- dropped). So a step builds no tensor from Lua values and waits for nothing. Eagerly it attends
+-- to the filled columns only; on CUDA the greedy step attends to all L (one shape for every
+-- token), is captured once with keng.cuda.graph and replayed (the embedding's id check is then
+-- deferred to the next read-back). Beam search (num_beams > 1) orders the beams on the host each
 -- step (one read-back per token).
 --
 -- Shape letters: B rows (prompts × num_return_sequences), P padded prompt length, N new tokens,
@@ -99,6 +102,7 @@ function G.check(lm, opts, level)
   if opts.on_token ~= nil and type(opts.on_token) ~= "function" then
     fail(level, "on_token must be a function(row, id, text_piece), got %s", type(opts.on_token))
   end
+  if opts.decode ~= nil and type(opts.decode) ~= "boolean" then fail(level, "decode must be true or false") end
   o.on_token, o.decode = opts.on_token, opts.decode
   if opts.graph ~= nil and type(opts.graph) ~= "boolean" then fail(level, "graph must be true or false") end
   o.graph = opts.graph
