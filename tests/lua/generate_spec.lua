@@ -182,8 +182,11 @@ describe("the decode step", function()
     local first = #ids[1] - 9                                       -- the first generated id
     assert.is_true(#cut[1] < #ids[1], "the stop string did not stop the row")
     assert.are.same({table.unpack(ids[1], 1, #cut[1])}, cut[1])     -- the same ids up to there
-    assert.is_truthy(sp:decode({table.unpack(cut[1], first)}):find(target, 1, true))
-    assert.is_falsy(sp:decode({table.unpack(cut[1], first, #cut[1] - 1)}):find(target, 1, true),
+    -- the row's text (prompt included, as transformers) has the stop string, completed by the
+    -- last token: without it, no occurrence ends past the prompt
+    local pt = sp:decode({table.unpack(cut[1], 1, first - 1)})
+    assert.is_truthy(sp:decode(cut[1]):find(target, math.max(1, #pt - #target + 2), true))
+    assert.is_falsy(sp:decode({table.unpack(cut[1], 1, #cut[1] - 1)}):find(target, math.max(1, #pt - #target + 2), true),
       "the row went past the token that completed the stop string")
   end)
 
@@ -389,6 +392,24 @@ describe("the decode step without fused weights", function()
     for t = #prompt, #out - 1 do
       local next_id = lm:logits(keng.tensor({{table.unpack(out, 1, t)}})):select(2, t):argmax(-1):item()
       assert.are.equal(next_id, out[t + 1], "step " .. t)
+    end
+  end)
+end)
+
+describe("stop_strings against transformers", function()
+  it("stops where transformers' StopStringCriteria stops (greedy, a tiny Gemma over a real tokenizer)", function()
+    if not keng.sentencepiece then return pending("keng.sentencepiece is not present") end
+    local json = require "keng.json"
+    local f = assert(io.open(FIX .. "generate/stop_strings.json", "rb"))
+    local cases = json.decode(f:read("a"))
+    f:close()
+    local lm = gemma.from_pretrained(FIX .. "generate/stop_gemma")
+    assert.is_true(#cases >= 6)
+    for i, c in ipairs(cases) do
+      local full = lm:generate({c.prompt}, {max_new_tokens = 16, stop_token_ids = {}})[1]
+      assert.are.same(c.full, full, "case " .. i .. ": greedy")
+      local got = lm:generate({c.prompt}, {max_new_tokens = 16, stop_token_ids = {}, stop_strings = c.stop_strings})[1]
+      assert.are.same(c.want, got, "case " .. i .. " stop " .. c.stop_strings[1])
     end
   end)
 end)

@@ -464,7 +464,7 @@ local function loop(lm, rows, o, budget)
   for b = 1, B do                                                   -- a prompt as long as max_length
     if budget[b] == 0 then done[b], left = true, left - 1 end
   end
-  local texts = {}                                                  -- per row: generated text so far
+  local texts, full = {}, {}                                        -- per row: generated / whole text so far
   local tok = lm.tokenizer
   local function take(upto)                                         -- read ids read+1 .. upto
     local chunk = buf:narrow(2, P + read + 1, upto - read):tolist() -- the one sync
@@ -475,16 +475,19 @@ local function loop(lm, rows, o, budget)
           local r = out[b]
           r[#r + 1] = id
           local piece
-          if tok and (o.on_token or o.stop_strings) then
+          if tok and o.on_token then                                -- the row's new text
             local before = texts[b] or ""
             local now = text_of(tok, {table.unpack(r, #rows[b] + 1)})
             piece = now:sub(1, #before) == before and now:sub(#before + 1) or now
             texts[b] = now
-            if o.stop_strings then
-              for _, ss in ipairs(o.stop_strings) do
-                local at = now:find(ss, 1, true)
-                if at and at + #ss - 1 > #before then done[b] = true end  -- completed by this token
-              end
+          end
+          if o.stop_strings then                                    -- as transformers: the text of the
+            local before = full[b] or text_of(tok, rows[b])         -- whole row (prompt included) ends
+            local now = text_of(tok, r)                             -- with a stop string completed by
+            full[b] = now                                           -- this token
+            for _, ss in ipairs(o.stop_strings) do
+              local at = now:find(ss, math.max(1, #before - #ss + 2), true)
+              if at and at + #ss - 1 > #before then done[b] = true end
             end
           end
           if o.on_token then o.on_token(b, id, piece) end
