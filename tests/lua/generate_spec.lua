@@ -148,6 +148,32 @@ describe("the decode step", function()
     end
   end)
 
+  it("wires the CUDA Graph path: one graph per shape, made once, called per step, kept across calls", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local a = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}}
+      local b = {{2, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {2, 30, 31}}  -- the same B and L as a
+      local want = {lm:generate(a, {max_length = 28}), lm:generate(b, {max_length = 28}),
+                    lm:generate(a, {max_length = 28, repetition_penalty = 1.3})}
+      local made, calls = 0, 0
+      generate.fake_graph = function(fn, opts)                      -- as keng.cuda.graph, eagerly
+        made = made + 1
+        assert(opts.warmup == 2)
+        return function(...) calls = calls + 1; assert(select("#", ...) == 0); return fn() end
+      end
+      local ok, got = pcall(function()
+        return {lm:generate(a, {max_length = 28}), lm:generate(b, {max_length = 28}),
+                lm:generate(a, {max_length = 28, repetition_penalty = 1.3})}
+      end)
+      generate.fake_graph = nil
+      generate.release(lm)
+      assert(ok, got)
+      assert.are.same(want, got, name)
+      assert.are.equal(2, made, name .. ": graphs made (one kept for the shape, one for the processor run)")
+      assert.is_true(calls >= 20, name .. ": " .. calls .. " graph calls")
+    end
+  end)
+
   it("streams every generated token once, in order, through on_token", function()
     local lm = lm_of("gemma")
     local seen = {}

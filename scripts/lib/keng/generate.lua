@@ -42,6 +42,9 @@ G.fixed_shape = false
 -- true: keep the decode state on the model between calls on the CPU too, as a greedy CUDA
 -- generate does for its captured step (the specs check the in-place refill with it)
 G.keep_state = false
+-- a function(fn, opts) standing in for keng.cuda.graph: the CPU specs run the capture wiring
+-- (the greedy step called without a key count, the graph and state kept for the next call)
+G.fake_graph = nil
 
 local function fail(level, fmt, ...) error("generate: " .. string.format(fmt, ...), level + 1) end
 
@@ -437,7 +440,7 @@ local function loop(lm, rows, o, budget)
   -- on CUDA the greedy step is captured on its 3rd call and replayed after (sampling stays eager
   -- until multinomial reads its RNG offset from the device while captured: issue 14, item 7);
   -- without processors the captured step and its state are kept for the next call
-  local capture = o.graph ~= false and not o.sample and lm:param_device():find("^cuda") ~= nil
+  local capture = o.graph ~= false and not o.sample and (lm:param_device():find("^cuda") ~= nil or G.fake_graph ~= nil)
   local dec = open(lm, rows, N, raw, (capture or G.keep_state) and raw)
   local st = processors(lm, o, dec)
   local P, col, feed, buf = dec.P, dec.col, dec.feed, dec.buf
@@ -452,9 +455,10 @@ local function loop(lm, rows, o, budget)
   end
   -- decode step s: feeds token s at column P + s - 1, attending to P + s columns (all L when
   -- captured: every shape fixed by (B, L))
-  local function step(s) record(dec.step(s and not G.fixed_shape and P + s or nil)) end
+  local function eager(s) record(dec.step(s and not G.fixed_shape and P + s or nil)) end
+  local step = eager
   if capture then
-    local g = dec.graph or keng.cuda.graph(function() step() end, {warmup = 2, device = dec.dev})
+    local g = dec.graph or (G.fake_graph or keng.cuda.graph)(function() eager() end, {warmup = 2, device = dec.dev})
     if raw then dec.graph = g end                                   -- kept with the state (open)
     step = function() g() end
   end
