@@ -84,18 +84,45 @@ M.rope_options = rope_options
 
 -- x [B, T, C]; ctx.positions i64 [T] or [B, T] (0-based); ctx.mask bool [B, 1, T, S] or nil
 -- (nil: causal with the sliding window); ctx.cache {k=, v=} [B, Hkv, L, D] written at column
--- ctx.start (1-based); ctx.rope: keng.rope's options (made per call when absent) -> [B, T, C]
+-- ctx.start (1-based); ctx.rope: keng.rope's options (made per call when absent) -> [B, T, C].
+-- The decode step of keng.generate instead gives ctx.col (i64 [T] on the device, 0-based
+-- columns): keng.decode_qkv ropes q and k and writes k and v into the cache columns there in one
+-- op, and the query attends over the whole fixed-length cache under ctx.mask [B, 1, T, L] (or the
+-- first ctx.keys columns, eagerly), so the step can have one shape for every token (capturable as
+-- a CUDA graph); ctx.qkv (this layer's [q; k; v] weights in one matrix) makes the projections one
+-- GEMM. decode_qkv rotates by base^(-2i/D) only: under scaled RoPE (inv_freq, or an attention
+-- scale) q and k are rotated here and decode_qkv writes them at position 0, where its rotation is
+-- the identity.
 function Attention:forward(x, ctx)
   local B, T = x.shape[1], x.shape[2]
   local H, Hkv, D = self.heads, self.kv_heads, self.head_dim
-  local q = self.query(x):view{B, T, H, D}:transpose(2, 3)          -- [B, H, T, D]
-  local k = self.key(x):view{B, T, Hkv, D}:transpose(2, 3)          -- [B, Hkv, T, D]
-  local v = self.value(x):view{B, T, Hkv, D}:transpose(2, 3)        -- [B, Hkv, T, D]
   local ro = ctx.rope or rope_options(self.rope, self.rope_base, D, ctx.positions, x.device)
-  q = keng.rope(q, ctx.positions, ro)
-  k = keng.rope(k, ctx.positions, ro)
+  local q, k, v
   local cache = ctx.cache
-  if cache then                                                     -- write in place, read a view
+  local plain = ro.inv_freq == nil and (ro.scale or 1) == 1         -- decode_qkv's own rotation fits
+  if ctx.qkv and cache and ctx.col and plain then                   -- decode: one GEMM, one fused op
+    q = keng.decode_qkv(keng.linear(x, ctx.qkv), ctx.positions, cache.k, cache.v, ctx.col,
+      {heads = H, kv_heads = Hkv, base = ro.base})                  -- [B, H, T, D]; k, v cached
+  elseif ctx.col and plain then                                     -- decode, unfused weights (LoRA, biases)
+    local qkv = keng.cat({self.query(x), self.key(x), self.value(x)}, 3):to(cache.k.dtype)  -- [B, T, (H+2Hkv)·D]
+    q = keng.decode_qkv(qkv, ctx.positions, cache.k, cache.v, ctx.col, {heads = H, kv_heads = Hkv, base = ro.base})
+  elseif ctx.col then                                               -- decode under scaled RoPE
+    q = keng.rope(self.query(x):view{B, T, H, D}:transpose(2, 3), ctx.positions, ro)   -- [B, H, T, D]
+    k = keng.rope(self.key(x):view{B, T, Hkv, D}:transpose(2, 3), ctx.positions, ro)   -- [B, Hkv, T, D]
+    local qkv = keng.cat({q:transpose(2, 3):reshape{B, T, H * D}, k:transpose(2, 3):reshape{B, T, Hkv * D},
+      self.value(x)}, 3):to(cache.k.dtype)                          -- [B, T, (H+2Hkv)·D], q and k rotated
+    q = keng.decode_qkv(qkv, ctx.positions * 0, cache.k, cache.v, ctx.col, {heads = H, kv_heads = Hkv})
+  else
+    q = self.query(x):view{B, T, H, D}:transpose(2, 3)              -- [B, H, T, D]
+    k = self.key(x):view{B, T, Hkv, D}:transpose(2, 3)              -- [B, Hkv, T, D]
+    v = self.value(x):view{B, T, Hkv, D}:transpose(2, 3)            -- [B, Hkv, T, D]
+    q = keng.rope(q, ctx.positions, ro)
+    k = keng.rope(k, ctx.positions, ro)
+  end
+  if ctx.col then                                                   -- the first ctx.keys (or all L) columns
+    k, v = cache.k, cache.v                                         -- [B, Hkv, L, D]
+    if ctx.keys then k, v = k:narrow(3, 1, ctx.keys), v:narrow(3, 1, ctx.keys) end
+  elseif cache then                                                 -- write in place, read a view
     cache.k:narrow(3, ctx.start, T):copy_(k)
     cache.v:narrow(3, ctx.start, T):copy_(v)
     k = cache.k:narrow(3, 1, ctx.start + T - 1)                     -- [B, Hkv, S, D]
@@ -109,6 +136,18 @@ function Attention:forward(x, ctx)
   end
   a = a:transpose(2, 3):reshape{B, T, H * D}                        -- [B, T, H·D]
   return self.output(a)                                             -- [B, T, C]
+end
+
+-- the [q; k; v] weight [(H + 2·Hkv)·D, C] for the decode step's one GEMM, or nil where the
+-- three projections are not plain bias-free Linears of one dtype (LoRA adapters, quantized)
+function Attention:fused_qkv()
+  local ws = {}
+  for i, m in ipairs({self.query, self.key, self.value}) do
+    if m.__name ~= "Linear" or rawget(m, "forward") or m.bias or not keng.is_tensor(m.weight) then return nil end
+    if i > 1 and m.weight.dtype ~= ws[1].dtype then return nil end
+    ws[i] = m.weight
+  end
+  return keng.cat(ws, 1)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -209,11 +248,12 @@ function CausalLM:hidden(ids, ctx, caches)
     ctx.rope = rope_options(self.cfg.rope, self.cfg.rope_base or 10000, self.cfg.head_dim, ctx.positions, x.device)
   end
   if self.cfg.embed_scale then x = x * math.sqrt(self.cfg.hidden) end  -- rounded to x's dtype, as HF
+  local fused = ctx.fused
   for i, layer in ipairs(self.model.layers) do
-    ctx.cache = caches and caches[i]
+    ctx.cache, ctx.qkv = caches and caches[i], fused and fused[i]
     x = layer(x, ctx)                                               -- [B, T, C]
   end
-  ctx.cache = nil
+  ctx.cache, ctx.qkv = nil, nil
   if own_rope then ctx.rope = nil end
   return self.model.norm(x)                                         -- [B, T, C]
 end
@@ -304,175 +344,49 @@ function CausalLM:extra_repr()
 end
 
 ---------------------------------------------------------------------------------------------
--- generation
+-- generation: the loop, samplers and stopping rules are keng.generate's (shared by every causal
+-- LM); the model supplies the KV cache and the two passes below
 
-local SAMPLERS = {greedy = true, temperature = true, top_k = true, top_p = true}
-
--- pick(logits [B, V] f32 (any float dtype for greedy), o) -> list of B ids.
--- Order: temperature -> top_k -> top_p -> sample.
-local function pick(logits, o)
-  if o.sampler == "greedy" then return logits:argmax(-1):tolist() end
-  if o.temperature ~= 1 then logits = logits / o.temperature end
-  local ids                                                         -- [B, K] vocabulary ids kept
-  if o.top_k then
-    logits, ids = logits:topk(math.min(o.top_k, logits.shape[2]), -1)
+-- new_cache(B, L) -> per layer {k =, v =} zeros [B, Hkv, L, D] in the weights' dtype and device
+function CausalLM:new_cache(B, L)
+  local cfg, o = self.cfg, {dtype = self:param_dtype(), device = self:param_device()}
+  local caches = {}
+  for i = 1, cfg.layers do
+    caches[i] = {k = keng.zeros({B, cfg.kv_heads, L, cfg.head_dim}, o), v = keng.zeros({B, cfg.kv_heads, L, cfg.head_dim}, o)}
   end
-  if o.top_p then
-    local vals, idx = logits:topk(logits.shape[2], -1)              -- sorted, descending
-    local p = vals:softmax(-1)
-    local before = p:cumsum(-1) - p                                 -- mass ranked above each token
-    logits = keng.where(before:lt(o.top_p), vals, -math.huge)       -- the top one always stays
-    ids = ids and ids:gather(2, idx) or idx
-  end
-  local j = keng.multinomial(logits:softmax(-1), 1)                 -- [B, 1]
-  if ids then j = ids:gather(2, j) end
-  return j:view{-1}:tolist()
+  return caches
 end
 
--- prompts -> list of id lists, and whether they came as text
-function CausalLM:prompt_rows(prompts, level)
-  if type(prompts) == "string" then prompts = {prompts} end
-  if keng.is_tensor(prompts) then
-    local t = self:check_ids(prompts, level + 1)
-    return t:tolist(), false
-  end
-  if type(prompts) ~= "table" or #prompts == 0 then
-    error("generate: prompts must be a string, a list of strings, a list of id lists or an i64 tensor", level)
-  end
-  local rows, text = {}, type(prompts[1]) == "string"
-  for i, p in ipairs(prompts) do
-    if type(p) == "string" then
-      if not self.tokenizer then
-        error("generate: string prompts need a tokenizer (from_pretrained with tokenizer.model, or set lm.tokenizer)", level)
-      end
-      local tok = self.tokenizer                                    -- BOS first, as HF and Keras do
-      local bos = self.add_bos and (tok.bos_id == nil or tok.bos_id >= 0)
-      local ids = tok:encode(p, {add_bos = bos})
-      if keng.is_tensor(ids) then ids = ids:view{-1}:tolist() end
-      rows[i] = ids
-    elseif keng.is_tensor(p) then
-      rows[i] = p:view{-1}:tolist()
-    elseif type(p) == "table" then
-      rows[i] = p
-    else
-      error(string.format("generate: prompt %d is a %s", i, type(p)), level)
-    end
-    if #rows[i] == 0 then error(string.format("generate: prompt %d is empty", i), level) end
-    for _, id in ipairs(rows[i]) do
-      if math.type(id) ~= "integer" or id < 0 or id >= self.cfg.vocab then
-        error(string.format("generate: token id %s in prompt %d is out of range for vocabulary size %d",
-          tostring(id), i, self.cfg.vocab), level)
-      end
-    end
-  end
-  return rows, text
+-- decode_weights() -> per layer the fused [q; k; v] weight (or nil: the layer runs unfused);
+-- made once per generate call, so weights changed between calls are seen
+function CausalLM:decode_weights()
+  local fused = {}
+  for i, layer in ipairs(self.model.layers) do fused[i] = layer.self_attn:fused_qkv() or false end
+  return fused
 end
 
--- bool mask [B, 1, T, S]: query t (column P0 + t) of row b sees key column j when the key is
--- not left padding, not in the future and inside the sliding window; a padding query sees
--- itself only, so that no softmax row is empty
-local function make_mask(pads, q0, T, S, window, device)
-  local rows = {}
-  for b, pad in ipairs(pads) do
-    local plane = {}
-    for t = 1, T do
-      local i = q0 + t - 1                                          -- 0-based column of the query
-      local line = {}
-      for j = 0, S - 1 do
-        local ok = j <= i and j >= pad and (window == nil or i - j < window)
-        line[j + 1] = ok or (i < pad and j == i)
-      end
-      plane[t] = line
-    end
-    rows[b] = {plane}
-  end
-  return keng.tensor(rows, {dtype = "bool", device = device})
+-- prefill(ids [B, P], positions [B, P], mask [B, 1, P, P] or nil (causal), caches, raw) ->
+-- logits [B, V] of the last column (f32, or the model dtype when raw)
+function CausalLM:prefill(ids, positions, mask, caches, raw)
+  local P = ids.shape[2]
+  local h = self:hidden(ids, {positions = positions, mask = mask, start = 1}, caches)  -- [B, P, C]
+  return self:head(h:narrow(2, P, 1), raw):select(2, 1)             -- [B, V]
+end
+
+-- decode(ids [B, 1], positions [B, 1], mask [B, 1, 1, S], col i64 [1] (0-based cache column),
+-- caches, fused, raw, keys) -> logits [B, V]: one token per row attending to the first `keys`
+-- cache columns (S = keys), or to all L when keys is nil (every shape fixed by (B, L): the CUDA
+-- Graph step)
+function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
+  local h = self:hidden(ids, {positions = positions, mask = mask, col = col, fused = fused, keys = keys}, caches)
+  return self:head(h, raw):select(2, 1)                             -- [B, V]
 end
 
 -- generate(prompts, opts) -> list of id lists (prompt + generated, EOS included), and the
--- decoded strings when a tokenizer is present. See docs/models.md for the options.
+-- decoded strings when a tokenizer is present. See keng.generate and docs/models.md.
 function CausalLM:generate(prompts, opts)
-  opts = opts or {}
-  local o = {sampler = opts.sampler or "greedy", temperature = opts.temperature or 1,
-             top_k = opts.top_k, top_p = opts.top_p}
-  if not SAMPLERS[o.sampler] then
-    error("generate: unknown sampler '" .. tostring(o.sampler) .. "' (greedy, temperature, top_k or top_p)", 2)
-  end
-  if o.sampler == "top_k" then o.top_k = o.top_k or 50 end
-  if o.sampler == "top_p" then o.top_p = o.top_p or 0.9 end
-  if o.temperature <= 0 then error("generate: temperature must be > 0", 2) end
-  local max_length = opts.max_length or 50
-  local rows, text = self:prompt_rows(prompts, 3)
-  local stop = {}
-  local stop_ids = opts.stop_token_ids or {self.cfg.eos_id}
-  for _, id in ipairs(stop_ids) do stop[id] = true end
-  local B, P, Lmin = #rows, 0, math.huge
-  for i, r in ipairs(rows) do
-    if #r > max_length then
-      error(string.format("generate: prompt %d has %d tokens, more than max_length %d", i, #r, max_length), 2)
-    end
-    P, Lmin = math.max(P, #r), math.min(Lmin, #r)
-  end
-  if opts.seed then keng.manual_seed(opts.seed) end
-  local cfg, dev, dtype = self.cfg, self:param_device(), self:param_dtype()
-  local steps = max_length - Lmin                                   -- decode steps of the shortest row
-  local out, done, pads = {}, {}, {}
-  for b, r in ipairs(rows) do
-    out[b], pads[b] = {table.unpack(r)}, P - #r
-    done[b] = #r >= max_length
-  end
-  local was_training = self.training
-  self:eval()
-  keng.no_grad(function()
-    -- left-padded prompt [B, P] and its positions (0 from each row's first real token)
-    local ids, pos = {}, {}
-    for b, r in ipairs(rows) do
-      ids[b], pos[b] = {}, {}
-      for j = 1, P do
-        ids[b][j] = j > pads[b] and r[j - pads[b]] or cfg.pad_id or 0
-        pos[b][j] = math.max(0, j - 1 - pads[b])
-      end
-    end
-    local caches = {}                                               -- per layer k, v [B, Hkv, L, D]
-    local L = P + steps
-    for i = 1, cfg.layers do
-      caches[i] = {k = keng.zeros({B, cfg.kv_heads, L, cfg.head_dim}, {dtype = dtype, device = dev}),
-                   v = keng.zeros({B, cfg.kv_heads, L, cfg.head_dim}, {dtype = dtype, device = dev})}
-    end
-    -- prefill: the whole prompt in one pass, logits of the last column only
-    local ctx = {positions = keng.tensor(pos, {dtype = "i64", device = dev}), start = 1,
-                 mask = make_mask(pads, 0, P, P, cfg.window, dev)}
-    local h = self:hidden(keng.tensor(ids, {dtype = "i64", device = dev}), ctx, caches)  -- [B, P, C]
-    local raw = o.sampler == "greedy"                               -- argmax of the model-dtype logits
-    local logits = self:head(h:narrow(2, P, 1), raw):select(2, 1)   -- [B, V]
-    for s = 1, steps do
-      local next_ids = pick(logits, o)
-      local all_done, feed, fpos = true, {}, {}
-      for b = 1, B do
-        if not done[b] then
-          local id = next_ids[b]
-          out[b][#out[b] + 1] = id
-          done[b] = stop[id] or #out[b] >= max_length
-        end
-        all_done = all_done and done[b]
-        feed[b] = {done[b] and (cfg.pad_id or 0) or next_ids[b]}
-        fpos[b] = {P + s - 1 - pads[b]}
-      end
-      if all_done or s == steps then break end
-      -- one token per row at column P + s (1-based), attending to columns 1 .. P + s
-      ctx = {positions = keng.tensor(fpos, {dtype = "i64", device = dev}), start = P + s,
-             mask = make_mask(pads, P + s - 1, 1, P + s, cfg.window, dev)}
-      h = self:hidden(keng.tensor(feed, {dtype = "i64", device = dev}), ctx, caches)  -- [B, 1, C]
-      logits = self:head(h, raw):select(2, 1)                       -- [B, V]
-    end
-  end)
-  if was_training then self:train() end
-  if self.tokenizer and (text or opts.decode) then
-    local strs = {}
-    for b, r in ipairs(out) do strs[b] = self.tokenizer:decode(r) end
-    return out, strs
-  end
-  return out
+  local ids, texts = require("keng.generate").generate(self, prompts, opts, 3)  -- no tail call: level 3 is the caller
+  return ids, texts
 end
 
 ---------------------------------------------------------------------------------------------
@@ -521,16 +435,17 @@ function M.load_hf(lm, tensors, level)
 end
 
 -- keng.tokenizers.from_dir(dir) when there is a tokenizer.json (transformers 5), else
--- keng.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else nil
+-- keng.tokenizers.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else
+-- nil; with tokenizer_config.json's chat_template and BOS / EOS strings (keng.chat_template)
 function M.load_tokenizer(dir)
   local tj = io.open(dir .. "/tokenizer.json", "rb")
-  if tj then tj:close() return require("keng.tokenizers").from_dir(dir) end
+  if tj then tj:close() return require("keng.chat_template").attach(require("keng.tokenizers").from_dir(dir), dir) end
   local path = dir .. "/tokenizer.model"
   local f = io.open(path, "rb")
   if not f then return nil end
   f:close()
   if not keng.sentencepiece then return nil end
-  return keng.sentencepiece(path)
+  return require("keng.chat_template").attach(require("keng.tokenizers").sentencepiece(path), dir)
 end
 
 ---------------------------------------------------------------------------------------------

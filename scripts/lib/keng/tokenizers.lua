@@ -154,6 +154,8 @@ function SentencePiece:encode(text, opts)
 end
 function SentencePiece:decode(ids) return self.sp:decode(ids) end
 function SentencePiece:vocab_size() return self.sp:vocab_size() end
+-- chat prompts in the checkpoint's format (keng.chat_template; chat_template set by from_pretrained)
+function SentencePiece:apply_chat_template(messages, opts) return require("keng.chat_template").apply(self, messages, opts) end
 
 -- encode_batch(texts, {max_length=, padding=true|"longest", truncation=true, add_bos=true,
 -- add_eos=false, side="right"|"left"}) -> {token_ids = i64 [B, T], padding_mask = bool [B, T]}.

@@ -1,0 +1,156 @@
+-- keng.chat_template — chat prompts in the turn formats of the families keng ships, chosen by
+-- the `chat_template` string of a checkpoint's tokenizer_config.json (Hugging Face's Jinja
+-- templates are not run: each known template is recognised and rendered by a Lua function that
+-- gives the same string; tests/lua/generate_spec.lua checks them against transformers).
+--
+--   local CT = require "keng.chat_template"
+--   CT.attach(tok, dir)                      -- reads dir/tokenizer_config.json (if any)
+--   tok:apply_chat_template({{role = "user", content = "Hi"}}, {add_generation_prompt = true})
+--     --> "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+--   CT.render("gemma", messages, opts)       -- by format name, no tokenizer
+--
+-- Formats: "gemma" (Gemma 1 / 2 instruct: <start_of_turn>user|model ... <end_of_turn>, no system
+-- role) and "mistral" (Mistral 7B Instruct v0.1 / v0.2: [INST] ... [/INST], the answer followed
+-- by EOS, no system role). A template that is none of them raises, naming its first characters.
+local CT = {}
+
+-- the known templates, exactly as the checkpoints' tokenizer_config.json carries them
+CT.TEMPLATES = {
+  gemma = "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}",
+  mistral = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
+}
+
+local OPTIONS = {add_generation_prompt = true, tokenize = true, template = true}
+
+local function fail(level, fmt, ...) error("apply_chat_template: " .. string.format(fmt, ...), level + 1) end
+
+-- the format name of a template string (whitespace at the ends ignored), or nil
+function CT.format_of(template)
+  if type(template) ~= "string" then return nil end
+  local t = template:match("^%s*(.-)%s*$")
+  for name, known in pairs(CT.TEMPLATES) do
+    if t == known then return name end
+  end
+  return nil
+end
+
+local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
+
+-- both formats: user first, then user / assistant alternating
+local function alternate(messages, level)
+  for i, m in ipairs(messages) do
+    if (m.role == "user") ~= (i % 2 == 1) then
+      fail(level + 1, "conversation roles must alternate user/assistant/user/assistant/... (message %d is '%s')", i, tostring(m.role))
+    end
+  end
+end
+
+local RENDER = {}
+
+function RENDER.gemma(messages, o, tokens, level)
+  if messages[1] and messages[1].role == "system" then fail(level, "the gemma chat format has no system role") end
+  local out = {tokens.bos}
+  alternate(messages, level + 1)
+  for _, m in ipairs(messages) do
+    local role = m.role == "assistant" and "model" or m.role
+    out[#out + 1] = "<start_of_turn>" .. role .. "\n" .. trim(m.content) .. "<end_of_turn>\n"
+  end
+  if o.add_generation_prompt then out[#out + 1] = "<start_of_turn>model\n" end
+  return table.concat(out)
+end
+
+function RENDER.mistral(messages, _, tokens, level)
+  local out = {tokens.bos}
+  for i, m in ipairs(messages) do
+    if (m.role == "user") ~= (i % 2 == 1) then alternate(messages, level + 1) end
+    if m.role == "user" then
+      out[#out + 1] = "[INST] " .. m.content .. " [/INST]"
+    elseif m.role == "assistant" then
+      out[#out + 1] = m.content .. tokens.eos
+    else
+      fail(level, "the mistral chat format has only user and assistant roles (message %d is '%s')", i, tostring(m.role))
+    end
+  end
+  return table.concat(out)
+end
+
+local function check_messages(messages, level)
+  if type(messages) ~= "table" or #messages == 0 then fail(level + 1, "messages must be a non-empty list of {role =, content =}") end
+  for i, m in ipairs(messages) do
+    if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
+      fail(level + 1, "message %d must be {role = <string>, content = <string>}", i)
+    end
+  end
+end
+
+-- render(format_or_template, messages, opts, tokens) -> string. tokens: {bos =, eos =} strings
+-- (default Gemma's "<bos>"/"<eos>" or Mistral's "<s>"/"</s>")
+function CT.render(which, messages, opts, tokens, level)
+  level = level or 2
+  opts = opts or {}
+  for k in pairs(opts) do
+    if not OPTIONS[k] then fail(level, "unknown option '%s' (valid: add_generation_prompt, template, tokenize)", tostring(k)) end
+  end
+  local name = RENDER[which] and which or CT.format_of(which)
+  if not name then
+    if type(which) ~= "string" then fail(level, "no chat template (the tokenizer has none; pass {template = \"gemma\" | \"mistral\"})") end
+    fail(level, "unknown chat template '%s...' (known: the gemma and mistral instruct templates)", which:sub(1, 60))
+  end
+  check_messages(messages, level + 1)
+  local defaults = name == "gemma" and {bos = "<bos>", eos = "<eos>"} or {bos = "<s>", eos = "</s>"}
+  tokens = tokens or {}
+  return RENDER[name](messages, opts, {bos = tokens.bos or defaults.bos, eos = tokens.eos or defaults.eos}, level + 1), name
+end
+
+-- the ids of a rendered prompt: the BOS / EOS strings become their ids, the rest is encoded
+-- without BOS (SentencePiece keeps user-defined pieces such as <start_of_turn> whole)
+local function tokenize(tok, text, tokens)
+  local ids, i = {}, 1
+  local specials = {{tokens.bos, tok.bos_id}, {tokens.eos, tok.eos_id}}
+  while i <= #text do
+    local at, which = nil, nil
+    for _, s in ipairs(specials) do
+      local j = s[1] and s[1] ~= "" and text:find(s[1], i, true)
+      if j and (not at or j < at) then at, which = j, s end
+    end
+    local stop = at and at - 1 or #text
+    if stop >= i then
+      local part = tok:encode(text:sub(i, stop), {add_bos = false})
+      for _, id in ipairs(part) do ids[#ids + 1] = id end
+    end
+    if not at then break end
+    ids[#ids + 1] = which[2]
+    i = at + #which[1]
+  end
+  return ids
+end
+
+-- apply(tok, messages, {add_generation_prompt = false, tokenize = false, template = name})
+-- -> the prompt string (or its ids with tokenize = true) in tok.chat_template's format
+function CT.apply(tok, messages, opts)
+  opts = opts or {}
+  local which = opts.template or tok.chat_template
+  local tokens = {bos = tok.bos_token, eos = tok.eos_token}
+  local text, name = CT.render(which, messages, opts, tokens, 3)
+  if not opts.tokenize then return text end
+  local defaults = name == "gemma" and {bos = "<bos>", eos = "<eos>"} or {bos = "<s>", eos = "</s>"}
+  return tokenize(tok, text, {bos = tokens.bos or defaults.bos, eos = tokens.eos or defaults.eos})
+end
+
+-- attach(tok, dir) -> tok with chat_template, bos_token and eos_token from dir's
+-- tokenizer_config.json (when present). An unknown template is kept: it raises when used.
+function CT.attach(tok, dir)
+  if type(tok) ~= "table" then return tok end
+  local f = io.open(dir .. "/tokenizer_config.json", "rb")
+  if not f then return tok end
+  local s = f:read("a")
+  f:close()
+  local ok, j = pcall(require("keng.json").decode, s)
+  if not ok or type(j) ~= "table" then return tok end
+  local function str(v) return type(v) == "string" and v or (type(v) == "table" and type(v.content) == "string" and v.content) or nil end
+  if type(j.chat_template) == "string" then tok.chat_template = j.chat_template end
+  tok.bos_token, tok.eos_token = str(j.bos_token) or tok.bos_token, str(j.eos_token) or tok.eos_token
+  return tok
+end
+
+return CT
