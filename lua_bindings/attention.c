@@ -5,18 +5,19 @@
  *       x [..., T, D], positions [T] or [B,T] (0-based), inv_freq [D/2] (scaled RoPE) */
 #include "keng_lua.h"
 
+#include <stdint.h>
 #include <string.h>
 
 static int l_sdpa(lua_State *L) {
   kg_tensor *q = kgl_check(L, 1), *k = kgl_check(L, 2), *v = kgl_check(L, 3), *mask = NULL, *r;
+  kgl_check_options(L, 4, "scaled_dot_product_attention", (const char *const[]){"mask", "causal", "scale", "window", NULL});
   if (!lua_isnoneornil(L, 4)) {
-    luaL_checktype(L, 4, LUA_TTABLE);
     lua_getfield(L, 4, "mask");
     mask = kgl_opt(L, -1); /* stays referenced by the options table */
     lua_pop(L, 1);
   }
   kg_sdpa_params p = {kgl_field_number(L, 4, "scale", 0), kgl_field_bool(L, 4, "causal", false),
-                      (int64_t)kgl_field_number(L, 4, "window", 0)};
+                      kgl_field_integer(L, 4, "window", 0, 0, INT64_MAX)}; /* 0: no window */
   KGL_CALL(L, kg_sdpa(&r, q, k, v, mask, &p));
   kgl_push(L, r);
   return 1;

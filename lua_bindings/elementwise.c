@@ -73,7 +73,7 @@ static int l_clamp(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
   double lo, hi;
   if (lua_istable(L, 2)) { /* t:clamp{min=, max=} */
-    kgl_check_options(L, 2, NULL, (const char *const[]){"min", "max", NULL});
+    kgl_check_options(L, 2, "clamp", (const char *const[]){"min", "max", NULL});
     lo = kgl_field_number(L, 2, "min", -HUGE_VAL);
     hi = kgl_field_number(L, 2, "max", HUGE_VAL);
   } else { /* nil: no bound; a NaN bound makes the result NaN, as in PyTorch */

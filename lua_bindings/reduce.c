@@ -22,7 +22,7 @@ static int l_mean(lua_State *L) {
 static int l_var(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
   uint32_t mask = kgl_dims_mask(L, 2, x->ndim);
-  kgl_check_options(L, 4, NULL, (const char *const[]){"correction", "unbiased", NULL});
+  kgl_check_options(L, 4, "var", (const char *const[]){"correction", "unbiased", NULL});
   int corr = (int)kgl_field_integer(L, 4, "correction", kgl_field_bool(L, 4, "unbiased", true) ? 1 : 0, 0, 1 << 30);
   KGL_CALL(L, kg_var(&r, x, mask, lua_toboolean(L, 3), corr));
   kgl_push(L, r);
@@ -84,7 +84,7 @@ static int l_topk(lua_State *L) {
   lua_Integer k = luaL_checkinteger(L, 2);
   int opts = lua_istable(L, 3) ? 3 : 4;
   int dim = opts == 3 ? -1 : kgl_optdim(L, 3, x->ndim, -1);
-  kgl_check_options(L, opts, NULL, (const char *const[]){"largest", "sorted", NULL});
+  kgl_check_options(L, opts, "topk", (const char *const[]){"largest", "sorted", NULL});
   bool largest = kgl_field_bool(L, opts, "largest", true), sorted = kgl_field_bool(L, opts, "sorted", true);
   KGL_CALL(L, kg_topk(&v, &i, x, (int64_t)k, dim, largest, sorted));
   kgl_push(L, v);

@@ -711,7 +711,7 @@ static int l_to(lua_State *L) {
   kg_dtype dt = t->dtype;
   kg_device dev = t->device;
   if (lua_istable(L, 2)) {
-    kgl_check_options(L, 2, NULL, (const char *const[]){"dtype", "device", NULL});
+    kgl_check_options(L, 2, "to", (const char *const[]){"dtype", "device", NULL});
     lua_getfield(L, 2, "dtype");
     if (!lua_isnil(L, -1)) dt = kgl_dtype(L, -1);
     lua_getfield(L, 2, "device");
@@ -962,7 +962,7 @@ static int l_backward(lua_State *L) {
   kg_tensor *t = kgl_check(L, 1), *g = NULL;
   bool retain = false;
   if (lua_istable(L, 2) && !kgl_test(L, 2)) {
-    kgl_check_options(L, 2, NULL, (const char *const[]){"gradient", "retain_graph", NULL});
+    kgl_check_options(L, 2, "backward", (const char *const[]){"gradient", "retain_graph", NULL});
     lua_getfield(L, 2, "gradient");
     g = kgl_opt(L, -1);
     retain = kgl_field_bool(L, 2, "retain_graph", false);
@@ -1166,7 +1166,9 @@ static int l_num_threads(lua_State *L) {
 }
 
 static int l_set_num_threads(lua_State *L) {
-  kg_set_num_threads((int)luaL_checkinteger(L, 1));
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 1 && n <= 4096, 1, "thread count must be in [1, 4096]");
+  kg_set_num_threads((int)n);
   return 0;
 }
 

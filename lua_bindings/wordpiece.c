@@ -8,6 +8,7 @@
 
 #include <keng/wordpiece.h>
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #define WP_MT "keng.WordPiece"
@@ -39,7 +40,7 @@ static int l_new(lua_State *L) {
     if (!lua_isnil(L, -1)) o.strip_accents = lua_toboolean(L, -1);
     lua_pop(L, 1);
     o.no_chinese_split = !kgl_field_bool(L, 2, "tokenize_chinese_chars", true);
-    o.max_chars_per_word = (int)kgl_field_number(L, 2, "max_chars_per_word", 100);
+    o.max_chars_per_word = (int)kgl_field_integer(L, 2, "max_chars_per_word", 100, 1, INT32_MAX);
     o.split_special_tokens = kgl_field_bool(L, 2, "split_special_tokens", false);
     lua_getfield(L, 2, "unk_token");
     if (!lua_isnil(L, -1)) o.unk_token = luaL_checkstring(L, -1); /* stays on the stack while loading */

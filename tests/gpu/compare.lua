@@ -259,6 +259,11 @@ do
   check("sum dim 2 of [3000,40]", "f32", function(dev) return on(big, dev):sum(2) end, 1e-6)
   local ints = input({9, 11}, "i32", function(t) return t * 100 end)
   check("sum int -> i64", "i64", function(dev) return on(ints, dev):sum(2) end)
+  -- the two-stage paths (engine/cuda/reduce_plan.h): a full sum split over ranges, and a
+  -- coalesced column sum split over row ranges (the bias gradient's shape)
+  local flat, cols = input({1000000}, "f32"), input({4096, 1024}, "f32")
+  check("sum all of [1e6] (two-stage)", "f32", function(dev) return on(flat, dev):sum() end, 1e-5)
+  check("sum dim 1 of [4096,1024] (column ranges)", "f32", function(dev) return on(cols, dev):sum(1) end, 1e-5)
 end
 
 -- ---- matmul ------------------------------------------------------------------------------
@@ -428,6 +433,17 @@ for _, dt in ipairs(FLOATS) do
   check("rms_norm unit_offset + grads", dt, function(dev)
     return grads(dev, function(a, w1) return keng.rms_norm(a, w1, 1e-6, {unit_offset = true}) end)
   end, NTOL[dt])
+  if dt == "f32" then                                   -- dw/db as split coalesced column sums
+    local lx, lw, lb, lg = input({512, 768}, dt), input({768}, dt), input({768}, dt), input({512, 768}, dt)
+    check("layer_norm [512,768] + grads", dt, function(dev)
+      local xl, wl, bl = on(lx, dev):detach(), on(lw, dev):detach(), on(lb, dev):detach()
+      xl:requires_grad_(true); wl:requires_grad_(true); bl:requires_grad_(true)
+      local y = keng.layer_norm(xl, wl, bl, 1e-5)
+      local yd = y:detach()
+      ;(y * on(lg, dev)):sum():backward()
+      return {yd, xl.grad, wl.grad, bl.grad}
+    end, 1e-3)
+  end
   local gx, gw, gb, gg = input({2, 8, 5, 3}, dt), input({8}, dt), input({8}, dt), input({2, 8, 5, 3}, dt)
   check("group_norm 4 groups + grads", dt, function(dev)
     local xl, wl, bl = on(gx, dev):detach(), on(gw, dev):detach(), on(gb, dev):detach()

@@ -102,7 +102,7 @@ publish() {
     echo "== build (tail)"; tailf "$work/build.log" 60
   } | put build.log
   {
-    for f in compare compare_sync specs graph cudnn_sdpa sanitizer; do
+    for f in compare compare_sync specs graph generate_graph cudnn_sdpa sanitizer; do
       [ -f "$work/$f.log" ] || continue
       echo "== $f.log"
       if [ "$f" = cudnn_sdpa ]; then grep -iE "error|fail|not supported" "$work/$f.log" | head -40
@@ -262,9 +262,10 @@ if grep -q "cuDNN should have taken" "$work/compare.log" 2>/dev/null; then
 fi
 spec_env=(env KENG_DEVICE=cuda)
 [ "$DRY" = 1 ] && spec_env=(env)
-run_check "specs (KENG_DEVICE=cuda)" 60 specs "${spec_env[@]}" "$keng" tests/run.lua tests/lua/optim_spec.lua \
-  tests/lua/cuda_backend_spec.lua
+run_check "specs (KENG_DEVICE=cuda)" 90 specs "${spec_env[@]}" "$keng" tests/run.lua tests/lua/optim_spec.lua \
+  tests/lua/cuda_backend_spec.lua tests/lua/decode_spec.lua tests/lua/generate_spec.lua
 run_check graph.lua 60 graph "$keng" tests/gpu/graph.lua
+run_check generate_graph.lua 60 generate_graph "$keng" scripts/bench/generate_graph.lua
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 360 ]; then
   run_check "compute-sanitizer compare.lua" 120 sanitizer compute-sanitizer --print-limit 20 "$keng" tests/gpu/compare.lua
 fi
