@@ -21,8 +21,13 @@ local function find_keng()
 end
 local KENG = find_keng()
 
+-- Open MPI's runtime keeps process-lifetime allocations, some in plugins it dlcloses (LeakSanitizer
+-- sees "<unknown module>", so no suppression can name them): the ranks of a sanitizer build run
+-- without leak detection; keng's own leaks are checked by every other spec and tests/sanitize.
+local ASAN_RANKS = "ASAN_OPTIONS=" .. sh_quote((os.getenv("ASAN_OPTIONS") or "") .. ":detect_leaks=0")
+
 local function mpirun(script, env)
-  local cmd = "cd " .. sh_quote(root) .. " && " .. (env or "") .. " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " ..
+  local cmd = "cd " .. sh_quote(root) .. " && " .. (env or "") .. " " .. ASAN_RANKS .. " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " ..
     "OMPI_MCA_btl=self,vader OMPI_MCA_rmaps_base_oversubscribe=1 timeout 60 mpirun -np 2" ..
     " --oversubscribe --allow-run-as-root " .. sh_quote(KENG) .. " " .. script .. " 2>&1"
   return run_capture(cmd)
