@@ -124,6 +124,12 @@ kg_status kg_repeat_interleave(kg_tensor **out, const kg_tensor *x, int64_t n, i
 kg_status kg_matmul(kg_tensor **out, const kg_tensor *a, const kg_tensor *b);
 /* x: [..., K] · w: [M, K]ᵀ + b: [M] (b may be NULL) -> [..., M] */
 kg_status kg_linear(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b);
+/* int8 weight-only (engine/ops/quant.c): y = x · (wq · scale[:, None])ᵀ + b, wq i8 [O, I], scale
+ * f32 [O], b [O] or NULL; x gets a gradient, wq and scale do not */
+kg_status kg_linear_q8(kg_tensor **out, const kg_tensor *x, const kg_tensor *wq, const kg_tensor *scale,
+                       const kg_tensor *b);
+/* w [O, I] float -> q i8 [O, I], scale f32 [O]: absmax per row / 127, round to nearest even */
+kg_status kg_quantize_q8(kg_tensor **q, kg_tensor **scale, const kg_tensor *w);
 
 /* ---- normalisation (engine/ops/norm.c) --------------------------------------------------- */
 
