@@ -24,8 +24,9 @@
 
 /* weight rows dequantized per block by the blocked path (f32 bytes: 64 * K * 4) */
 #define Q8_BLOCK_ROWS 64
-/* multiply-adds below which a product stays on one thread */
-#define Q8_PAR_WORK (1 << 18)
+/* multiply-adds below which a product stays on one thread (gemm_bf16.c's threshold: below it the
+ * threads' start and barrier cost more than they save, most of all on a busy machine) */
+#define Q8_PAR_WORK (2 << 20)
 
 /* ---- scalar ------------------------------------------------------------------------------- */
 
@@ -91,7 +92,29 @@ bool kg_cpu_q8_avx512(void) {
 
 #define Q8_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
-/* two accumulators per row: with one row the FMA latency, not the loads, would bound the loop */
+/* a tile of nr x rows (<= 4) by 4 weight rows: 16 independent FMA chains, each x vector loaded
+ * once for 4 weight rows and each widened weight vector used for nr x rows */
+Q8_AVX512 static void tile_avx512(float *acc, const float *a, int64_t lda, int nr, const int8_t *w, int64_t ldw,
+                                  int64_t K) {
+  __m512 s[4][4];
+  for (int r = 0; r < 4; r++)
+    for (int j = 0; j < 4; j++) s[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1); /* the tail, masked */
+    __m512 wv[4];
+    for (int j = 0; j < 4; j++)
+      wv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w + j * ldw + k)));
+    for (int r = 0; r < 4; r++) {
+      if (r >= nr) break;
+      __m512 xv = _mm512_maskz_loadu_ps(m, a + r * lda + k);
+      for (int j = 0; j < 4; j++) s[r][j] = _mm512_fmadd_ps(xv, wv[j], s[r][j]);
+    }
+  }
+  for (int r = 0; r < nr; r++)
+    for (int j = 0; j < 4; j++) acc[r * 4 + j] = _mm512_reduce_add_ps(s[r][j]);
+}
+
+/* one weight row (the last M % 4): two accumulators per x row against the FMA latency */
 Q8_AVX512 static void dot_avx512(float *acc, const float *a, int64_t lda, int nr, const int8_t *w, int64_t K) {
   __m512 s[4], t[4];
   for (int r = 0; r < 4; r++) s[r] = t[r] = _mm512_setzero_ps();
@@ -120,15 +143,25 @@ bool kg_cpu_q8_avx512(void) { return false; }
 
 typedef void (*dot_fn)(float *acc, const float *a, int64_t lda, int nr, const int8_t *w, int64_t K);
 
+typedef void (*tile_fn)(float *acc, const float *a, int64_t lda, int nr, const int8_t *w, int64_t ldw, int64_t K);
+
+/* tile (may be NULL) takes 4 weight rows at a time, dot the rest */
 static void gemv(float *out, int64_t ldo, const float *a, int64_t lda, const int8_t *w, int64_t ldw,
-                 const float *scale, const float *bias, int64_t N, int64_t M, int64_t K, dot_fn dot, int nt) {
+                 const float *scale, const float *bias, int64_t N, int64_t M, int64_t K, dot_fn dot, tile_fn tile,
+                 int nt) {
+  int64_t M4 = tile ? M / 4 * 4 : 0, ngroups = M4 / 4 + (M - M4);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int64_t m = 0; m < M; m++) {
-    float acc[4];
+  for (int64_t g = 0; g < ngroups; g++) {
+    float acc[16];
+    int64_t m = g < M4 / 4 ? g * 4 : M4 + (g - M4 / 4);
+    int mr = g < M4 / 4 ? 4 : 1;
     for (int64_t n0 = 0; n0 < N; n0 += 4) {
       int nr = N - n0 < 4 ? (int)(N - n0) : 4;
-      dot(acc, a + n0 * lda, lda, nr, w + m * ldw, K);
-      for (int r = 0; r < nr; r++) out[(n0 + r) * ldo + m] = acc[r] * scale[m] + (bias ? bias[m] : 0.f);
+      if (mr == 4) tile(acc, a + n0 * lda, lda, nr, w + m * ldw, ldw, K);
+      else dot(acc, a + n0 * lda, lda, nr, w + m * ldw, K);
+      for (int r = 0; r < nr; r++)
+        for (int j = 0; j < mr; j++)
+          out[(n0 + r) * ldo + m + j] = acc[r * mr + j] * scale[m + j] + (bias ? bias[m + j] : 0.f);
     }
   }
 }
@@ -170,11 +203,12 @@ kg_status kg_cpu_gemm_q8(float *out, int64_t ldo, const float *a, int64_t lda, c
   if (v == KG_Q8_BLOCKED || (v == KG_Q8_AUTO && N > KG_Q8_GEMV_ROWS))
     return blocked(out, ldo, a, lda, w, ldw, scale, bias, N, M, K, nt);
   dot_fn dot = dot_scalar;
+  tile_fn tile = NULL;
 #ifdef KG_Q8_X86
-  if (v == KG_Q8_AVX512 || (v == KG_Q8_AUTO && kg_cpu_q8_avx512())) dot = dot_avx512;
+  if (v == KG_Q8_AVX512 || (v == KG_Q8_AUTO && kg_cpu_q8_avx512())) dot = dot_avx512, tile = tile_avx512;
   else if (v == KG_Q8_AVX2 || (v == KG_Q8_AUTO && kg_cpu_q8_avx2())) dot = dot_avx2;
 #endif
-  gemv(out, ldo, a, lda, w, ldw, scale, bias, N, M, K, dot, nt);
+  gemv(out, ldo, a, lda, w, ldw, scale, bias, N, M, K, dot, tile, nt);
   return KG_OK;
 }
 

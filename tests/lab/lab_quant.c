@@ -147,16 +147,17 @@ static void run_q8(void *p) {
   bench *b = p;
   kg_cpu_gemm_q8(b->o, b->M, b->a, b->K, b->w8, b->K, b->scale, NULL, 1, b->M, b->K, b->v, 0);
 }
-static void run_bf16(void *p) {
+static void run_bf16(void *p) { /* x holds bf16 values, as in a bf16 model: AUTO may take AVX512_BF16 */
   bench *b = p;
-  kg_cpu_gemm_bf16(b->o, KG_F32, b->M, b->a, b->K, b->w16, b->K, true, 1, b->M, b->K, NULL);
+  kg_gemm_bf16_opts o = {.variant = KG_GEMM_BF16_AUTO, .a_bf16 = true};
+  kg_cpu_gemm_bf16(b->o, KG_F32, b->M, b->a, b->K, b->w16, b->K, true, 1, b->M, b->K, &o);
 }
 
 static void run_timing(variant *vars, int nv) {
   bench b = {.M = 16384, .K = 4096};
   b.a = malloc(4 * (size_t)b.K), b.o = malloc(4 * (size_t)b.M), b.scale = malloc(4 * (size_t)b.M);
   b.w8 = malloc((size_t)(b.M * b.K)), b.w16 = malloc(2 * (size_t)(b.M * b.K));
-  for (int64_t i = 0; i < b.K; i++) b.a[i] = frand();
+  for (int64_t i = 0; i < b.K; i++) b.a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
   for (int64_t i = 0; i < b.M; i++) b.scale[i] = 0.01f;
   for (int64_t i = 0; i < b.M * b.K; i++) {
     float f = frand();
