@@ -11,6 +11,8 @@
  */
 #include "quant.h"
 
+#include <keng/scalar.h>
+
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -223,6 +225,122 @@ void kg_cpu_quantize_q8_row(int8_t *q, float *scale, const double *w, int64_t K)
   }
 }
 
+/* ---- int4 (Q4_0 layout) ------------------------------------------------------------------------ */
+
+void kg_cpu_quantize_q4_row(uint8_t *q, uint16_t *scale, const double *w, int64_t K) {
+  for (int64_t b = 0; b < K / KG_Q4_BLOCK; b++) {
+    const double *x = w + b * KG_Q4_BLOCK;
+    double m = 0;
+    for (int j = 0; j < KG_Q4_BLOCK; j++)
+      if (fabs(x[j]) > fabs(m)) m = x[j];
+    uint16_t d16 = kg_f32_to_f16((float)(m / -8.0));
+    double d = kg_f16_to_f32(d16);
+    scale[b] = d16;
+    uint8_t *qb = q + b * (KG_Q4_BLOCK / 2);
+    for (int j = 0; j < KG_Q4_BLOCK / 2; j++) {
+      int c[2];
+      for (int h = 0; h < 2; h++) {
+        double v = d != 0 ? nearbyint(x[j + 16 * h] / d) + 8 : 8;
+        c[h] = v < 0 ? 0 : v > 15 ? 15 : (int)v;
+      }
+      qb[j] = (uint8_t)(c[0] | c[1] << 4);
+    }
+  }
+}
+
+void kg_cpu_dequantize_q4_row(float *out, const uint8_t *q, const uint16_t *scale, int64_t K) {
+  for (int64_t b = 0; b < K / KG_Q4_BLOCK; b++) {
+    float d = kg_f16_to_f32(scale[b]);
+    const uint8_t *qb = q + b * (KG_Q4_BLOCK / 2);
+    for (int j = 0; j < KG_Q4_BLOCK / 2; j++) {
+      out[b * KG_Q4_BLOCK + j] = (float)((qb[j] & 15) - 8) * d;
+      out[b * KG_Q4_BLOCK + j + 16] = (float)((qb[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+typedef void (*dot4_fn)(float *acc, const float *a, int64_t lda, int nr, const uint8_t *w, const uint16_t *s,
+                        int64_t K);
+
+static void dot4_scalar(float *acc, const float *a, int64_t lda, int nr, const uint8_t *w, const uint16_t *s,
+                        int64_t K) {
+  float deq[KG_Q4_BLOCK];
+  for (int r = 0; r < nr; r++) acc[r] = 0;
+  for (int64_t b = 0; b < K / KG_Q4_BLOCK; b++) {
+    kg_cpu_dequantize_q4_row(deq, w + b * (KG_Q4_BLOCK / 2), s + b, KG_Q4_BLOCK);
+    for (int r = 0; r < nr; r++) {
+      const float *ar = a + r * lda + b * KG_Q4_BLOCK;
+      float t = 0;
+      for (int j = 0; j < KG_Q4_BLOCK; j++) t += ar[j] * deq[j];
+      acc[r] += t;
+    }
+  }
+}
+
+#ifdef KG_Q8_X86
+/* per block: 16 bytes -> the low and high nibbles as two vectors of 16 codes, minus 8, widened
+ * to f32; the block's partial dot is scaled by d into the row accumulator */
+Q8_AVX512 static void dot4_avx512(float *acc, const float *a, int64_t lda, int nr, const uint8_t *w,
+                                  const uint16_t *s, int64_t K) {
+  __m512 sum[4];
+  for (int r = 0; r < 4; r++) sum[r] = _mm512_setzero_ps();
+  const __m128i lo_mask = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+  for (int64_t b = 0; b < K / KG_Q4_BLOCK; b++) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)(w + b * (KG_Q4_BLOCK / 2)));
+    __m128i lo = _mm_sub_epi8(_mm_and_si128(bytes, lo_mask), eight);
+    __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), lo_mask), eight);
+    __m512 wl = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), wh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+    __m512 d = _mm512_set1_ps(kg_f16_to_f32(s[b]));
+    for (int r = 0; r < nr; r++) {
+      const float *ar = a + r * lda + b * KG_Q4_BLOCK;
+      __m512 p = _mm512_fmadd_ps(_mm512_loadu_ps(ar), wl, _mm512_mul_ps(_mm512_loadu_ps(ar + 16), wh));
+      sum[r] = _mm512_fmadd_ps(p, d, sum[r]);
+    }
+  }
+  for (int r = 0; r < nr; r++) acc[r] = _mm512_reduce_add_ps(sum[r]);
+}
+#endif
+
+kg_status kg_cpu_gemm_q4(float *out, int64_t ldo, const float *a, int64_t lda, const uint8_t *w, int64_t ldw,
+                         const uint16_t *scale, int64_t lds, const float *bias, int64_t N, int64_t M, int64_t K,
+                         kg_q8_variant v, int threads) {
+  if (N <= 0 || M <= 0) return KG_OK;
+  int nt = threads > 0 ? threads : (double)N * (double)M * (double)K >= Q8_PAR_WORK ? kg_num_threads() : 1;
+  if (v == KG_Q8_BLOCKED || (v == KG_Q8_AUTO && N > KG_Q8_GEMV_ROWS)) {
+    size_t per = (size_t)Q8_BLOCK_ROWS * (size_t)(K > 0 ? K : 1) * 4, bytes;
+    char *deqs = kg_cpu_alloc(per * (size_t)nt, &bytes);
+    if (!deqs) return kg_error(KG_ERR_OOM, "linear_q4", "out of memory dequantizing a weight block");
+    int64_t nblocks = (M + Q8_BLOCK_ROWS - 1) / Q8_BLOCK_ROWS;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+      float *deq = (float *)(deqs + per * (size_t)omp_get_thread_num());
+      int64_t m0 = blk * Q8_BLOCK_ROWS, mb = M - m0 < Q8_BLOCK_ROWS ? M - m0 : Q8_BLOCK_ROWS;
+      for (int64_t i = 0; i < mb; i++) kg_cpu_dequantize_q4_row(deq + i * K, w + (m0 + i) * ldw, scale + (m0 + i) * lds, K);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)mb, (int)K, 1.f, a, (int)lda, deq, (int)K,
+                  0.f, out + m0, (int)ldo);
+      if (bias)
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t i = 0; i < mb; i++) out[n * ldo + m0 + i] += bias[m0 + i];
+    }
+    kg_cpu_free(deqs, bytes);
+    return KG_OK;
+  }
+  dot4_fn dot = dot4_scalar;
+#ifdef KG_Q8_X86
+  if (v == KG_Q8_AVX512 || (v == KG_Q8_AUTO && kg_cpu_q8_avx512())) dot = dot4_avx512;
+#endif
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t m = 0; m < M; m++) {
+    float acc[4];
+    for (int64_t n0 = 0; n0 < N; n0 += 4) {
+      int nr = N - n0 < 4 ? (int)(N - n0) : 4;
+      dot(acc, a + n0 * lda, lda, nr, w + m * ldw, scale + m * lds, K);
+      for (int r = 0; r < nr; r++) out[(n0 + r) * ldo + m] = acc[r] + (bias ? bias[m] : 0.f);
+    }
+  }
+  return KG_OK;
+}
+
 /* ---- op kernels ------------------------------------------------------------------------------ */
 
 /* in: x [N, K] (rows of any stride), wq int8 [M, K] and scale f32 [M] (contiguous, from the
@@ -279,6 +397,83 @@ kg_status kg_cpu_quantize_q8(const kg_op_call *c) {
   for (int64_t m = 0; m < M; m++) {
     kg_cpu_load_f64(row, (const char *)kg_data(w) + m * w->stride[0] * es, w->dtype, w->stride[1], K);
     kg_cpu_quantize_q8_row(q + m * K, scale + m, row, K);
+  }
+  free(row);
+  return KG_OK;
+}
+
+/* in: x [N, K] (rows of any stride), wq u8 [M, K / 2], scale f16 [M, K / 32] (contiguous), bias;
+ * out: y [N, M] contiguous */
+kg_status kg_cpu_linear_q4(const kg_op_call *c) {
+  const kg_tensor *x = c->in[0], *wq = c->in[1], *sc = c->in[2], *b = c->nin > 3 ? c->in[3] : NULL;
+  kg_tensor *y = c->out[0];
+  int64_t N = x->shape[0], K = x->shape[1], M = wq->shape[0];
+  const char *xp = kg_data(x);
+  int es = kg_dtype_info[x->dtype].size;
+  if (y->dtype == KG_F64) { /* exact reference path (gradchecks): the dequantized values are exact in f32 */
+    double *yo = kg_data(y), *xr = malloc((size_t)(K > 0 ? K : 1) * 8);
+    float *wr = malloc((size_t)(K > 0 ? K : 1) * 4);
+    if (!xr || !wr) return free(xr), free(wr), kg_error(KG_ERR_OOM, "linear_q4", "out of memory");
+    for (int64_t m = 0; m < M; m++) {
+      kg_cpu_dequantize_q4_row(wr, (const uint8_t *)kg_data(wq) + m * (K / 2),
+                               (const uint16_t *)kg_data(sc) + m * (K / KG_Q4_BLOCK), K);
+      for (int64_t n = 0; n < N; n++) {
+        kg_cpu_load_f64(xr, xp + n * x->stride[0] * es, x->dtype, x->stride[1], K);
+        double t = 0;
+        for (int64_t k = 0; k < K; k++) t += xr[k] * (double)wr[k];
+        yo[n * M + m] = t + (b ? kg_get_flat(b, m) : 0.0);
+      }
+    }
+    free(xr), free(wr);
+    return KG_OK;
+  }
+  size_t abytes = 0, obytes = 0, bbytes = 0;
+  float *a = kg_cpu_alloc((size_t)(N * K > 0 ? N * K : 1) * 4, &abytes);
+  float *o = y->dtype == KG_F32 ? kg_data(y) : kg_cpu_alloc((size_t)(N * M > 0 ? N * M : 1) * 4, &obytes);
+  float *bias = b ? kg_cpu_alloc((size_t)M * 4, &bbytes) : NULL;
+  kg_status st = KG_OK;
+  if (!a || !o || (b && !bias)) st = kg_error(KG_ERR_OOM, "linear_q4", "out of memory converting x");
+  if (!st) {
+    for (int64_t n = 0; n < N; n++) kg_cpu_load_f32(a + n * K, xp + n * x->stride[0] * es, x->dtype, x->stride[1], K);
+    if (b) kg_cpu_load_f32(bias, kg_data(b), b->dtype, b->stride[0], M);
+    st = kg_cpu_gemm_q4(o, M, a, K, kg_data(wq), K / 2, kg_data(sc), K / KG_Q4_BLOCK, bias, N, M, K, KG_Q8_AUTO, 0);
+    if (!st && y->dtype != KG_F32) kg_cpu_store_f32(kg_data(y), y->dtype, 1, o, N * M);
+  }
+  if (a) kg_cpu_free(a, abytes);
+  if (o && y->dtype != KG_F32) kg_cpu_free(o, obytes);
+  if (bias) kg_cpu_free(bias, bbytes);
+  return st;
+}
+
+/* in: w [M, K] float (any strides); out: q u8 [M, K / 2], scale f16 [M, K / 32] */
+kg_status kg_cpu_quantize_q4(const kg_op_call *c) {
+  const kg_tensor *w = c->in[0];
+  uint8_t *q = kg_data(c->out[0]);
+  uint16_t *scale = kg_data(c->out[1]);
+  int64_t M = w->shape[0], K = w->shape[1];
+  int es = kg_dtype_info[w->dtype].size;
+  double *row = malloc((size_t)(K > 0 ? K : 1) * 8);
+  if (!row) return kg_error(KG_ERR_OOM, "quantize_q4", "out of memory");
+  for (int64_t m = 0; m < M; m++) {
+    kg_cpu_load_f64(row, (const char *)kg_data(w) + m * w->stride[0] * es, w->dtype, w->stride[1], K);
+    kg_cpu_quantize_q4_row(q + m * (K / 2), scale + m * (K / KG_Q4_BLOCK), row, K);
+  }
+  free(row);
+  return KG_OK;
+}
+
+/* in: q u8 [M, K / 2], scale f16 [M, K / 32] (contiguous); out: w [M, K] (float dtype, contiguous) */
+kg_status kg_cpu_dequantize_q4(const kg_op_call *c) {
+  const kg_tensor *q = c->in[0];
+  kg_tensor *w = c->out[0];
+  int64_t M = w->shape[0], K = w->shape[1];
+  float *row = malloc((size_t)(K > 0 ? K : 1) * 4);
+  if (!row) return kg_error(KG_ERR_OOM, "dequantize_q4", "out of memory");
+  int es = kg_dtype_info[w->dtype].size;
+  for (int64_t m = 0; m < M; m++) {
+    kg_cpu_dequantize_q4_row(row, (const uint8_t *)kg_data(q) + m * (K / 2),
+                             (const uint16_t *)kg_data(c->in[1]) + m * (K / KG_Q4_BLOCK), K);
+    kg_cpu_store_f32((char *)kg_data(w) + m * K * es, w->dtype, 1, row, K);
   }
   free(row);
   return KG_OK;

@@ -34,3 +34,20 @@ kg_status kg_cpu_gemm_q8(float *out, int64_t ldo, const float *a, int64_t lda, c
 void kg_cpu_quantize_q8_row(int8_t *q, float *scale, const double *w, int64_t K);
 
 #endif
+
+/* ---- int4, blocks of 32 (llama.cpp's Q4_0 layout) ------------------------------------------
+ * A weight row of K (a multiple of 32) values is K / 32 blocks; block b has an f16 scale d and
+ * 16 bytes: byte j holds element j in its low nibble and element j + 16 in its high nibble, each
+ * a code q in [0, 15] for the value (q - 8) · d. */
+#define KG_Q4_BLOCK 32
+
+/* one row: the block's value of largest magnitude m gives d = f16(m / -8) (so m itself is code
+ * 0), q = clamp(round_half_even(w / d) + 8, 0, 15); an all-zero block gets d = 0, q = 8 */
+void kg_cpu_quantize_q4_row(uint8_t *q, uint16_t *scale, const double *w, int64_t K);
+/* out[k] = (q - 8) · d for one row of K values */
+void kg_cpu_dequantize_q4_row(float *out, const uint8_t *q, const uint16_t *scale, int64_t K);
+/* as kg_cpu_gemm_q8 with a Q4 weight (rows of K / 2 bytes at stride ldw bytes, scales at stride
+ * lds); v: AUTO, SCALAR, AVX512 or BLOCKED (AVX2 runs the scalar code) */
+kg_status kg_cpu_gemm_q4(float *out, int64_t ldo, const float *a, int64_t lda, const uint8_t *w, int64_t ldw,
+                         const uint16_t *scale, int64_t lds, const float *bias, int64_t N, int64_t M, int64_t K,
+                         kg_q8_variant v, int threads);

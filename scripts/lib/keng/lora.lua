@@ -108,7 +108,7 @@ function lora.enable(model, opts)
     end
     local fin, fout = m.in_features or m.weight.shape[2], m.out_features or m.weight.shape[1]
     -- an int8 base (keng.quantize) gets adapters in the dtype the layer computes in
-    local o = {dtype = m.weight.dtype == "i8" and m:compute_dtype() or m.weight.dtype, device = m.weight.device}
+    local o = {dtype = m.weight_scale and m:compute_dtype() or m.weight.dtype, device = m.weight.device}
     local n = rawget(m, "einsum_heads") or m.einsum_heads
     if n and n > 1 and fout % n == 0 then -- Keras's per-head kernel: fans as Keras computes them
       m:param("lora_a", {fin, n, rank}, "he_uniform",
@@ -141,8 +141,8 @@ function lora.merge(model)
   local layers = adapted(model)
   if #layers == 0 then error("lora.merge: the model has no LoRA adapters", 2) end
   for _, e in ipairs(layers) do
-    if e[2].weight.dtype == "i8" then
-      error("lora.merge: " .. e[1] .. " has an int8 (quantized) weight; merging would re-quantize it: keep the "
+    if e[2].weight_scale then
+      error("lora.merge: " .. e[1] .. " has a quantized (" .. e[2].weight.dtype .. ") weight; merging would re-quantize it: keep the "
         .. "adapters separate (lora.adapters) or merge into the float model", 2)
     end
   end

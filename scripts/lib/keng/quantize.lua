@@ -11,13 +11,17 @@
 -- `<layer>.weight_scale` entries loads back into a quantized layer (prepare, used by the model
 -- loaders). Embeddings (and a head tied to them) keep their dtype; biases stay float. LoRA
 -- adapters added after quantizing train on top of the frozen int8 base (the x gradient flows).
+-- "int4": blocks of 32 weights with an f16 scale (llama.cpp's Q4_0 layout): `weight` u8
+-- [out, in / 2] (two 4-bit codes a byte), `weight_scale` f16 [out, in / 32] (keng.linear_q4);
+-- a Linear whose in-features are not a multiple of 32 stays float.
 local keng = require "keng"
 local options = require "keng.options"
 
 local M = {}
 
-local FORMATS = {"int8"}
-local NOT_YET = {int4 = true}
+local FORMATS = {"int4", "int8"}
+-- the engine ops of each format: quantize (w -> codes, scales)
+local QUANTIZE = {int8 = "quantize_q8", int4 = "quantize_q4"}
 
 local function is_linear(m)
   return m.__name == "Linear" and keng.is_tensor(m.weight) and m.weight.ndim == 2
@@ -28,7 +32,8 @@ local function remember_dtype(m)
   if not rawget(m, "_compute_dtype") then rawset(m, "_param_dtype", m.weight.dtype) end
 end
 
--- swaps the float parameter for the two buffers (q i8 [O, I], s f32 [O])
+-- swaps the float parameter for the two buffers (int8: q i8 [O, I], s f32 [O]; int4: q u8
+-- [O, I / 2], s f16 [O, I / 32])
 local function install(m, q, s)
   remember_dtype(m)
   m.weight = nil
@@ -41,11 +46,7 @@ local function install(m, q, s)
 end
 
 local function check_format(fmt, who, level)
-  if NOT_YET[fmt] then
-    error(string.format("%s: format '%s' is not implemented yet (implemented: %s)", who, tostring(fmt),
-      table.concat(FORMATS, ", ")), level + 1)
-  end
-  if fmt ~= "int8" then
+  if not QUANTIZE[fmt] then
     error(string.format("%s: unknown format '%s' (valid: %s)", who, tostring(fmt), table.concat(FORMATS, ", ")),
       level + 1)
   end
@@ -61,7 +62,8 @@ function M.quantize_at(level, model, fmt, opts)
   check_format(fmt, "quantize", level)
   local todo = {}
   for _, m in ipairs(model:modules()) do
-    if is_linear(m) and m.weight.dtype ~= "i8" then
+    -- int4 needs in-features in whole blocks of 32: other layers stay float (docs/quantization.md)
+    if is_linear(m) and not m.weight_scale and (fmt == "int8" or m.weight.shape[2] % 32 == 0) then
       if m.weight.device == "meta" then
         error("quantize: a Linear holds meta tensors (no values to quantize); load the weights first", level)
       end
@@ -70,7 +72,7 @@ function M.quantize_at(level, model, fmt, opts)
   end
   keng.no_grad(function()
     for _, m in ipairs(todo) do
-      local q, s = keng.quantize_q8(m.weight:detach())
+      local q, s = keng[QUANTIZE[fmt]](m.weight:detach())
       install(m, q, s)
     end
   end)
@@ -89,11 +91,17 @@ function M.prepare(model, sd)
   for _, e in ipairs(model:named_modules()) do mods[e[1]] = e[2] end
   for k in pairs(sd) do
     local prefix = k:match("^(.*)%.weight_scale$") or (k == "weight_scale" and "")
+    if prefix and not keng.is_tensor(sd[k]) then prefix = nil end
     local m = prefix and mods[prefix]
-    if m and is_linear(m) and m.weight.dtype ~= "i8" then
-      local w = m.weight
-      install(m, keng.empty(w.shape, {dtype = "i8", device = w.device}),
-        keng.empty({w.shape[1]}, {dtype = "f32", device = w.device}))
+    if m and is_linear(m) and not m.weight_scale then
+      local w, ws = m.weight, sd[k]
+      if ws.ndim == 1 then   -- int8: one f32 scale per row
+        install(m, keng.empty(w.shape, {dtype = "i8", device = w.device}),
+          keng.empty({w.shape[1]}, {dtype = "f32", device = w.device}))
+      else                   -- int4: codes [out, in / 2], f16 scales [out, in / 32]
+        install(m, keng.empty({w.shape[1], w.shape[2] // 2}, {dtype = "u8", device = w.device}),
+          keng.empty({w.shape[1], w.shape[2] // 32}, {dtype = "f16", device = w.device}))
+      end
       n = n + 1
     end
   end

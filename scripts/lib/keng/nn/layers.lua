@@ -61,9 +61,10 @@ function Linear:forward(x)  -- x [..., in] -> [..., out]
       self.out_features, shape_str(x), tostring(C), self.in_features), 2)
   end
   local w = self.weight
-  if w.dtype == "i8" then  -- keng.quantize: int8 weight + f32 row scales, dequantized in the kernel
+  local ws = self.weight_scale
+  if ws then  -- keng.quantize: int8 (row scales) or int4 (block scales), dequantized in the kernel
     local cd = self:compute_dtype()
-    return keng.linear_q8(cast(x, cd), w, self.weight_scale, cast(self.bias, cd))
+    return (w.dtype == "i8" and keng.linear_q8 or keng.linear_q4)(cast(x, cd), w, ws, cast(self.bias, cd))
   end
   local cd = self:compute_dtype(w)
   return keng.linear(cast(x, cd), cast(w, cd), cast(self.bias, cd))
