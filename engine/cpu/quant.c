@@ -85,14 +85,14 @@ bool kg_cpu_q8_avx512(void) {
   if (have < 0) {
     __builtin_cpu_init();
     have = kg_cpu_q8_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl")
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c")
                ? 1
                : 0;
   }
   return have;
 }
 
-#define Q8_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define Q8_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 /* a tile of nr x rows (<= 4) by 4 weight rows: 16 independent FMA chains, each x vector loaded
  * once for 4 weight rows and each widened weight vector used for nr x rows */
@@ -290,7 +290,7 @@ Q8_AVX512 static void dot4_avx512(float *acc, const float *a, int64_t lda, int n
     __m128i lo = _mm_sub_epi8(_mm_and_si128(bytes, lo_mask), eight);
     __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), lo_mask), eight);
     __m512 wl = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), wh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
-    __m512 d = _mm512_set1_ps(kg_f16_to_f32(s[b]));
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(s[b])); /* F16C: every AVX-512 CPU has it */
     for (int r = 0; r < nr; r++) {
       const float *ar = a + r * lda + b * KG_Q4_BLOCK;
       __m512 p = _mm512_fmadd_ps(_mm512_loadu_ps(ar), wl, _mm512_mul_ps(_mm512_loadu_ps(ar + 16), wh));

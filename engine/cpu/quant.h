@@ -20,7 +20,7 @@ typedef enum {
 #define KG_Q8_GEMV_ROWS 32
 
 bool kg_cpu_q8_avx2(void);   /* AVX2 + FMA */
-bool kg_cpu_q8_avx512(void); /* AVX-512 F, BW, VL */
+bool kg_cpu_q8_avx512(void); /* AVX-512 F, BW, VL (+ F16C for the int4 scales) */
 
 /* out[N, M] (f32, row stride ldo) = scale[m] * sum_k a[n, k] * w[m, k] (+ bias[m] when bias is not
  * NULL); a f32 rows (stride lda), w int8 rows (stride ldw). threads: 0 = kg_num_threads() when the

@@ -1,5 +1,5 @@
 -- quant_bench.lua — int8 weight-only decode (docs/quantization.md): generate at batch 1 with the
--- tiny Gemma / Mistral presets in bf16, with and without keng.quantize(lm, "int8"); best of
+-- tiny Gemma / Mistral presets in bf16, without and with keng.quantize(lm, "int8" / "int4"); best of
 -- `runs` process CPU times (os.clock) of one generate call (4-token prompt, 32 new tokens).
 --   keng tests/lab/quant_bench.lua [runs]
 local keng = require "keng"
@@ -7,9 +7,9 @@ local runs = tonumber(arg[1]) or 3
 local fams = {gemma = require "models.gemma", mistral = require "models.mistral"}
 print(string.format("keng %d threads (CPU ms, best of %d)", keng.num_threads(), runs))
 for _, name in ipairs({"gemma", "mistral"}) do
-  for _, q in ipairs({false, true}) do
+  for _, q in ipairs({false, "int8", "int4"}) do
     local lm = fams[name].from_preset(name .. "_tiny", {dtype = "bf16"})
-    if q then lm:quantize("int8") end
+    if q then lm:quantize(q) end
     local prompt = {{2, 5, 7, 9}}
     lm:generate(prompt, {max_length = 8})   -- warm up
     local best = math.huge
@@ -18,7 +18,7 @@ for _, name in ipairs({"gemma", "mistral"}) do
       lm:generate(prompt, {max_length = 36})
       best = math.min(best, os.clock() - t)
     end
-    print(string.format("%-8s %-11s %8.2f ms per call  %6.3f ms/token", name .. "_tiny", q and "bf16 + int8" or "bf16",
+    print(string.format("%-8s %-11s %8.2f ms per call  %6.3f ms/token", name .. "_tiny", q and "bf16 + " .. q or "bf16",
       best * 1e3, best * 1e3 / 32))
   end
 end
