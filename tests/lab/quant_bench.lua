@@ -22,3 +22,19 @@ for _, name in ipairs({"gemma", "mistral"}) do
       best * 1e3, best * 1e3 / 32))
   end
 end
+
+-- resident size: keng.memory_stats().allocated of mistral_tiny in bf16, then after quantizing
+-- (the float weights are released; the embeddings stay bf16)
+for _, fmt in ipairs({"int8", "int4"}) do
+  collectgarbage()
+  keng.empty_cache()
+  local base = keng.memory_stats().allocated
+  local lm = fams.mistral.from_preset("mistral_tiny", {dtype = "bf16"})
+  collectgarbage()
+  local before = keng.memory_stats().allocated - base
+  lm:quantize(fmt)
+  collectgarbage()
+  local after = keng.memory_stats().allocated - base
+  print(string.format("mistral_tiny resident: bf16 %.2f MiB, %s %.2f MiB (of which bf16 embeddings %.2f MiB)",
+    before / 2 ^ 20, fmt, after / 2 ^ 20, lm.model.embed_tokens.weight:numel() * 2 / 2 ^ 20))
+end
