@@ -308,6 +308,19 @@ describe("keng.quantize", function()
     H.close(back:logits(keng.tensor(prompt)), lm:logits(keng.tensor(prompt)), 0)
   end)
 
+  it("from_preset{weights=} keeps a quantized bf16 checkpoint's dtype (not its scales')", function()
+    for _, fmt in ipairs({"int8", "int4"}) do
+      local lm = mistral.from_preset("mistral_tiny", {dtype = "bf16"}):quantize(fmt)
+      local path = os.tmpname() .. ".safetensors"
+      keng.save(path, to_hf(lm:state_dict()))
+      local back = mistral.from_preset("mistral_tiny", {weights = path})
+      os.remove(path)
+      assert.are.equal("bf16", back:param_dtype(), fmt)
+      assert.are.equal(fmt == "int8" and "i8" or "u8", back.lm_head.weight.dtype)
+      H.close(back:logits(keng.tensor(prompt)), lm:logits(keng.tensor(prompt)), 0, fmt)
+    end
+  end)
+
   it("keeps a bf16 model's compute dtype and its scales f32 across to()", function()
     local lm = gemma.from_preset("gemma_tiny", {dtype = "bf16"}):quantize("int8")
     local q = lm.model.layers[1].self_attn.query
@@ -333,6 +346,14 @@ describe("keng.quantize", function()
     assert.is_truthy(m[2].lora_b.grad)
     assert.is_true(same(q0, m[1].weight))
     H.raises(function() lora.merge(m) end, "lora.merge: 1 has a quantized (i8) weight")
+    -- int4 base: adapters in f32, gradients reach them
+    local m4 = nn.Sequential(nn.Linear(32, 8)):quantize("int4")
+    assert.are.equal("u8", m4[1].weight.dtype)
+    lora.enable(m4, {rank = 2, targets = {"1"}})
+    keng.no_grad(function() m4[1].lora_b:copy_(keng.randn({2, 8}) * 0.1) end)
+    m4(keng.randn({3, 32})):pow(2):sum():backward()
+    assert.is_truthy(m4[1].lora_a.grad)
+    H.raises(function() lora.merge(m4) end, "lora.merge: 1 has a quantized (u8) weight")
   end)
 
   it("raises on unknown formats and options, at the caller's line", function()
