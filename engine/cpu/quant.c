@@ -78,6 +78,38 @@ __attribute__((target("avx2,fma"))) static void dot_avx2(float *acc, const float
   }
 }
 
+/* decode (one x row) against 4 weight rows: 8 accumulators in named registers, as row_avx512 */
+__attribute__((target("avx2,fma"))) static void tile_avx2(float *acc, const float *a, int64_t lda, int nr,
+                                                           const int8_t *w, int64_t ldw, int64_t K) {
+  if (nr > 1) { /* several x rows: one weight row at a time */
+    for (int j = 0; j < 4; j++) {
+      float t[4];
+      dot_avx2(t, a, lda, nr, w + j * ldw, K);
+      for (int r = 0; r < nr; r++) acc[r * 4 + j] = t[r];
+    }
+    return;
+  }
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, t0 = s0, t1 = s0, t2 = s0, t3 = s0;
+  const int8_t *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+#define Q8_W8(p, k) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((p) + (k)))))
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m256 x0 = _mm256_loadu_ps(a + k), x1 = _mm256_loadu_ps(a + k + 8);
+    s0 = _mm256_fmadd_ps(x0, Q8_W8(w0, k), s0), t0 = _mm256_fmadd_ps(x1, Q8_W8(w0, k + 8), t0);
+    s1 = _mm256_fmadd_ps(x0, Q8_W8(w1, k), s1), t1 = _mm256_fmadd_ps(x1, Q8_W8(w1, k + 8), t1);
+    s2 = _mm256_fmadd_ps(x0, Q8_W8(w2, k), s2), t2 = _mm256_fmadd_ps(x1, Q8_W8(w2, k + 8), t2);
+    s3 = _mm256_fmadd_ps(x0, Q8_W8(w3, k), s3), t3 = _mm256_fmadd_ps(x1, Q8_W8(w3, k + 8), t3);
+  }
+#undef Q8_W8
+  float r0 = hsum256(_mm256_add_ps(s0, t0)), r1 = hsum256(_mm256_add_ps(s1, t1));
+  float r2 = hsum256(_mm256_add_ps(s2, t2)), r3 = hsum256(_mm256_add_ps(s3, t3));
+  for (; k < K; k++) {
+    float x = a[k];
+    r0 += x * (float)w0[k], r1 += x * (float)w1[k], r2 += x * (float)w2[k], r3 += x * (float)w3[k];
+  }
+  acc[0] = r0, acc[1] = r1, acc[2] = r2, acc[3] = r3;
+}
+
 /* ---- AVX-512 -------------------------------------------------------------------------------- */
 
 bool kg_cpu_q8_avx512(void) {
@@ -239,7 +271,7 @@ kg_status kg_cpu_gemm_q8(float *out, int64_t ldo, const float *a, int64_t lda, c
   tile_fn tile = NULL;
 #ifdef KG_Q8_X86
   if (v == KG_Q8_AVX512 || (v == KG_Q8_AUTO && kg_cpu_q8_avx512())) dot = dot_avx512, tile = tile_avx512;
-  else if (v == KG_Q8_AVX2 || (v == KG_Q8_AUTO && kg_cpu_q8_avx2())) dot = dot_avx2;
+  else if (v == KG_Q8_AVX2 || (v == KG_Q8_AUTO && kg_cpu_q8_avx2())) dot = dot_avx2, tile = tile_avx2;
 #endif
   gemv(out, ldo, a, lda, w, ldw, scale, bias, N, M, K, dot, tile, nt);
   return KG_OK;
