@@ -167,7 +167,7 @@ kg_dtype kgl_dtype(lua_State *L, int idx) {
   const char *name = luaL_checkstring(L, idx);
   kg_dtype dt;
   if (!kg_dtype_from_name(name, &dt))
-    luaL_error(L, "%s: unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, bool or u8)", kgl_fname(L), name);
+    luaL_error(L, "%s: unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64, bool, u8 or i8)", kgl_fname(L), name);
   return dt;
 }
 

@@ -17,7 +17,7 @@ bool kg_dtype_from_name(const char *name, kg_dtype *out) {
   static const struct { const char *alias; kg_dtype dt; } aliases[] = {
       {"float32", KG_F32}, {"float", KG_F32},  {"float64", KG_F64}, {"double", KG_F64}, {"bfloat16", KG_BF16},
       {"float16", KG_F16}, {"half", KG_F16},   {"int32", KG_I32},   {"int", KG_I32},    {"int64", KG_I64},
-      {"long", KG_I64},    {"uint8", KG_U8},   {"byte", KG_U8},
+      {"long", KG_I64},    {"uint8", KG_U8},   {"byte", KG_U8},     {"int8", KG_I8},
   };
   for (int i = 0; i < KG_DTYPE_COUNT; i++)
     if (!strcmp(name, kg_dtype_info[i].name)) return *out = (kg_dtype)i, true;
@@ -30,7 +30,7 @@ bool kg_dtype_from_name(const char *name, kg_dtype *out) {
 static int rank(kg_dtype d) {
   switch (d) {
   case KG_BOOL: return 0;
-  case KG_U8: return 1;
+  case KG_U8: case KG_I8: return 1;
   case KG_I32: return 2;
   case KG_I64: return 3;
   case KG_F16: case KG_BF16: return 4;
@@ -75,6 +75,7 @@ bool kg_value_fits(double v, kg_dtype dt) {
   case KG_I32: return v >= -0x1p31 && v < 0x1p31;
   case KG_I64: return v >= -0x1p63 && v < 0x1p63;
   case KG_U8: return v >= 0 && v < 256;
+  case KG_I8: return v >= -128 && v < 128;
   default: return true; /* floats hold every number (overflow gives inf); bool is v != 0 */
   }
 }

@@ -118,6 +118,7 @@ static inline int32_t kg_sat_i32(double v) {
   return v != v ? 0 : v >= 0x1p31 ? INT32_MAX : v < -0x1p31 ? INT32_MIN : (int32_t)v;
 }
 static inline uint8_t kg_sat_u8(double v) { return (uint8_t)kg_sat_i64(v); }
+static inline int8_t kg_sat_i8(double v) { return (int8_t)(uint8_t)kg_sat_i64(v); } /* wraps, as u8 */
 
 /* Fails naming op unless the number v can be stored in dtype dt without overflow (NaN and
  * infinities in an integer dtype, 300 in u8), as PyTorch's fill and scalar writes do. */

@@ -376,6 +376,7 @@ double kg_load_as_double(const void *base, kg_dtype dt, int64_t off) {
   case KG_I32: return ((const int32_t *)base)[off];
   case KG_I64: return (double)((const int64_t *)base)[off];
   case KG_BOOL: case KG_U8: return ((const uint8_t *)base)[off];
+  case KG_I8: return ((const int8_t *)base)[off];
   default: return 0;
   }
 }
@@ -390,6 +391,7 @@ void kg_store_from_double(void *base, kg_dtype dt, int64_t off, double v) {
   case KG_I64: ((int64_t *)base)[off] = kg_sat_i64(v); break;
   case KG_BOOL: ((uint8_t *)base)[off] = v != 0; break;
   case KG_U8: ((uint8_t *)base)[off] = kg_sat_u8(v); break;
+  case KG_I8: ((int8_t *)base)[off] = kg_sat_i8(v); break;
   default: break;
   }
 }

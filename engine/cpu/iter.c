@@ -120,6 +120,7 @@ static void bf16_store_run(uint16_t *dst, const float *src, int64_t n) {
   case KG_I64: for (int64_t i = 0; i < n; i++) dst[i] = (T)((const int64_t *)src)[i * stride]; break; \
   case KG_BOOL:                                                                                     \
   case KG_U8: for (int64_t i = 0; i < n; i++) dst[i] = (T)((const uint8_t *)src)[i * stride]; break; \
+  case KG_I8: for (int64_t i = 0; i < n; i++) dst[i] = (T)((const int8_t *)src)[i * stride]; break;  \
   default: break;                                                                                   \
   }
 
@@ -155,6 +156,7 @@ void kg_cpu_load_f64(double *dst, const void *src, kg_dtype dt, int64_t stride, 
   case KG_I64: for (int64_t i = 0; i < n; i++) ((int64_t *)dst)[i * stride] = kg_sat_i64(src[i]); break; \
   case KG_BOOL: for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = src[i] != 0; break;    \
   case KG_U8: for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = kg_sat_u8(src[i]); break;  \
+  case KG_I8: for (int64_t i = 0; i < n; i++) ((int8_t *)dst)[i * stride] = kg_sat_i8(src[i]); break;   \
   default: break;                                                                                    \
   }
 

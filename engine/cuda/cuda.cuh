@@ -69,6 +69,7 @@ __device__ __forceinline__ double kg_get(const int32_t *p) { return (double)*p; 
 __device__ __forceinline__ double kg_get(const int64_t *p) { return (double)*p; }
 __device__ __forceinline__ float kg_get(const kg_bool *p) { return (float)p->v; }
 __device__ __forceinline__ float kg_get(const uint8_t *p) { return (float)*p; }
+__device__ __forceinline__ float kg_get(const int8_t *p) { return (float)*p; }
 
 /* stores v (float or double) rounded as the CPU stores do: bf16/f16 through f32, nearest even;
  * integers truncate toward zero; bool is v != 0 */
@@ -80,6 +81,7 @@ template <class A> __device__ __forceinline__ void kg_put(int32_t *p, A v) { *p 
 template <class A> __device__ __forceinline__ void kg_put(int64_t *p, A v) { *p = (int64_t)v; }
 template <class A> __device__ __forceinline__ void kg_put(kg_bool *p, A v) { p->v = v != 0; }
 template <class A> __device__ __forceinline__ void kg_put(uint8_t *p, A v) { *p = (uint8_t)v; }
+template <class A> __device__ __forceinline__ void kg_put(int8_t *p, A v) { *p = (int8_t)(int)v; }
 
 /* element `off` of an operand whose dtype is only known at run time, as compute type A */
 template <class A> __device__ __forceinline__ A kg_load(const char *base, int dt, int64_t off) {
@@ -90,6 +92,7 @@ template <class A> __device__ __forceinline__ A kg_load(const char *base, int dt
   case KG_F16: return (A)kg_f16_to_f32(((const uint16_t *)base)[off]);
   case KG_I32: return (A)((const int32_t *)base)[off];
   case KG_I64: return (A)((const int64_t *)base)[off];
+  case KG_I8: return (A)((const int8_t *)base)[off];
   default: return (A)((const uint8_t *)base)[off]; /* bool, u8 */
   }
 }
@@ -108,6 +111,7 @@ static inline bool kg_cuda_wide(kg_dtype dt) { return dt == KG_F64 || dt == KG_I
   case KG_I64: { typedef int64_t S; __VA_ARGS__; } break;                                     \
   case KG_BOOL: { typedef kg_bool S; __VA_ARGS__; } break;                                    \
   case KG_U8: { typedef uint8_t S; __VA_ARGS__; } break;                                      \
+  case KG_I8: { typedef int8_t S; __VA_ARGS__; } break;                                       \
   default: return kg_error(KG_ERR_TYPE, op, "dtype %d not supported on cuda", (int)(dt));    \
   }
 

@@ -61,6 +61,7 @@ template <class A> __device__ __forceinline__ void kg_store(char *base, int dt, 
   case KG_I32: kg_put((int32_t *)base + off, v); break;
   case KG_I64: kg_put((int64_t *)base + off, v); break;
   case KG_BOOL: kg_put((kg_bool *)base + off, v); break;
+  case KG_I8: kg_put((int8_t *)base + off, v); break;
   default: kg_put((uint8_t *)base + off, v); break;
   }
 }

@@ -106,10 +106,10 @@ static const struct {
   const char *name;
   kg_dtype dt;
 } st_dtypes[] = {{"F64", KG_F64}, {"F32", KG_F32}, {"F16", KG_F16}, {"BF16", KG_BF16},
-                 {"I64", KG_I64}, {"I32", KG_I32}, {"U8", KG_U8},   {"BOOL", KG_BOOL}};
+                 {"I64", KG_I64}, {"I32", KG_I32}, {"U8", KG_U8},   {"I8", KG_I8},   {"BOOL", KG_BOOL}};
 #define ST_NDTYPES ((int)(sizeof st_dtypes / sizeof st_dtypes[0]))
 /* in the format but without a keng dtype */
-static const char *st_unsupported[] = {"I8",      "I16",     "U16",     "U32",     "U64", "F8_E4M3",
+static const char *st_unsupported[] = {"I16",     "U16",     "U32",     "U64", "F8_E4M3",
                                        "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",  "C64"};
 
 static const char *st_dtype_name(kg_dtype dt) {

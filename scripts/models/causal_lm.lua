@@ -429,6 +429,7 @@ function M.load_hf(lm, tensors, level)
     if k == "lm_head.weight" and lm.cfg.tie then k = nil end        -- tied: the embedding is the head
     if k then sd[k] = t end
   end
+  require("keng.quantize").prepare(lm, sd)  -- a quantized checkpoint's int8 layers (docs/quantization.md)
   local ok, e = pcall(lm.load_state_dict, lm, sd)
   if not ok then error(tostring(e):gsub("^[^:]*:%d+: ", ""), level) end
   return lm

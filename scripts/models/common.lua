@@ -104,7 +104,8 @@ local HF_DTYPES = {float32 = "f32", float = "f32", bfloat16 = "bf16", float16 = 
 
 -- checkpoint_dtype(j, tensors, who, level) -> the dtype that dtype = "auto" keeps, as
 -- transformers' dtype = "auto": config.json's dtype (transformers 5) or torch_dtype
--- (transformers 4) when present, else the dtype of the first floating tensor by name
+-- (transformers 4) when present, else the dtype of the first floating tensor by name (not a
+-- quantized layer's weight_scale, whose dtype is the format's: docs/quantization.md)
 function M.checkpoint_dtype(j, tensors, who, level)
   local name = j and (j.dtype or j.torch_dtype)
   if name ~= nil then
@@ -117,7 +118,9 @@ function M.checkpoint_dtype(j, tensors, who, level)
   end
   local names = {}
   for k, t in pairs(tensors) do
-    if t.dtype == "f32" or t.dtype == "bf16" or t.dtype == "f16" or t.dtype == "f64" then names[#names + 1] = k end
+    if (t.dtype == "f32" or t.dtype == "bf16" or t.dtype == "f16" or t.dtype == "f64") and not k:find("weight_scale$") then
+      names[#names + 1] = k
+    end
   end
   table.sort(names)
   return names[1] and tensors[names[1]].dtype or "f32"

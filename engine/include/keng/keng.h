@@ -67,7 +67,8 @@ void kg_set_check_numerics(bool on);
   X(I32, "i32", int32_t, 4, 0)               \
   X(I64, "i64", int64_t, 8, 0)               \
   X(BOOL, "bool", uint8_t, 1, 0)             \
-  X(U8, "u8", uint8_t, 1, 0)
+  X(U8, "u8", uint8_t, 1, 0)                 \
+  X(I8, "i8", int8_t, 1, 0) /* quantized weights (docs/quantization.md) */
 
 typedef enum {
 #define X(e, n, t, s, f) KG_##e,

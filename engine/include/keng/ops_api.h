@@ -124,6 +124,19 @@ kg_status kg_repeat_interleave(kg_tensor **out, const kg_tensor *x, int64_t n, i
 kg_status kg_matmul(kg_tensor **out, const kg_tensor *a, const kg_tensor *b);
 /* x: [..., K] · w: [M, K]ᵀ + b: [M] (b may be NULL) -> [..., M] */
 kg_status kg_linear(kg_tensor **out, const kg_tensor *x, const kg_tensor *w, const kg_tensor *b);
+/* int8 weight-only (engine/ops/quant.c): y = x · (wq · scale[:, None])ᵀ + b, wq i8 [O, I], scale
+ * f32 [O], b [O] or NULL; x gets a gradient, wq and scale do not */
+kg_status kg_linear_q8(kg_tensor **out, const kg_tensor *x, const kg_tensor *wq, const kg_tensor *scale,
+                       const kg_tensor *b);
+/* w [O, I] float -> q i8 [O, I], scale f32 [O]: absmax per row / 127, round to nearest even */
+kg_status kg_quantize_q8(kg_tensor **q, kg_tensor **scale, const kg_tensor *w);
+/* int4 in blocks of 32 (llama.cpp's Q4_0 layout, engine/cpu/quant.h): w [O, I] (I a multiple of
+ * 32) -> q u8 [O, I / 2] (two codes a byte), scale f16 [O, I / 32]; linear_q4 and the x gradient
+ * as linear_q8; dequantize_q4 -> w [O, I] in dtype dt */
+kg_status kg_quantize_q4(kg_tensor **q, kg_tensor **scale, const kg_tensor *w);
+kg_status kg_dequantize_q4(kg_tensor **out, const kg_tensor *wq, const kg_tensor *scale, kg_dtype dt);
+kg_status kg_linear_q4(kg_tensor **out, const kg_tensor *x, const kg_tensor *wq, const kg_tensor *scale,
+                       const kg_tensor *b);
 
 /* ---- normalisation (engine/ops/norm.c) --------------------------------------------------- */
 

@@ -110,7 +110,8 @@ function lora.enable(model, opts)
       error("lora.enable: " .. name .. " already has adapters (lora.merge first)", 2)
     end
     local fin, fout = m.in_features or m.weight.shape[2], m.out_features or m.weight.shape[1]
-    local o = {dtype = m.weight.dtype, device = m.weight.device}
+    -- an int8 base (keng.quantize) gets adapters in the dtype the layer computes in
+    local o = {dtype = m.weight_scale and m:compute_dtype() or m.weight.dtype, device = m.weight.device}
     local n = rawget(m, "einsum_heads") or m.einsum_heads
     if n and n > 1 and fout % n == 0 and opts.per_head ~= false then -- Keras's per-head kernel: fans as Keras computes them
       m:param("lora_a", {fin, n, rank}, "he_uniform",
@@ -142,6 +143,12 @@ lora.adapted_layers = adapted
 function lora.merge(model)
   local layers = adapted(model)
   if #layers == 0 then error("lora.merge: the model has no LoRA adapters", 2) end
+  for _, e in ipairs(layers) do
+    if e[2].weight_scale then
+      error("lora.merge: " .. e[1] .. " has a quantized (" .. e[2].weight.dtype .. ") weight; merging would re-quantize it: keep the "
+        .. "adapters separate (lora.adapters) or merge into the float model", 2)
+    end
+  end
   keng.no_grad(function()
     for _, e in ipairs(layers) do
       local m = e[2]

@@ -60,8 +60,14 @@ function Linear:forward(x)  -- x [..., in] -> [..., out]
     Module.error(string.format("Linear(%d -> %d): input %s has %s features, expected %d", self.in_features,
       self.out_features, shape_str(x), tostring(C), self.in_features), 2)
   end
-  local cd = self:compute_dtype(self.weight)
-  return keng.linear(cast(x, cd), cast(self.weight, cd), cast(self.bias, cd))
+  local w = self.weight
+  local ws = self.weight_scale
+  if ws then  -- keng.quantize: int8 (row scales) or int4 (block scales), dequantized in the kernel
+    local cd = self:compute_dtype()
+    return (w.dtype == "i8" and keng.linear_q8 or keng.linear_q4)(cast(x, cd), w, ws, cast(self.bias, cd))
+  end
+  local cd = self:compute_dtype(w)
+  return keng.linear(cast(x, cd), cast(w, cd), cast(self.bias, cd))
 end
 
 function Linear:extra_repr()

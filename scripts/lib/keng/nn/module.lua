@@ -20,7 +20,7 @@ local Module = {}
 Module.__name = "Module"
 
 local FLOAT = {f32 = true, f64 = true, bf16 = true, f16 = true}
-local BYTES = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2, i32 = 4, i64 = 8, bool = 1, u8 = 1}
+local BYTES = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2, i32 = 4, i64 = 8, bool = 1, u8 = 1, i8 = 1}
 
 local function is_module(v)
   return type(v) == "table" and rawget(v, "_modules") ~= nil and getmetatable(v) ~= nil
@@ -443,7 +443,9 @@ function Module:to(arg)
     local new = done[t]
     if not new then
       local target = {device = device}
-      if dtype and FLOAT[t.dtype] then target.dtype = dtype end
+      -- a module's _keep_dtype names tensors that keep theirs (an int8 layer's f32 scales)
+      local keep = rawget(owner, "_keep_dtype")
+      if dtype and FLOAT[t.dtype] and not (keep and keep[name]) then target.dtype = dtype end
       new = keng.no_grad(function() return t:detach():to(target) end)
       if new.dtype == t.dtype and new.device == t.device then
         new = t
@@ -462,6 +464,11 @@ function Module:to(arg)
     if device then rawset(m, "_device", device) end
   end
   return self
+end
+
+-- m:quantize("int8") -> m: weight-only quantization of every Linear (keng.quantize, docs/quantization.md)
+function Module:quantize(fmt, opts)
+  return require("keng.quantize").quantize_at(3, self, fmt, opts)
 end
 
 ---------------------------------------------------------------------------------------------
