@@ -143,7 +143,8 @@ end
 function Attention:fused_qkv()
   local ws = {}
   for i, m in ipairs({self.query, self.key, self.value}) do
-    if m.__name ~= "Linear" or rawget(m, "forward") or m.bias or not keng.is_tensor(m.weight) then return nil end
+    if m.__name ~= "Linear" or rawget(m, "forward") or m.bias or not keng.is_tensor(m.weight)
+      or m.weight_scale ~= nil then return nil end                  -- quantized: linear_q8/q4 per projection
     if i > 1 and m.weight.dtype ~= ws[1].dtype then return nil end
     ws[i] = m.weight
   end
