@@ -174,6 +174,32 @@ describe("the decode step", function()
     end
   end)
 
+  it("captures a sampling step too: the graph's run draws what the eager run of the seed draws", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local a = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}}
+      local opts = {max_length = 28, temperature = 1.5, top_k = 40, top_p = 0.95, min_p = 0.01,
+                    repetition_penalty = 1.2, seed = 7}
+      local want = lm:generate(a, opts)
+      local made, calls = 0, 0
+      generate.fake_graph = function(fn, gopts)
+        made = made + 1
+        assert(gopts.warmup == 2)
+        return function() calls = calls + 1; return fn() end
+      end
+      local ok, got = pcall(function() return {lm:generate(a, opts), lm:generate(a, opts)} end)
+      generate.fake_graph = nil
+      generate.release(lm)
+      assert(ok, got)
+      assert.are.same(want, got[1], name)
+      assert.are.same(want, got[2], name .. " again (a sampling graph is not kept: one per call)")
+      assert.are.equal(2, made, name .. ": graphs made")
+      assert.is_true(calls >= 20, name .. ": " .. calls .. " graph calls")
+      assert.are_not.same(want, lm:generate(a, {max_length = 28, temperature = 1.5, top_k = 40, top_p = 0.95,
+        min_p = 0.01, repetition_penalty = 1.2, seed = 8}), name .. ": the seed matters")
+    end
+  end)
+
   it("streams every generated token once, in order, through on_token", function()
     local lm = lm_of("gemma")
     local seen = {}
@@ -323,6 +349,24 @@ describe("on CUDA", function()
       assert.are.same(want, lm:generate(prompts, {max_length = 30, graph = false}), name .. " eager")
       assert.are.same(want, lm:generate(prompts, {max_length = 30, graph = true}), name .. " graph")
       assert.are.same(want, lm:generate(prompts, {max_length = 30, graph = true, sync_every = 1}), name .. " graph, k = 1")
+    end
+  end)
+
+  it("captures a sampling step: a replayed run draws what the eager run of the same seed draws", function()
+    if not (keng.cuda and keng.cuda.is_available and keng.cuda.is_available()) then
+      return pending("CUDA is not available")
+    end
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local prompts = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {2}}
+      local opts = {max_length = 30, temperature = 1.5, top_k = 40, top_p = 0.95, seed = 4}
+      lm:to("cuda")
+      opts.graph = false
+      local eager = lm:generate(prompts, opts)
+      opts.graph = true
+      assert.are.same(eager, lm:generate(prompts, opts), name .. " sampled, graph")
+      opts.sync_every = 1
+      assert.are.same(eager, lm:generate(prompts, opts), name .. " sampled, graph, k = 1")
     end
   end)
 end)

@@ -16,9 +16,9 @@
 -- `sync_every` tokens (default 8; every token with on_token, which streams) and stops the rows
 -- that met a stop id, a stop string or their length there (later ids of a stopped row are
 -- dropped). So a step builds no tensor from Lua values and waits for nothing. Eagerly it attends
--- to the filled columns only; on CUDA the greedy step attends to all L (one shape for every
--- token), is captured once with keng.cuda.graph and replayed (the embedding's id check is then
--- deferred to the next read-back). Beam search (num_beams > 1) orders the beams on the host each
+-- to the filled columns only; on CUDA the step (greedy or sampling) attends to all L (one shape
+-- for every token), is captured once with keng.cuda.graph and replayed (the embedding's id check
+-- is then deferred to the next read-back). Beam search (num_beams > 1) orders the beams on the host each
 -- step (one read-back per token).
 --
 -- Shape letters: B rows (prompts × num_return_sequences), P padded prompt length, N new tokens,
@@ -149,9 +149,6 @@ function G.check(lm, opts, level)
     fail(level, "sampler 'greedy' takes no %s (leave out sampler to sample)", table.concat(given, ", "))
   end
   o.sample = sampler ~= "greedy" and (sampler ~= nil or #given > 0)
-  if o.graph and o.sample then
-    fail(level, "graph = true: sampling is not capturable yet (multinomial takes its RNG offset at capture)")
-  end
   if sampler == "top_k" and opts.top_k == nil then o.top_k = 50 end
   if sampler == "top_p" and opts.top_p == nil then o.top_p = 0.9 end
   o.temperature = o.temperature or 1
@@ -437,10 +434,12 @@ local function loop(lm, rows, o, budget)
   for b, r in ipairs(rows) do out[b] = {table.unpack(r)} end
   if N == 0 then return out end
   local raw = not o.sample and not o.repetition_penalty and o.min_new_tokens == 0  -- argmax of model-dtype logits
-  -- on CUDA the greedy step is captured on its 3rd call and replayed after (sampling stays eager
-  -- until multinomial reads its RNG offset from the device while captured: issue 14, item 7);
-  -- without processors the captured step and its state are kept for the next call
-  local capture = o.graph ~= false and not o.sample and (lm:param_device():find("^cuda") ~= nil or G.fake_graph ~= nil)
+  -- on CUDA the step is captured on its 3rd call and replayed after. A sampling step captures
+  -- too: multinomial reads its Philox position from device memory that each replay rewrites (the
+  -- first replay draws what the capture reserved, later ones fresh positions), so a replayed run
+  -- draws what the eager run of the same seed draws. Without processors or sampling the captured
+  -- step and its state are kept for the next call.
+  local capture = o.graph ~= false and (lm:param_device():find("^cuda") ~= nil or G.fake_graph ~= nil)
   local dec = open(lm, rows, N, raw, (capture or G.keep_state) and raw)
   local st = processors(lm, o, dec)
   local P, col, feed, buf = dec.P, dec.col, dec.feed, dec.buf
