@@ -183,7 +183,7 @@ kg_status kg_cpu_multinomial(const kg_op_call *c) {
     for (int64_t v = 0; v < V; v++) {
       if (!(w[v] >= 0) || isinf(w[v])) {
         s = kg_error(KG_ERR_VALUE, "multinomial", "probs row %lld has an entry %g; entries must be finite and >= 0",
-                     (long long)b, w[v]);
+                     (long long)b + 1, w[v]);
         break;
       }
       total += w[v];
@@ -191,14 +191,14 @@ kg_status kg_cpu_multinomial(const kg_op_call *c) {
     }
     if (s) break;
     if (!(total > 0)) {
-      s = kg_error(KG_ERR_VALUE, "multinomial", "probs row %lld sums to zero", (long long)b);
+      s = kg_error(KG_ERR_VALUE, "multinomial", "probs row %lld sums to zero", (long long)b + 1);
       break;
     }
     if (!p->replacement && positive < n) {
       s = kg_error(KG_ERR_VALUE, "multinomial",
                    "probs row %lld has %lld non-zero categories, fewer than the %lld samples drawn without "
                    "replacement",
-                   (long long)b, (long long)positive, (long long)n);
+                   (long long)b + 1, (long long)positive, (long long)n);
       break;
     }
     if (p->replacement) {

@@ -158,14 +158,14 @@ extern "C" kg_status kg_cuda_multinomial(const kg_op_call *c) {
   if (!st && bad_row != KG_NO_ERROR) {
     if (f[0] != KG_NO_ERROR && f[0] / V == bad_row)
       st = kg_error(KG_ERR_VALUE, "multinomial", "probs row %lld has an entry %g; entries must be finite and >= 0",
-                    bad_row, kg_cuda_peek(pr, f[0]));
+                    bad_row + 1, kg_cuda_peek(pr, f[0]));
     else if (f[1] == bad_row)
-      st = kg_error(KG_ERR_VALUE, "multinomial", "probs row %lld sums to zero", bad_row);
+      st = kg_error(KG_ERR_VALUE, "multinomial", "probs row %lld sums to zero", bad_row + 1);
     else
       st = kg_error(KG_ERR_VALUE, "multinomial",
                     "probs row %lld has %lld non-zero categories, fewer than the %lld samples drawn without "
                     "replacement",
-                    bad_row, (long long)kg_cuda_peek(work, bad_row * V), (long long)n);
+                    bad_row + 1, (long long)kg_cuda_peek(work, bad_row * V), (long long)n);
   }
   if (!st && p->replacement) {
     multinomial_draw_kernel<<<kg_cuda_blocks(B * n), KG_CUDA_THREADS, 0, s>>>(

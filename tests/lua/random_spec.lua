@@ -222,8 +222,10 @@ describe("multinomial", function()
   end)
 
   it("reports bad probabilities and sample counts", function()
-    H.raises(function() keng.multinomial(P({0.5, -0.1, 0.6}), 1) end, "must be finite and >= 0")
-    H.raises(function() keng.multinomial(P({{1, 1}, {0, 0}}), 1) end, "sums to zero")
+    H.raises(function() keng.multinomial(P({0.5, -0.1, 0.6}), 1) end, "probs row 1 has an entry -0.1")
+    H.raises(function() keng.multinomial(P({{1, 1}, {0, 0}}), 1) end, "probs row 2 sums to zero")  -- rows 1-based
+    H.raises(function() keng.multinomial(P({{1, 1}, {1, 0}}), 2, {replacement = false}) end,
+      "probs row 2 has 1 non-zero categories")
     H.raises(function() keng.multinomial(P({1, 1, 1}), 4) end, "without replacement")
     H.raises(function() keng.multinomial(P({1, 0, 1}), 3) end, "non-zero categories")
     H.raises(function() keng.multinomial(keng.ones({2, 2, 2}), 1) end, "multinomial")
