@@ -65,10 +65,56 @@ static void usage(void) {
   printf("usage: keng [options] [script [args...]]\n"
          "  -e code     run code\n"
          "  -i          enter the REPL after running the script\n"
+         "  --nproc N   run N ranks of this command line through mpirun (keng.distributed)\n"
          "  --ops       list every engine op with its kernels and backward\n"
          "  --version   print the version\n"
          "  --help      this text\n"
          "With no script, keng starts the REPL (reads stdin plainly when it is not a terminal).\n");
+}
+
+/* `keng --nproc N args...` -> `mpirun -np N keng args...` (the options before the script, less
+ * --nproc N, and the script with its args). Open MPI refuses root and more ranks than cores unless
+ * told: a convenience launcher allows both (a cluster job uses mpirun or srun itself). Each rank
+ * gets cores / N OpenMP threads unless OMP_NUM_THREADS says otherwise. Returns only on error. */
+static int launch_ranks(int argc, char **argv, int at) {
+  const char *v = at + 1 < argc ? argv[at + 1] : NULL;
+  char *end = NULL;
+  long n = v ? strtol(v, &end, 10) : 0;
+  if (!v || !*v || *end || n < 1 || n > 4096) {
+    fprintf(stderr, "keng: --nproc needs a number of ranks from 1 to 4096, got %s\n", v ? v : "nothing");
+    return 1;
+  }
+  if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK")) {
+    fprintf(stderr, "keng: --nproc inside an MPI job (this process is already one of its ranks)\n");
+    return 1;
+  }
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) {
+    fprintf(stderr, "keng: --nproc cannot find its own executable\n");
+    return 1;
+  }
+  exe[len] = 0;
+  char np[32];
+  snprintf(np, sizeof np, "%ld", n);
+  char **args = calloc((size_t)argc + 4, sizeof *args);
+  if (!args) return 1;
+  int k = 0;
+  args[k++] = "mpirun", args[k++] = "-np", args[k++] = np, args[k++] = exe;
+  for (int i = 1; i < argc; i++)
+    if (i != at && i != at + 1) args[k++] = argv[i];
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  if (geteuid() == 0) setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0), setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  if (!getenv("OMP_NUM_THREADS")) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char t[32];
+    snprintf(t, sizeof t, "%ld", cores / n > 1 ? cores / n : 1);
+    setenv("OMP_NUM_THREADS", t, 1);
+  }
+  execvp("mpirun", args);
+  fprintf(stderr, "keng: --nproc runs mpirun, which was not found (Debian: apt install openmpi-bin)\n");
+  free(args);
+  return 1;
 }
 
 int main(int argc, char **argv) {
@@ -82,6 +128,10 @@ int main(int argc, char **argv) {
   if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
     setenv("GOMP_SPINCOUNT", "3000", 1);
     execv("/proc/self/exe", argv); /* on failure, carry on with libgomp's default */
+  }
+  for (int i = 1; i < argc && argv[i][0] == '-' && argv[i][1]; i++) { /* options before the script */
+    if (!strcmp(argv[i], "--nproc")) return launch_ranks(argc, argv, i);
+    if (!strcmp(argv[i], "-e")) i++;
   }
   lua_State *L = luaL_newstate();
   if (!L) return 1;

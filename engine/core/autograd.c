@@ -240,46 +240,92 @@ static int by_seq_desc(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static kg_status run_backward(node_list *order, bool retain_graph) {
-  for (size_t k = 0; k < order->n; k++) {
-    kg_node *n = order->v[k];
-    const kg_op_facts *f = &kg_op_info[n->op];
-    bool any = false;
-    for (int j = 0; j < n->nout; j++)
-      if (n->grad_buf[j]) any = true;
-    if (!any) continue;
-    if (n->released)
-      return kg_error(KG_ERR_AUTOGRAD, f->name,
-                      "trying to backward through the graph a second time (its saved tensors were freed); "
-                      "pass retain_graph=true the first time");
-    KG_TRY(check_versions(n));
-    if (!f->backward) return kg_error(KG_ERR_AUTOGRAD, f->name, "op has no backward");
-    kg_tensor *din[64] = {0}, **dinp = n->nin <= 64 ? din : calloc((size_t)n->nin, sizeof *dinp);
-    if (!dinp) return kg_error(KG_ERR_OOM, f->name, "out of memory in backward");
-    kg_status s = f->backward(n, n->grad_buf, dinp);
-    for (int i = 0; s == KG_OK && i < n->nin; i++) {
-      if (!dinp[i] || !kg_node_needs_grad(n, i)) continue;
-      kg_tensor *g;
-      s = kg_sum_to(&g, dinp[i], n->in_meta[i].ndim, n->in_meta[i].shape, n->in_meta[i].dtype);
-      if (s) break;
-      if (n->next[i].fn) s = accumulate(&n->next[i].fn->grad_buf[n->next[i].output_nr], g);
-      else s = accumulate_leaf(n->next[i].leaf, g);
-      kg_tensor_release(g);
+/* a leaf's gradient is final once the last node (in backward's order) that feeds it has run */
+typedef struct {
+  size_t at; /* index in the order after which the leaf is done */
+  kg_tensor *leaf;
+} leaf_ready;
+
+/* ready <- each leaf input's last node, ascending by `at` (order is newest first) */
+static kg_status plan_ready(const node_list *order, leaf_ready **ready, size_t *nready) {
+  size_t n = 0, cap = 0;
+  leaf_ready *v = NULL;
+  for (size_t k = order->n; k-- > 0;) {
+    kg_node *node = order->v[k];
+    for (int i = 0; i < node->nin; i++) {
+      kg_tensor *leaf = node->next[i].leaf;
+      if (!leaf) continue;
+      bool seen = false; /* leaves are few (parameters): a linear scan is plenty */
+      for (size_t j = 0; j < n && !seen; j++) seen = v[j].leaf == leaf;
+      if (seen) continue;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 64;
+        leaf_ready *w = realloc(v, cap * sizeof *v);
+        if (!w) return free(v), kg_error(KG_ERR_OOM, "backward", "out of memory");
+        v = w;
+      }
+      v[n++] = (leaf_ready){k, leaf};
     }
-    for (int i = 0; i < n->nin; i++) kg_tensor_release(dinp[i]);
-    if (dinp != din) free(dinp);
-    KG_TRY(s);
-    kg_release_all(n->nout, n->grad_buf);
-    memset(n->grad_buf, 0, sizeof(kg_tensor *) * (size_t)n->nout);
-    if (!retain_graph) {
-      release_saved(n);
-      n->released = true;
-    }
+  }
+  for (size_t a = 0, b = n ? n - 1 : 0; a < b; a++, b--) { /* found last-first: reverse */
+    leaf_ready t = v[a];
+    v[a] = v[b], v[b] = t;
+  }
+  *ready = v, *nready = n;
+  return KG_OK;
+}
+
+static kg_status run_node(kg_node *n, bool retain_graph) {
+  const kg_op_facts *f = &kg_op_info[n->op];
+  bool any = false;
+  for (int j = 0; j < n->nout; j++)
+    if (n->grad_buf[j]) any = true;
+  if (!any) return KG_OK;
+  if (n->released)
+    return kg_error(KG_ERR_AUTOGRAD, f->name,
+                    "trying to backward through the graph a second time (its saved tensors were freed); "
+                    "pass retain_graph=true the first time");
+  KG_TRY(check_versions(n));
+  if (!f->backward) return kg_error(KG_ERR_AUTOGRAD, f->name, "op has no backward");
+  kg_tensor *din[64] = {0}, **dinp = n->nin <= 64 ? din : calloc((size_t)n->nin, sizeof *dinp);
+  if (!dinp) return kg_error(KG_ERR_OOM, f->name, "out of memory in backward");
+  kg_status s = f->backward(n, n->grad_buf, dinp);
+  for (int i = 0; s == KG_OK && i < n->nin; i++) {
+    if (!dinp[i] || !kg_node_needs_grad(n, i)) continue;
+    kg_tensor *g;
+    s = kg_sum_to(&g, dinp[i], n->in_meta[i].ndim, n->in_meta[i].shape, n->in_meta[i].dtype);
+    if (s) break;
+    if (n->next[i].fn) s = accumulate(&n->next[i].fn->grad_buf[n->next[i].output_nr], g);
+    else s = accumulate_leaf(n->next[i].leaf, g);
+    kg_tensor_release(g);
+  }
+  for (int i = 0; i < n->nin; i++) kg_tensor_release(dinp[i]);
+  if (dinp != din) free(dinp);
+  KG_TRY(s);
+  kg_release_all(n->nout, n->grad_buf);
+  memset(n->grad_buf, 0, sizeof(kg_tensor *) * (size_t)n->nout);
+  if (!retain_graph) {
+    release_saved(n);
+    n->released = true;
   }
   return KG_OK;
 }
 
-kg_status kg_backward(kg_tensor *root, const kg_tensor *grad, bool retain_graph) {
+static kg_status run_backward(node_list *order, bool retain_graph, kg_grad_ready_fn on_ready, void *ud) {
+  leaf_ready *ready = NULL;
+  size_t nready = 0, next = 0;
+  if (on_ready) KG_TRY(plan_ready(order, &ready, &nready));
+  kg_status s = KG_OK;
+  for (size_t k = 0; k < order->n && s == KG_OK; k++) {
+    s = run_node(order->v[k], retain_graph);
+    for (; s == KG_OK && next < nready && ready[next].at == k; next++) s = on_ready(ready[next].leaf, ud);
+  }
+  free(ready);
+  return s;
+}
+
+kg_status kg_backward_ex(kg_tensor *root, const kg_tensor *grad, bool retain_graph, kg_grad_ready_fn on_ready,
+                         void *ud) {
   char b1[KG_SHAPE_STR_MAX], b2[KG_SHAPE_STR_MAX];
   if (!kg_requires_grad(root))
     return kg_error(KG_ERR_AUTOGRAD, "backward", "the tensor does not require grad and has no grad_fn");
@@ -300,6 +346,7 @@ kg_status kg_backward(kg_tensor *root, const kg_tensor *grad, bool retain_graph)
   kg_status s = KG_OK;
   if (!root->grad_fn) { /* a leaf */
     s = accumulate_leaf(root, g);
+    if (s == KG_OK && on_ready) s = on_ready(root, ud);
     kg_tensor_release(g);
     kg_set_grad_enabled(was);
     return s;
@@ -324,7 +371,7 @@ kg_status kg_backward(kg_tensor *root, const kg_tensor *grad, bool retain_graph)
   if (s == KG_OK) {
     qsort(order.v, order.n, sizeof *order.v, by_seq_desc);
     s = accumulate(&root->grad_fn->grad_buf[root->output_nr], g);
-    if (s == KG_OK) s = run_backward(&order, retain_graph);
+    if (s == KG_OK) s = run_backward(&order, retain_graph, on_ready, ud);
   }
   for (size_t k = 0; k < order.n; k++) { /* on failure, drop partial gradients */
     kg_node *n = order.v[k];
@@ -338,4 +385,8 @@ kg_status kg_backward(kg_tensor *root, const kg_tensor *grad, bool retain_graph)
   kg_tensor_release(g);
   kg_set_grad_enabled(was);
   return s;
+}
+
+kg_status kg_backward(kg_tensor *root, const kg_tensor *grad, bool retain_graph) {
+  return kg_backward_ex(root, grad, retain_graph, NULL, NULL);
 }

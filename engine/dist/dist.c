@@ -237,6 +237,58 @@ kg_status kg_dist_all_reduce(kg_tensor *t, kg_dist_op op) {
   return s;
 }
 
+struct kg_dist_work {
+  MPI_Request req; /* MPI_REQUEST_NULL: nothing in flight (world 1, cuda, empty) */
+  kg_tensor *t, *w; /* w: the contiguous buffer reduced (t itself, or a copy in the reduce dtype) */
+  kg_dist_op op;
+};
+
+kg_status kg_dist_all_reduce_start(kg_tensor *t, kg_dist_op op, kg_dist_work **work) {
+  KG_TRY(need_init("all_reduce"));
+  KG_TRY(check_device("all_reduce", t));
+  KG_TRY(check_reduce("all_reduce", t, op));
+  kg_dist_work *k = calloc(1, sizeof *k);
+  if (!k) return kg_error(KG_ERR_OOM, "all_reduce", "no memory for a started all-reduce");
+  k->req = MPI_REQUEST_NULL, k->op = op, k->t = kg_tensor_retain(t);
+  bool cuda = t->device.type == KG_DEV_CUDA;
+  kg_status s = KG_OK;
+  if ((g_world > 1 || cuda) && kg_numel(t) > 0) {
+    s = work_copy(&k->w, t, cuda ? t->dtype : reduce_dtype(t->dtype));
+    if (s == KG_OK && cuda) s = kg_nccl_run(KG_NCCL_ALL_REDUCE, k->w, k->w, op, 0);
+    else if (s == KG_OK)
+      s = mpi_err(MPI_Iallreduce(MPI_IN_PLACE, kg_data(k->w), (int)kg_numel(k->w), mpi_type(k->w->dtype), mpi_op(op),
+                                 MPI_COMM_WORLD, &k->req),
+                  "all_reduce");
+  }
+  if (s != KG_OK) {
+    if (k->w) kg_tensor_release(k->w);
+    kg_tensor_release(k->t);
+    free(k);
+    return s;
+  }
+  *work = k;
+  return KG_OK;
+}
+
+kg_status kg_dist_test(kg_dist_work *k, bool *done) {
+  int flag = 1;
+  if (k->req != MPI_REQUEST_NULL) KG_TRY(mpi_err(MPI_Test(&k->req, &flag, MPI_STATUS_IGNORE), "all_reduce"));
+  *done = flag != 0;
+  return KG_OK;
+}
+
+kg_status kg_dist_wait(kg_dist_work *k) {
+  kg_status s = KG_OK;
+  if (k->req != MPI_REQUEST_NULL) s = mpi_wait(MPI_SUCCESS, &k->req, "all_reduce");
+  if (s == KG_OK && k->w && !(k->t->device.type == KG_DEV_CUDA) && k->op == KG_DIST_AVG) scale(k->w, 1.0 / g_world);
+  if (s == KG_OK && k->w && k->w != k->t) s = kg_copy_(k->t, k->w);
+  if (s == KG_OK && k->w == k->t) kg_tensor_bump_version(k->t);
+  if (k->w) kg_tensor_release(k->w);
+  kg_tensor_release(k->t);
+  free(k);
+  return s;
+}
+
 kg_status kg_dist_broadcast(kg_tensor *t, int root) {
   KG_TRY(need_init("broadcast"));
   if (root < 0 || root >= g_world)

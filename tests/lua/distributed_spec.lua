@@ -117,6 +117,59 @@ describe("keng.distributed, world size 1 (no mpirun)", function()
   end)
 end)
 
+describe("backward's grad-ready hook", function()
+  local nn = require "keng.nn"
+  local C = keng._distributed
+
+  it("reports each watched leaf once, as soon as its grad is final, last layer first", function()
+    keng.manual_seed(2)
+    local m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    local ps = m:parameters()                                        -- w1 b1 w2 b2 w3 b3
+    local x = keng.randn({5, 3})
+    local want = {}
+    local l = (m(x) * m(x)):sum()                                    -- every layer used twice
+    l:backward({retain_graph = true})
+    for i, p in ipairs(ps) do want[i] = p.grad:clone(); p.grad = nil end
+    local seen, at = {}, {}
+    C.backward_hooked(l, nil, false, ps, function(i)
+      assert.is_nil(seen[i], "reported twice")
+      seen[i] = true
+      at[#at + 1] = i
+      assert.are.same(want[i]:tolist(), ps[i].grad:tolist())       -- final when reported
+    end)
+    assert.are.equal(6, #at)
+    local pos = {}
+    for k, i in ipairs(at) do pos[i] = k end
+    assert.is_true(math.max(pos[5], pos[6]) < math.min(pos[3], pos[4]), table.concat(at, " "))
+    assert.is_true(math.max(pos[3], pos[4]) < math.min(pos[1], pos[2]), table.concat(at, " "))
+  end)
+
+  it("ignores leaves it does not watch, reports a leaf root, and stops on the hook's error", function()
+    local a, b = keng.randn({3}):requires_grad_(), keng.randn({3}):requires_grad_()
+    local got = {}
+    C.backward_hooked((a * b):sum(), nil, false, {b}, function(i) got[#got + 1] = i end)
+    assert.are.same({1}, got)
+    got = {}
+    C.backward_hooked(a, keng.ones({3}), false, {a}, function(i) got[#got + 1] = i end)
+    assert.are.same({1}, got)
+    local ok, e = pcall(C.backward_hooked, (a * b):sum(), nil, false, {a, b}, function() error("hook says no") end)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("hook says no"), e)
+  end)
+
+  it("data_parallel at world size 1 starts its buckets inside backward", function()
+    keng.manual_seed(4)
+    local m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    local dp = dist.data_parallel(m, {bucket_mb = 1e-9})
+    dp(keng.randn({2, 3})):sum():backward()
+    assert.are.same({buckets = 4, started_in_backward = 4}, dp.last_sync)
+    local w = C.all_reduce_start(keng.ones({3}), {op = "avg"})
+    assert.is_true(w:test())
+    assert.are.same({1, 1, 1}, w:wait():tolist())
+    assert.truthy(select(2, pcall(w.wait, w)):find("already waited"))
+  end)
+end)
+
 describe("keng.distributed, 2 ranks under mpirun", function()
   local have = os.execute("command -v mpirun >/dev/null 2>&1")
 
@@ -137,6 +190,35 @@ describe("keng.distributed, 2 ranks under mpirun", function()
     assert.truthy(out:find("list batches: max weight diff", 1, true), out)
     local _, bars = out:gsub("Epoch 1/1 %-", "")
     assert.are.equal(1, bars, out)                  -- rank 0 prints, rank 1 is silent
+  end)
+
+  it("starts every bucket's all-reduce inside backward; the grads are the global batch's", function()
+    local out, code = mpirun("tests/dist/dp_overlap.lua")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("overlap 6/6"), out)
+  end)
+
+  it("keng --nproc N starts N ranks through mpirun; a rank's error fails the launch", function()
+    local run = "cd " .. sh_quote(root) .. " && " .. ASAN_RANKS .. " OMPI_MCA_btl=self,vader timeout 60 " .. sh_quote(KENG)
+    local out, code = run_capture(run .. [[ --nproc 2 -e 'local d = require "keng.distributed"; d.init()
+      print("rank " .. d.rank() .. " of " .. d.world_size())' 2>&1]])
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 0 of 2"), out)
+    assert.truthy(out:find("rank 1 of 2"), out)
+    out, code = run_capture(run .. [[ --nproc 2 -e 'local d = require "keng.distributed"; d.init()
+      if d.rank() == 1 then error("rank one fails") end d.barrier()' 2>&1]])
+    assert.are_not.equal(0, code, out)
+    assert.truthy(out:find("rank one fails"), out)
+    for _, bad in ipairs({"0", "2x", "-1", ""}) do
+      out, code = run_capture(run .. " --nproc " .. sh_quote(bad) .. " -e 'print(1)' 2>&1")
+      assert.are.equal(1, code, out)
+      assert.truthy(out:find("--nproc needs a number of ranks from 1 to 4096", 1, true), out)
+    end
+    out, code = run_capture(run .. " --nproc 2>&1")
+    assert.truthy(out:find("got nothing", 1, true), out)
+    out, code = run_capture(run .. " --nproc 1 --nproc 1 -e 'print(1)' 2>&1")
+    assert.are.equal(1, code, out)
+    assert.truthy(out:find("--nproc inside an MPI job", 1, true), out)
   end)
 
   it("a collective that waits longer than KENG_DIST_TIMEOUT raises on the waiting rank", function()

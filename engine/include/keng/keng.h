@@ -291,6 +291,13 @@ static inline bool kg_requires_grad(const kg_tensor *t) { return t->requires_gra
 /* Backpropagates from `root` (gradient `grad`, or ones if NULL and root has one element),
  * accumulating into leaves' .grad. Frees saved tensors unless retain_graph. */
 kg_status kg_backward(kg_tensor *root, const kg_tensor *grad, bool retain_graph);
+/* kg_backward that calls on_ready(leaf, ud) as soon as a leaf's .grad is final for this pass
+ * (after the last node feeding it has run; a leaf fed by no node that ran is still reported),
+ * so a caller can start using the gradient (data-parallel all-reduce) while backward goes on.
+ * An error from on_ready stops the backward and is returned. */
+typedef kg_status (*kg_grad_ready_fn)(kg_tensor *leaf, void *ud);
+kg_status kg_backward_ex(kg_tensor *root, const kg_tensor *grad, bool retain_graph, kg_grad_ready_fn on_ready,
+                         void *ud);
 /* Reduces g (a broadcast of `shape`) to `shape` by summing; casts to dt. Returns new ref. */
 kg_status kg_sum_to(kg_tensor **out, kg_tensor *g, int ndim, const int64_t *shape, kg_dtype dt);
 /* Fails if a tensor about to be written in place requires grad under grad mode. */

@@ -60,64 +60,129 @@ end
 function DataParallel:state_dict(opts) return self.module:state_dict(opts) end
 function DataParallel:load_state_dict(...) return self.module:load_state_dict(...) end
 
--- sync_grads(weight): every trainable parameter's grad <- sum over ranks of weight * grad
--- (weight 1 / world_size by default: the mean). A parameter without a grad counts as zeros, so
--- every rank runs the same collectives. Grads go in buckets of about bucket_mb, in reverse
--- registration order (the order backward finishes them), one flat all-reduce per bucket.
-function DataParallel:sync_grads(weight)
-  dist._armed[self] = nil
-  weight = weight or 1 / C.world_size()
+-- buckets(): the trainable parameters in reverse registration order (the order backward
+-- finishes them), cut into buckets of about bucket_mb of one dtype and device each.
+-- -> params, bucket_of (params[i]'s bucket), sizes (parameters per bucket)
+function DataParallel:buckets()
   local params = {}
   for _, p in ipairs(self.module:parameters()) do if p.requires_grad then params[#params + 1] = p end end
-  keng.no_grad(function()
-    local bucket, bytes, dtype, device = {}, 0, nil, nil
-    local function flush()
-      if #bucket == 0 then return end
-      local flat = {}
-      for i, p in ipairs(bucket) do flat[i] = p.grad:reshape({-1}) end
-      local buf = #flat == 1 and flat[1]:clone() or keng.cat(flat, 1)
-      if weight ~= 1 then buf:mul_(weight) end
-      C.all_reduce(buf, {op = "sum"})
-      local at = 1
-      for _, p in ipairs(bucket) do
-        local n = p:numel()
-        p.grad:copy_(buf:narrow(1, at, n):reshape(p.shape))
-        at = at + n
-      end
-      bucket, bytes = {}, 0
-    end
-    for i = #params, 1, -1 do
+  local rev, bucket_of, sizes = {}, {}, {}
+  local bytes, key = 0, nil
+  for i = #params, 1, -1 do
+    local p = params[i]
+    local k = p.dtype .. "@" .. tostring(p.device)
+    if #sizes == 0 or k ~= key or bytes >= self.bucket_bytes then sizes[#sizes + 1], bytes = 0, 0 end
+    key = k
+    rev[#rev + 1] = p
+    bucket_of[#rev] = #sizes
+    sizes[#sizes] = sizes[#sizes] + 1
+    bytes = bytes + p:numel() * BYTES[p.dtype]
+  end
+  return rev, bucket_of, sizes
+end
+
+-- a syncer for one backward: ready(i) when params[i]'s grad is final; a bucket whose grads are
+-- all final starts its all-reduce (buckets start in bucket order on every rank, as MPI needs);
+-- finish() starts what is left (a parameter without a grad counts as zeros, so every rank runs
+-- the same collectives), waits for all and writes the averaged grads back.
+function DataParallel:syncer(weight)
+  weight = weight or 1 / C.world_size()
+  local params, bucket_of, sizes = self:buckets()
+  local left, first = {}, {}                                       -- grads still pending; first param
+  for b, n in ipairs(sizes) do left[b] = n end
+  for i = #params, 1, -1 do first[bucket_of[i]] = i end
+  local works, started, in_backward = {}, 0, 0
+  local function start(b)
+    local flat = {}
+    for i = first[b], first[b] + sizes[b] - 1 do
       local p = params[i]
       if p.grad == nil then p.grad = keng.zeros_like(p) end
-      local g = p.grad
-      if g.dtype ~= dtype or tostring(g.device) ~= device then flush() end
-      dtype, device = g.dtype, tostring(g.device)
-      bucket[#bucket + 1] = p
-      bytes = bytes + g:numel() * BYTES[g.dtype]
-      if bytes >= self.bucket_bytes then flush() end
+      flat[#flat + 1] = p.grad:reshape({-1})
     end
-    flush()
-  end)
+    local buf = #flat == 1 and flat[1]:clone() or keng.cat(flat, 1)
+    if weight ~= 1 then buf:mul_(weight) end
+    works[b] = {buf = buf, work = C.all_reduce_start(buf, {op = "sum"})}
+    started = b
+  end
+  local s = {}
+  function s.ready(i)
+    local b = bucket_of[i]
+    left[b] = left[b] - 1
+    keng.no_grad(function()
+      while started < #sizes and left[started + 1] == 0 do
+        start(started + 1)
+        in_backward = in_backward + 1
+      end
+      for b2 = 1, started do works[b2].work:test() end            -- lets MPI progress
+    end)
+  end
+  function s.finish()
+    keng.no_grad(function()
+      while started < #sizes do start(started + 1) end
+      for b = 1, #sizes do
+        local buf = works[b].work:wait()
+        local at = 1
+        for i = first[b], first[b] + sizes[b] - 1 do
+          local p = params[i]
+          local n = p:numel()
+          p.grad:copy_(buf:narrow(1, at, n):reshape(p.shape))
+          at = at + n
+        end
+      end
+    end)
+    -- overlap evidence: how many buckets started while backward still ran
+    rawset(self, "last_sync", {buckets = #sizes, started_in_backward = in_backward})
+  end
+  s.params = params
+  return s
+end
+
+-- sync_grads(weight): every trainable parameter's grad <- sum over ranks of weight * grad
+-- (weight 1 / world_size by default: the mean), all buckets after backward. A tensor backward
+-- after an armed forward does the same, starting each bucket as soon as its grads are final.
+function DataParallel:sync_grads(weight)
+  dist._armed[self] = nil
+  self:syncer(weight).finish()
 end
 
 -- wrappers whose forward ran since their last sync (weak: a dropped wrapper is forgotten)
 dist._armed = setmetatable({}, {__mode = "k"})
 
--- the hook point: tensor:backward() runs the engine's backward, then syncs the armed wrappers
+-- the hook point: tensor:backward() runs the engine's backward; with one armed wrapper each
+-- bucket's all-reduce starts as soon as its grads are final (overlapping the rest of backward),
+-- several armed wrappers sync after it
 local methods = getmetatable(keng.tensor({0})).methods
 local raw_backward = methods.backward
-methods.backward = function(...)
-  local ok, err = pcall(raw_backward, ...)
+local function is_tensor(v) return getmetatable(v) == getmetatable(keng.tensor({0})) end
+methods.backward = function(t, g, retain, ...)
+  local list = {}
+  for dp in pairs(dist._armed) do list[#list + 1] = dp end
+  local ok, err
+  if #list == 1 and select("#", ...) == 0 then
+    local dp = list[1]
+    if type(g) == "table" and not is_tensor(g) then
+      local o = options.check("backward", g, {"gradient", "retain_graph"})
+      g, retain = o.gradient, o.retain_graph
+    end
+    local syncer = dp:syncer(rawget(dp, "_next_weight"))
+    ok, err = pcall(C.backward_hooked, t, g, retain, syncer.params, syncer.ready)
+    if ok then
+      dist._armed[dp] = nil
+      rawset(dp, "_next_weight", nil)
+      ok, err = pcall(syncer.finish)
+    end
+  else
+    ok, err = pcall(raw_backward, t, g, retain, ...)
+  end
   if not ok then
     for dp in pairs(dist._armed) do dist._armed[dp] = nil end  -- a failed backward syncs nothing
     -- blame the caller's line (the engine's message would name this wrapper's)
     if type(err) == "string" then err = err:gsub("^[^\n]-distributed%.lua:%d+: ", "") end
     error(err, 2)
   end
-  local list = {}
-  for dp in pairs(dist._armed) do list[#list + 1] = dp end
-  for _, dp in ipairs(list) do dp:sync_grads(rawget(dp, "_next_weight")); rawset(dp, "_next_weight", nil) end
-  return err  -- backward's own result
+  if #list ~= 1 then
+    for _, dp in ipairs(list) do dp:sync_grads(rawget(dp, "_next_weight")); rawset(dp, "_next_weight", nil) end
+  end
 end
 
 -- data_parallel(model, opts) -> a DataParallel module (model itself when already wrapped)
