@@ -171,3 +171,18 @@ describe("other JSON files", function()
       "column 22 (byte 22): number 1e400 is out of the range of a double", 1, true), err)
   end)
 end)
+
+describe("keng.json.encode", function()
+  it("writes floats that read back exactly and stay floats, integers as integers", function()
+    local v = {0.1, 1 / 3, 2.0, -0.0, 1e20, 5e-324, 1.7976931348623157e308, 10000.0, 3, -7, math.maxinteger}
+    for _, c in ipairs{{0.1, "0.1"}, {2.0, "2.0"}, {-0.0, "-0.0"}, {1e20, "1e+20"}, {3, "3"}, {0.5, "0.5"}} do
+      assert.are.equal(c[2], json.encode(c[1]))
+    end
+    local text = json.encode(v)
+    local back = json.decode(text)
+    for i, x in ipairs(v) do
+      assert.are.equal(math.type(x), math.type(back[i]), "type of " .. i)
+      assert.is_true(x == back[i] and 1 / x == 1 / back[i], "value of " .. i .. ": " .. tostring(back[i]))
+    end
+  end)
+end)

@@ -21,6 +21,16 @@ end
 json.array_mt = {}
 function json.array(t) return setmetatable(t or {}, json.array_mt) end
 
+-- the shortest of 15, 16 or 17 significant digits that reads back as v exactly, with ".0" on an
+-- integral value so that decode gives a float again (as Python's json writes 2.0)
+local function float_text(v)
+  local s = string.format("%.15g", v)
+  if tonumber(s) ~= v then s = string.format("%.16g", v) end
+  if tonumber(s) ~= v then s = string.format("%.17g", v) end
+  if not s:find("[.e]") then s = s .. ".0" end
+  return s
+end
+
 local function encode(v, indent, depth, out)
   local ty = type(v)
   if v == nil or v == json.null then out[#out + 1] = "null"
@@ -28,7 +38,7 @@ local function encode(v, indent, depth, out)
   elseif ty == "number" then
     if v ~= v or v == math.huge or v == -math.huge then out[#out + 1] = "null"
     elseif math.type(v) == "integer" then out[#out + 1] = tostring(v)
-    else out[#out + 1] = string.format("%.10g", v) end
+    else out[#out + 1] = float_text(v) end
   elseif ty == "string" then
     out[#out + 1] = '"' .. v:gsub('[%c"\\]', function(c)
       return escapes[c] or string.format("\\u%04x", c:byte())
