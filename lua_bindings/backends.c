@@ -343,7 +343,7 @@ void kgl_register_backends(lua_State *L, int methods, int keng) {
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
 
-  /* keng.cuda exists (kgl_register_core runs first) */
+  /* keng.cuda exists (kgl_register_runtime, runtime.c, runs first) */
   lua_getfield(L, keng, "cuda");
   if (lua_istable(L, -1)) {
     lua_pushcfunction(L, l_cuda_graph);
