@@ -7,7 +7,7 @@
  *   available() -> {mpi = bool (a launcher started this process), nccl = bool (built with NCCL)} */
 #include "keng_lua.h"
 
-#include "../engine/dist/dist.h"
+#include <keng/dist.h>
 
 #include <string.h>
 
