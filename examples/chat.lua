@@ -44,9 +44,7 @@ if o.demo then
   o.temperature = o.temperature or 1                                -- random weights: sample
 else
   if not dir then usage() end
-  local f = io.open(dir .. "/config.json", "rb") or usage("no config.json in " .. dir)
-  local cfg = require("keng.json").decode(f:read("a"))
-  f:close()
+  local cfg = require("models.common").read_config(dir, "chat", 1)  -- errors name the file
   family = cfg.model_type
   local ok, mod = pcall(require, "models." .. tostring(family))
   if not ok then usage("unsupported model_type " .. tostring(family)) end

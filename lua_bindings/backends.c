@@ -24,19 +24,9 @@
  *     id of the capture (1, 2, ...). Outside a capture: false, and nothing is kept. */
 #include "keng_lua.h"
 
-#include "../engine/core/internal.h"
-
 #include <string.h>
 
 /* ---- keng.backends ---------------------------------------------------------------------------- */
-
-/* names of the fallback reasons of the cuDNN attention path (engine/cuda/sdpa_plan.h's
- * kg_sdpa_reason; slot 0: no plan could be made right then — during a CUDA Graph capture, or no
- * memory for cuDNN's workspace) */
-static const char *const sdpa_reasons[] = {"other", "off", "dtype", "head_dim", "mask", "window", "causal_t_gt_s",
-                                           "layout", "align", "empty", "arch"};
-/* the routes of engine/ops/sdpa_route.h, in kg_sdpa_route order */
-static const char *const sdpa_routes[] = {"cpu", "cudnn", "flash", "math"};
 
 /* keng.backends.cudnn_sdpa_stats: {cudnn = calls cuDNN ran, plans = plans built, build_failures =,
  * exec_failures =, fallback = calls left to keng's flash kernel, reasons = {dtype = n, ...}} */
@@ -53,17 +43,17 @@ static void push_sdpa_stats(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)st.exec_failures);
   lua_setfield(L, -2, "exec_failures");
   uint64_t total = st.build_failures + st.exec_failures;
-  lua_createtable(L, 0, 10);
-  for (size_t i = 0; i < sizeof sdpa_reasons / sizeof *sdpa_reasons; i++) {
+  lua_createtable(L, 0, 11);
+  for (int i = 0; kg_sdpa_fallback_name(i); i++) { /* the engine's names ("other" for slot 0) */
     lua_pushinteger(L, (lua_Integer)st.fallback[i]);
-    lua_setfield(L, -2, sdpa_reasons[i]);
+    lua_setfield(L, -2, kg_sdpa_fallback_name(i));
     total += st.fallback[i];
   }
   lua_setfield(L, -2, "reasons");
   lua_createtable(L, 0, 4);
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; kg_sdpa_route_stat_name(i); i++) {
     lua_pushinteger(L, (lua_Integer)st.routes[i]);
-    lua_setfield(L, -2, sdpa_routes[i]);
+    lua_setfield(L, -2, kg_sdpa_route_stat_name(i));
   }
   lua_setfield(L, -2, "routes");
   lua_pushinteger(L, (lua_Integer)total);
@@ -252,7 +242,7 @@ static int graph_call(lua_State *L) {
   /* capture: collect garbage and drain the queue first, so neither lands in the graph */
   lua_gc(L, LUA_GCCOLLECT);
   lua_gc(L, LUA_GCCOLLECT);
-  KGL_CALL(L, kg_cuda_sync(g->device));
+  KGL_CALL(L, kg_device_synchronize((kg_device){KG_DEV_CUDA, (int8_t)g->device}));
   KGL_CALL(L, kg_cuda_graph_begin(g->device));
   capture_count++;
   lua_pushvalue(L, 1); /* keng.cuda.on_replay registers hooks with this graph meanwhile */
@@ -353,7 +343,7 @@ void kgl_register_backends(lua_State *L, int methods, int keng) {
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
 
-  /* keng.cuda exists (kgl_register_core runs first) */
+  /* keng.cuda exists (kgl_register_runtime, runtime.c, runs first) */
   lua_getfield(L, keng, "cuda");
   if (lua_istable(L, -1)) {
     lua_pushcfunction(L, l_cuda_graph);

@@ -10,7 +10,7 @@
  *     soon as leaves[i]'s grad is final (data_parallel starts its bucket all-reduces from there) */
 #include "keng_lua.h"
 
-#include "../engine/dist/dist.h"
+#include <keng/dist.h>
 
 #include <string.h>
 

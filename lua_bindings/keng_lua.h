@@ -1,6 +1,9 @@
-/* keng_lua.h — the binding toolkit shared by lua_bindings/<family>.c: the tensor userdata, argument
- * checks that follow LUA_API.md (1-based positions, 0-based ids), and raising engine errors.
- * Bindings are thin: check arguments, make one engine call, push or raise. */
+/* keng_lua.h — the binding toolkit shared by lua_bindings/<family>.c: the tensor userdata
+ * (tensor.c), argument checks that follow docs/lua_api.md (1-based positions, 0-based ids;
+ * toolkit.c), and raising engine errors. Bindings are thin: check arguments, make one engine
+ * call, push or raise. Each binding file pairs with the engine file whose functions it binds
+ * (creation.c with engine/ops/creation.c, view.c with engine/ops/view.c, autograd.c with
+ * engine/core/autograd.c, ...). */
 #ifndef KENG_LUA_H
 #define KENG_LUA_H
 
@@ -78,13 +81,27 @@ void kgl_check_options(lua_State *L, int idx, const char *who, const char *const
 /* Registration: each family file adds tensor methods (into the table at methods) and module
  * functions (into the table at keng). Defined in lua_bindings/<family>.c. */
 #define KGL_FAMILIES(X) \
-  X(core) X(elementwise) X(reduce) X(index) X(norm) X(conv) X(random) X(attention) X(loss) X(io) X(optim) X(image) X(wordpiece) X(sentencepiece) X(tokenizer_json) X(clip) X(debug) X(backends) \
-  X(distributed) X(decode) X(quant)
+  X(tensor) X(creation) X(copy) X(view) X(matmul) X(autograd) X(runtime) \
+  X(elementwise) X(reduce) X(index) X(norm) X(conv) X(random) X(attention) X(loss) X(io) X(optim) X(image) X(wordpiece) X(sentencepiece) X(tokenizer_json) X(clip) X(debug) X(backends) \
+  X(distributed) X(decode) X(quant) X(json)
 #define X(f) void kgl_register_##f(lua_State *L, int methods, int keng);
 KGL_FAMILIES(X)
 #undef X
 
-/* Sets fn as both t:name(...) and keng.name(...). */
+/* Sets fn as t:name(...) (methods != 0) and keng.name(...) (keng != 0). */
 void kgl_set(lua_State *L, int methods, int keng, const char *name, lua_CFunction fn);
+
+/* requires_grad = on for t (a fresh tensor, or t:requires_grad_()): raises unless t is a
+ * floating-point leaf */
+void kgl_set_requires_grad(lua_State *L, kg_tensor *t, bool on);
+
+/* l_<name>: the method t:name() as one engine call that makes r from t */
+#define KGL_UNARY_METHOD(name, call)         \
+  static int l_##name(lua_State *L) {        \
+    kg_tensor *t = kgl_check(L, 1), *r;      \
+    KGL_CALL(L, call);                       \
+    kgl_push(L, r);                          \
+    return 1;                                \
+  }
 
 #endif

@@ -1,6 +1,8 @@
 /* backends.c — process-wide switches read by the device kernels (keng.backends in Lua). */
 #include "internal.h"
 
+#include "../ops/sdpa_route.h"
+
 static int allow_tf32; /* read by engine/cuda/matmul.cu and conv.cu at each launch */
 
 void kg_set_allow_tf32(bool on) { __atomic_store_n(&allow_tf32, on ? 1 : 0, __ATOMIC_RELAXED); }
@@ -35,4 +37,13 @@ void kg_sdpa_stats_get(kg_sdpa_stats *out) {
   out->exec_failures = __atomic_load_n(&sdpa_stats.exec_failures, __ATOMIC_RELAXED);
   for (int i = 0; i < 16; i++) out->fallback[i] = __atomic_load_n(&sdpa_stats.fallback[i], __ATOMIC_RELAXED);
   for (int i = 0; i < 4; i++) out->routes[i] = __atomic_load_n(&sdpa_stats.routes[i], __ATOMIC_RELAXED);
+}
+
+const char *kg_sdpa_fallback_name(int i) {
+  if (i < 0 || i >= KG_SDPA_NREASONS) return NULL;
+  return i == KG_SDPA_OK ? "other" : kg_sdpa_reason_name((kg_sdpa_reason)i);
+}
+
+const char *kg_sdpa_route_stat_name(int i) {
+  return i >= 0 && i < 4 ? kg_sdpa_route_name((kg_sdpa_route)i) : NULL;
 }

@@ -43,15 +43,7 @@ const kg_device_memory *kg_memory_set_device(const kg_device_memory *m);
 /* Copies n bytes between any two of cpu and cuda memory, ordered on the compute stream. */
 kg_status kg_cuda_memcpy(void *dst, kg_device ddev, const void *src, kg_device sdev, size_t n);
 kg_status kg_cuda_sync(int device);
-/* CUDA Graphs (runtime.cu): begin captures the work queued on the device's compute stream (no
- * kernel runs until a launch); end stops it and instantiates the graph (*out NULL on failure);
- * launch replays it (asynchronous); free waits for its replays and frees what it holds. While
- * capturing, ops that read device memory on the host or synchronise raise an error. */
-typedef struct kg_cuda_graph kg_cuda_graph;
-kg_status kg_cuda_graph_begin(int device);
-kg_status kg_cuda_graph_end(int device, kg_cuda_graph **out);
-kg_status kg_cuda_graph_launch(kg_cuda_graph *g);
-void kg_cuda_graph_free(kg_cuda_graph *g);
+/* (the CUDA Graph API is public: keng.h) */
 bool kg_cuda_capturing(int device);
 
 /* kg_tensor_empty whose errors (bad shape, dtype or device) name op, the call the user made. */
@@ -97,8 +89,9 @@ void kg_store_from_double(void *base, kg_dtype dt, int64_t off, double v);
 /* Output shape of reducing x over the dims in mask (KG_DIMS_ALL = all). */
 kg_status kg_reduce_shape(const char *op, const kg_tensor *x, uint32_t mask, bool keepdim, int *nd, int64_t *shape);
 
-/* Shared by the index kernels of every backend (defined in engine/ops/index.c), so that their
- * messages and view arithmetic cannot drift apart. The error for index v outside
+/* Shared by the index kernels of every backend (defined in engine/core/kernel_shared.c, below
+ * the kernels: no kernel calls into engine/ops), so that their messages and view arithmetic
+ * cannot drift apart. The error for index v outside
  * [0, t->shape[dim]): "index 7 out of range for dim 2 of size 5 (x [3,5])"; with name NULL
  * (an embedding table, dim 0) "index 7 out of range for table of 5 rows". */
 kg_status kg_index_range_error(const char *op, int64_t v, const kg_tensor *t, int dim, const char *name);

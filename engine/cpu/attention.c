@@ -256,7 +256,7 @@ static bool use_avx2_tiles(void) {
 kg_status kg_cpu_scaled_dot_product_attention(const kg_op_call *c) {
   plan P = make_plan(c->in[0], c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, c->params);
   if (P.B * P.H * P.T == 0) return KG_OK;
-  if (P.D == 0) return kg_fill_(c->out[1], P.S ? log((double)P.S) : -INFINITY); /* all scores 0 */
+  if (P.D == 0) return kg_cpu_fill_value(c->out[1], P.S ? log((double)P.S) : -INFINITY); /* all scores 0 */
   kg_flop_add((uint64_t)(4 * P.B * P.H * P.T * P.S * P.D));
   if (c->out[1]->dtype == KG_F64) sdpa_fwd_f64(&P, c->out[0], kg_data(c->out[1]));
   else if (use_avx2_tiles()) kg_attn_fwd_avx2(&P, c->out[0], kg_data(c->out[1]));
@@ -268,7 +268,7 @@ kg_status kg_cpu_scaled_dot_product_attention(const kg_op_call *c) {
 kg_status kg_cpu_sdpa_backward(const kg_op_call *c) {
   plan P = make_plan(c->in[0], c->in[1], c->in[2], c->in[3], c->params);
   if (P.B * P.H * P.T * P.D == 0 || P.S == 0) {
-    for (int i = 0; i < 3; i++) kg_fill_(c->out[i], 0);
+    for (int i = 0; i < 3; i++) kg_cpu_fill_value(c->out[i], 0);
     return KG_OK;
   }
   kg_flop_add((uint64_t)(10 * P.B * P.H * P.T * P.S * P.D));

@@ -34,6 +34,12 @@ bool kg_cpu_avx2_fma(void);
  * (0 = the kernel off; read on every call, so a lab can switch variants) */
 int kg_cpu_vector_isa(const char *cap_env);
 
+/* The copy and fill kernels (copy.c, creation.c), for kernels that build on them; fill_value
+ * sets every element of t to v (an op's output: no in-place checks, no version bump). */
+kg_status kg_cpu_copy(const kg_op_call *c);
+kg_status kg_cpu_fill(const kg_op_call *c);
+kg_status kg_cpu_fill_value(kg_tensor *t, double v);
+
 /* Compute in double for f64 and for integers (exact to 2^53), float otherwise. */
 static inline bool kg_cpu_wide(kg_dtype dt) { return dt == KG_F64 || dt == KG_I64 || dt == KG_I32; }
 

@@ -35,6 +35,12 @@ kg_status kg_cpu_fill(const kg_op_call *c) {
   return KG_OK;
 }
 
+kg_status kg_cpu_fill_value(kg_tensor *t, double v) {
+  kg_fill_params p = {v};
+  kg_op_call c = {KG_OP_FILL, 0, 1, NULL, &t, &p};
+  return kg_cpu_fill(&c);
+}
+
 kg_status kg_cpu_arange(const kg_op_call *c) {
   const kg_arange_params *p = c->params;
   kg_tensor *t = c->out[0];

@@ -11,9 +11,6 @@
 
 #include <string.h>
 
-kg_status kg_cpu_copy(const kg_op_call *c);
-kg_status kg_cpu_fill(const kg_op_call *c);
-
 static inline int64_t load_index(const void *p, kg_dtype dt, int64_t i) {
   return dt == KG_I32 ? ((const int32_t *)p)[i] : ((const int64_t *)p)[i];
 }

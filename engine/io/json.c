@@ -1,10 +1,11 @@
-/* json.c — the strict JSON reader and the small writer used by safetensors.c (see json.h).
+/* json.c — the strict JSON reader (<keng/json.h>) and the small writer used by safetensors.c.
  * Recursive descent over a byte buffer; every read is bounds-checked against the end pointer,
  * depth is capped, and duplicate keys are found by sorting each object's keys once. */
 #include "json.h"
 #include "unicode.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,13 +15,20 @@ typedef struct {
   const char *start, *p, *end;
   char *err;
   size_t errlen;
+  unsigned flags; /* KG_JSON_* */
   bool failed;
 } parser;
 
+/* Records the first failure, located at ps->p as a 1-based line, column (in bytes) and byte. */
 static bool fail(parser *ps, const char *fmt, ...) {
   if (ps->failed) return false;
   ps->failed = true;
-  int n = snprintf(ps->err, ps->errlen, "invalid JSON at byte %zu: ", (size_t)(ps->p - ps->start));
+  size_t line = 1;
+  const char *bol = ps->start;
+  for (const char *c = ps->start; c < ps->p; c++)
+    if (*c == '\n') line++, bol = c + 1;
+  int n = snprintf(ps->err, ps->errlen, "invalid JSON at line %zu, column %zu (byte %zu): ", line,
+                   (size_t)(ps->p - bol) + 1, (size_t)(ps->p - ps->start) + 1);
   va_list ap;
   va_start(ap, fmt);
   if (n >= 0 && (size_t)n < ps->errlen) vsnprintf(ps->err + n, ps->errlen - (size_t)n, fmt, ap);
@@ -92,6 +100,7 @@ static bool parse_string(parser *ps, char **out, size_t *outlen) {
       return fail(ps, "control character 0x%02x inside a string", c);
     }
     if (c == '\\') {
+      const char *esc = ps->p; /* surrogate errors point at the escape */
       ps->p++;
       if (ps->p >= ps->end) break;
       char e = *ps->p++;
@@ -107,13 +116,15 @@ static bool parse_string(parser *ps, char **out, size_t *outlen) {
       case 'u': {
         unsigned cp, lo;
         if (!hex4(ps, &cp)) return free(s), false;
-        if (cp >= 0xDC00 && cp <= 0xDFFF) return free(s), fail(ps, "lone low surrogate in \\u escape");
+        if (cp >= 0xDC00 && cp <= 0xDFFF)
+          return free(s), ps->p = esc, fail(ps, "lone low surrogate in \\u escape");
         if (cp >= 0xD800 && cp <= 0xDBFF) {
           if (ps->end - ps->p < 2 || ps->p[0] != '\\' || ps->p[1] != 'u')
-            return free(s), fail(ps, "high surrogate not followed by a low one");
+            return free(s), ps->p = esc, fail(ps, "high surrogate not followed by a low one");
           ps->p += 2;
           if (!hex4(ps, &lo)) return free(s), false;
-          if (lo < 0xDC00 || lo > 0xDFFF) return free(s), fail(ps, "high surrogate not followed by a low one");
+          if (lo < 0xDC00 || lo > 0xDFFF)
+            return free(s), ps->p = esc, fail(ps, "high surrogate not followed by a low one");
           cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         }
         o += (size_t)kg_utf8_put(s + o, cp); /* at most 4 bytes out of 6 or 12 in */
@@ -136,9 +147,28 @@ static bool parse_string(parser *ps, char **out, size_t *outlen) {
   return fail(ps, "unterminated string");
 }
 
+/* Python's json writes float('nan') and float('inf') as these bare tokens (KG_JSON_NONFINITE). */
+static bool nonfinite(parser *ps, kg_json *v) {
+  static const struct {
+    const char *word;
+    double value;
+  } tokens[] = {{"NaN", NAN}, {"Infinity", INFINITY}, {"-Infinity", -INFINITY}};
+  for (int i = 0; i < 3; i++) {
+    size_t n = strlen(tokens[i].word);
+    if ((size_t)(ps->end - ps->p) >= n && !memcmp(ps->p, tokens[i].word, n)) {
+      ps->p += n;
+      v->type = KG_JSON_NUMBER;
+      v->number = tokens[i].value;
+      return true;
+    }
+  }
+  return false;
+}
+
 static bool parse_number(parser *ps, kg_json *v) {
   const char *b = ps->p;
   bool neg = false, frac = false, expo = false;
+  if ((ps->flags & KG_JSON_NONFINITE) && nonfinite(ps, v)) return true;
   if (ps->p < ps->end && *ps->p == '-') neg = true, ps->p++;
   if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail(ps, "bad number");
   if (*ps->p == '0') {
@@ -177,6 +207,19 @@ static bool parse_number(parser *ps, kg_json *v) {
     v->is_uint = fits;
     v->uint = fits ? u : 0;
   }
+  if (!frac && !expo) { /* an integer in [-2^63, 2^63) is kept exactly as well */
+    uint64_t m = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    bool fits = true;
+    for (const char *c = b + neg; c < int_end && fits; c++) {
+      unsigned d = (unsigned)(*c - '0');
+      if (m > (lim - d) / 10)
+        fits = false;
+      else
+        m = m * 10 + d;
+    }
+    v->is_int = fits;
+    v->i64 = !fits ? 0 : neg ? (m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m) : (int64_t)m;
+  }
   size_t n = (size_t)(ps->p - b);
   char *tmp = malloc(n + 1); /* src is not NUL-terminated; strtod needs a terminated copy */
   if (!tmp) return fail(ps, "out of memory");
@@ -184,6 +227,10 @@ static bool parse_number(parser *ps, kg_json *v) {
   tmp[n] = 0;
   v->number = strtod(tmp, NULL);
   free(tmp);
+  if (isinf(v->number)) { /* 1e400: an error, not a silent infinity */
+    ps->p = b;
+    return fail(ps, "number %.*s is out of the range of a double", (int)(n < 40 ? n : 40), b);
+  }
   return true;
 }
 
@@ -192,15 +239,19 @@ static bool parse_value(parser *ps, kg_json *v, int depth);
 typedef struct {
   const char *key;
   size_t len;
+  size_t at; /* byte offset of the key in the source */
 } keyref;
 static int keyref_cmp(const void *a, const void *b) {
   const keyref *x = a, *y = b;
   size_t n = x->len < y->len ? x->len : y->len;
   int c = memcmp(x->key, y->key, n);
-  return c ? c : (x->len > y->len) - (x->len < y->len);
+  if (c) return c;
+  if (x->len != y->len) return (x->len > y->len) - (x->len < y->len);
+  return (x->at > y->at) - (x->at < y->at); /* equal keys in source order: report the later one */
 }
 
-static bool grow(parser *ps, kg_json *v, int *cap, bool object) {
+/* Room for one more item (and key, and key offset at[]) in v. */
+static bool grow(parser *ps, kg_json *v, int *cap, bool object, size_t **at) {
   if (v->n < *cap) return true;
   int nc = *cap ? *cap * 2 : 4;
   kg_json *items = realloc(v->items, sizeof *items * (size_t)nc);
@@ -213,20 +264,25 @@ static bool grow(parser *ps, kg_json *v, int *cap, bool object) {
     size_t *kl = realloc(v->key_lens, sizeof *kl * (size_t)nc);
     if (!kl) return fail(ps, "out of memory");
     v->key_lens = kl;
+    size_t *na = realloc(*at, sizeof *na * (size_t)nc);
+    if (!na) return fail(ps, "out of memory");
+    *at = na;
   }
   *cap = nc;
   return true;
 }
 
-static bool check_duplicates(parser *ps, kg_json *v) {
+/* Refuses an object with two equal keys, naming the key at its second occurrence. */
+static bool check_duplicates(parser *ps, kg_json *v, const size_t *at) {
   if (v->n < 2) return true;
   keyref *r = malloc(sizeof *r * (size_t)v->n);
   if (!r) return fail(ps, "out of memory");
   for (int i = 0; i < v->n; i++)
-    r[i] = (keyref){v->keys[i], v->key_lens[i]};
+    r[i] = (keyref){v->keys[i], v->key_lens[i], at[i]};
   qsort(r, (size_t)v->n, sizeof *r, keyref_cmp);
   for (int i = 1; i < v->n; i++)
-    if (!keyref_cmp(&r[i - 1], &r[i])) {
+    if (r[i - 1].len == r[i].len && !memcmp(r[i - 1].key, r[i].key, r[i].len)) {
+      ps->p = ps->start + r[i].at;
       fail(ps, "duplicate key \"%.200s\"", r[i].key);
       free(r);
       return false;
@@ -235,7 +291,17 @@ static bool check_duplicates(parser *ps, kg_json *v) {
   return true;
 }
 
+static bool parse_items(parser *ps, kg_json *v, int depth, bool object, size_t **at);
+
 static bool parse_container(parser *ps, kg_json *v, int depth, bool object) {
+  size_t *at = NULL; /* objects: each key's byte offset, for the duplicate-key message */
+  bool ok = parse_items(ps, v, depth, object, &at);
+  free(at);
+  return ok;
+}
+
+static bool parse_items(parser *ps, kg_json *v, int depth, bool object, size_t **at) {
+  if (depth >= KG_JSON_MAX_DEPTH) return fail(ps, "arrays and objects nested deeper than %d levels", KG_JSON_MAX_DEPTH);
   char close = object ? '}' : ']';
   v->type = object ? KG_JSON_OBJECT : KG_JSON_ARRAY;
   int cap = 0;
@@ -246,12 +312,13 @@ static bool parse_container(parser *ps, kg_json *v, int depth, bool object) {
     return true;
   }
   for (;;) {
-    if (!grow(ps, v, &cap, object)) return false;
+    if (!grow(ps, v, &cap, object, at)) return false;
     kg_json *item = &v->items[v->n];
     memset(item, 0, sizeof *item);
     if (object) {
       skip_ws(ps);
       if (ps->p >= ps->end || *ps->p != '"') return fail(ps, "expected a string key");
+      (*at)[v->n] = (size_t)(ps->p - ps->start);
       ps->p++;
       char *key;
       size_t klen;
@@ -273,7 +340,7 @@ static bool parse_container(parser *ps, kg_json *v, int depth, bool object) {
     }
     if (*ps->p == close) {
       ps->p++;
-      return object ? check_duplicates(ps, v) : true;
+      return object ? check_duplicates(ps, v, *at) : true;
     }
     return fail(ps, "expected ',' or '%c'", close);
   }
@@ -287,7 +354,6 @@ static bool literal(parser *ps, const char *word) {
 }
 
 static bool parse_value(parser *ps, kg_json *v, int depth) {
-  if (depth > KG_JSON_MAX_DEPTH) return fail(ps, "nested deeper than %d levels", KG_JSON_MAX_DEPTH);
   skip_ws(ps);
   if (ps->p >= ps->end) return fail(ps, "unexpected end of input");
   switch (*ps->p) {
@@ -300,7 +366,12 @@ static bool parse_value(parser *ps, kg_json *v, int depth) {
   case 't': v->type = KG_JSON_BOOL, v->boolean = true; return literal(ps, "true");
   case 'f': v->type = KG_JSON_BOOL; return literal(ps, "false");
   case 'n': v->type = KG_JSON_NULL; return literal(ps, "null");
-  default: return parse_number(ps, v);
+  default:
+    if (*ps->p == '-' || (*ps->p >= '0' && *ps->p <= '9') ||
+        ((ps->flags & KG_JSON_NONFINITE) && (*ps->p == 'N' || *ps->p == 'I')))
+      return parse_number(ps, v);
+    unsigned char c = (unsigned char)*ps->p;
+    return c >= 0x20 && c < 0x7f ? fail(ps, "unexpected character '%c'", c) : fail(ps, "unexpected byte 0x%02x", c);
   }
 }
 
@@ -322,7 +393,11 @@ void kg_json_free(kg_json *v) {
 }
 
 kg_json *kg_json_parse(const char *src, size_t len, char *err, size_t errlen) {
-  parser ps = {src, src, src + len, err, errlen, false};
+  return kg_json_parse_ex(src, len, 0, err, errlen);
+}
+
+kg_json *kg_json_parse_ex(const char *src, size_t len, unsigned flags, char *err, size_t errlen) {
+  parser ps = {src, src, src + len, err, errlen, flags, false};
   kg_json *v = calloc(1, sizeof *v);
   if (!v) {
     snprintf(err, errlen, "out of memory");

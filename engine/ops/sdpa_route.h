@@ -41,7 +41,8 @@ typedef enum { KG_SDPA_ROUTE_CPU, KG_SDPA_ROUTE_CUDNN, KG_SDPA_ROUTE_FLASH, KG_S
 
 typedef enum { KG_SDPA_MASK_NONE, KG_SDPA_MASK_BOOL, KG_SDPA_MASK_ADDITIVE } kg_sdpa_mask_kind;
 
-/* why cuDNN does not take a call (the order of lua_bindings/backends.c's names: keep in step) */
+/* why cuDNN does not take a call (named by kg_sdpa_reason_name; keng.backends.cudnn_sdpa_stats
+ * shows the counts by kg_sdpa_fallback_name, engine/core/backends.c) */
 typedef enum {
   KG_SDPA_OK = 0,
   KG_SDPA_OFF,       /* keng.backends.cudnn_sdpa = false, or no cuDNN in the build */

@@ -18,7 +18,7 @@ local bench = require "keng.bench"
 local profile = require "keng.profile"
 local progress = require "keng.progress"
 local config = require "bench.config"
-local json = require "bench.json"
+local json = require "keng.json"
 
 ------------------------------------------------------------------------------------------------
 -- command line

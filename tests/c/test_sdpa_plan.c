@@ -135,6 +135,15 @@ static void test_rules(void) {
   CHECK(strcmp(kg_sdpa_reason_name(KG_SDPA_HEAD_DIM), "head_dim") == 0);
   CHECK(strcmp(kg_sdpa_reason_name(KG_SDPA_ARCH), "arch") == 0);
   CHECK(strcmp(kg_sdpa_reason_name(KG_SDPA_NREASONS), "?") == 0);
+
+  /* the public names of the stats' slots (keng.backends.cudnn_sdpa_stats): the reasons', but
+   * slot 0 (declined with no rule broken: a capture, no workspace) is "other" */
+  CHECK(strcmp(kg_sdpa_fallback_name(KG_SDPA_OK), "other") == 0);
+  for (int i = 1; i < KG_SDPA_NREASONS; i++)
+    CHECK(kg_sdpa_fallback_name(i) && strcmp(kg_sdpa_fallback_name(i), kg_sdpa_reason_name((kg_sdpa_reason)i)) == 0);
+  CHECK(kg_sdpa_fallback_name(KG_SDPA_NREASONS) == NULL && kg_sdpa_fallback_name(-1) == NULL);
+  CHECK(KG_SDPA_NREASONS <= (int)(sizeof ((kg_sdpa_stats *)0)->fallback / sizeof(uint64_t)));
+  CHECK(strcmp(kg_sdpa_route_stat_name(KG_SDPA_ROUTE_FLASH), "flash") == 0 && kg_sdpa_route_stat_name(4) == NULL);
 }
 
 static void test_keys(void) {

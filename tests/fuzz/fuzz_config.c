@@ -1,6 +1,8 @@
 /* fuzz_config.c — how every model reads its config.json: models.common.read_json (the input
  * written to a file, decoded by keng.json with nulls read as absent), beside plain
- * keng.json.decode, both run in an embedded Lua state. A Lua checker asserts, per input:
+ * keng.json.decode, both run in an embedded Lua state. keng.json.decode is the engine's reader
+ * (engine/io/json.c) through its Lua binding (lua_bindings/json.c, compiled into this target;
+ * `require "keng"` here gives a table holding only that binding). A Lua checker asserts, per input:
  *  - each reader returns or raises a string error; read_json's error names who and the file;
  *  - read_json succeeds exactly when decode gives an object (or array), never for a top-level null;
  *  - read_json's table equals decode's with every null member left out and every null array
@@ -16,6 +18,17 @@
 #include <stdlib.h>
 
 #include "fuzz_util.h"
+
+void kgl_register_json(lua_State *L, int methods, int keng); /* lua_bindings/json.c */
+
+/* package.preload.keng: a `keng` table with the JSON binding alone (no engine start-up) */
+static int open_keng(lua_State *L) {
+  lua_newtable(L); /* keng */
+  lua_newtable(L); /* methods (unused by the binding) */
+  kgl_register_json(L, lua_gettop(L), lua_gettop(L) - 1);
+  lua_pop(L, 1);
+  return 1;
+}
 
 #ifndef KENG_SOURCE_DIR
 #define KENG_SOURCE_DIR "."
@@ -89,7 +102,11 @@ static void require_module(const char *name) {
 static void setup(void) {
   L = luaL_newstate();
   luaL_openlibs(L);
-  /* keng.json and models.common are plain Lua (common needs no engine) */
+  /* keng.json and models.common are Lua over the JSON binding (common needs no more) */
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushcfunction(L, open_keng);
+  lua_setfield(L, -2, "keng");
+  lua_pop(L, 1);
   lua_getglobal(L, "package");
   lua_pushstring(L, KENG_SOURCE_DIR "/scripts/lib/?.lua;" KENG_SOURCE_DIR "/scripts/?.lua");
   lua_setfield(L, -2, "path");

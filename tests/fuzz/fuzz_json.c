@@ -1,6 +1,7 @@
-/* fuzz_json.c — the strict JSON reader (engine/io/json.c) used for safetensors headers and
- * model.safetensors.index.json: any bytes give a tree or an error message. A parsed tree is
- * walked and re-encoded with the writer (strings must be valid UTF-8). */
+/* fuzz_json.c — the JSON reader (engine/io/json.c) used for safetensors headers and
+ * model.safetensors.index.json (strict) and, with KG_JSON_NONFINITE, for config.json: any bytes
+ * give a tree or an error message in both modes. A parsed tree is walked and re-encoded with the
+ * writer (strings must be valid UTF-8). */
 #include "../../engine/io/json.h"
 
 #include <stdint.h>
@@ -35,12 +36,21 @@ static void walk(const kg_json *v, kg_json_buf *b, int depth) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char err[256];
   err[0] = 0;
+  /* config reading's mode (NaN / Infinity tokens, keng.json.decode) accepts all that the strict
+   * mode (safetensors headers) accepts */
+  kg_json *lax = kg_json_parse_ex((const char *)data, size, KG_JSON_NONFINITE, err, sizeof err);
+  if (!lax && (!err[0] || !memchr(err, 0, sizeof err))) __builtin_trap();
+  kg_json_buf b = {0};
+  if (lax) walk(lax, &b, 0);
+  kg_json_free(lax);
+  err[0] = 0;
   kg_json *v = kg_json_parse((const char *)data, size, err, sizeof err);
   if (!v) {
     if (!err[0] || !memchr(err, 0, sizeof err)) __builtin_trap();
+    kg_jb_free(&b);
     return 0;
   }
-  kg_json_buf b = {0};
+  if (!lax) __builtin_trap();
   walk(v, &b, 0);
   kg_jb_free(&b);
   kg_json_free(v);

@@ -81,7 +81,12 @@ put("config", "bad_escape", '{"a": "\\u12", "b": "\\x"}')
 put("config", "neg", '{"n": -, "m": 1e}')
 # nulls read as absent by models.common.read_json (HF writes unset options as null)
 put("config", "nulls", '{"sliding_window": null, "head_dim": null, "ids": [1, null, 2, null], '
-                       '"vision_config": {"mlp_dim": null, "global": [null]}, "a": 1, "a": null}')
+                       '"vision_config": {"mlp_dim": null, "global": [null]}, "a": null}')
+# Python's non-finite tokens: read by keng.json (config), refused by the strict reader (json)
+nonfinite = '{"lambda_min_clipped": -Infinity, "x": [NaN, Infinity, -NaN, Inf, -Infinityx]}'
+put("config", "nonfinite", nonfinite)
+put("json", "nonfinite", nonfinite)
+put("config", "dpm_scheduler", read("json", "dpm", "scheduler_config.json"))
 put("config", "top_null", "null")
 put("config", "not_object", "[1, 2]")
 

@@ -31,9 +31,11 @@ for t in "${targets[@]}"; do
   src="$top/tests/fuzz/fuzz_$t.c"
   bin="$build/bin/fuzz_$t"
   if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ "$build/libkengcore.so" -nt "$bin" ] ||
-     [ "$top/tests/fuzz/fuzz_util.h" -nt "$bin" ]; then
-    if [ "$t" = config ]; then
-      $CC -g -O1 -fsanitize=fuzzer $san -DKENG_SOURCE_DIR="\"$top\"" "$src" -o "$bin" $lua_flags || { echo "fuzz: cannot build $t"; echo "0 passed, 1 failed"; exit 1; }
+     [ "$top/tests/fuzz/fuzz_util.h" -nt "$bin" ] || [ "$top/lua_bindings/json.c" -nt "$bin" ]; then
+    if [ "$t" = config ]; then  # Lua over the JSON binding (lua_bindings/json.c) and the engine
+      $CC -g -O1 -fsanitize=fuzzer $san -DKENG_SOURCE_DIR="\"$top\"" -I"$top/engine/include" "$src" \
+        "$top/lua_bindings/json.c" -o "$bin" $lua_flags -L"$build" -lkengcore -Wl,-rpath,"$build" ||
+        { echo "fuzz: cannot build $t"; echo "0 passed, 1 failed"; exit 1; }
     else
       $CC -g -O1 -fsanitize=fuzzer $san -I"$top/engine/include" "$src" -o "$bin" \
         -L"$build" -lkengcore -Wl,-rpath,"$build" || { echo "fuzz: cannot build $t"; echo "0 passed, 1 failed"; exit 1; }
@@ -49,7 +51,7 @@ for t in "${targets[@]}"; do
   corpus="$build/corpus/$t"   # working corpus (grows); seeds are read-only inputs
   mkdir -p "$corpus"
   log="$build/fuzz_$t.log"
-  maxlen=65536; [ "$t" = config ] && maxlen=4096   # the Lua readers are slow on big inputs
+  maxlen=65536; [ "$t" = config ] && maxlen=4096   # each input goes through a file and Lua
   start=$(date +%s)
   if [ "$secs" = 0 ]; then
     "$build/bin/fuzz_$t" -runs=0 -timeout="${FUZZ_TIMEOUT:-10}" -artifact_prefix="$build/crashes/$t-" \

@@ -95,7 +95,7 @@ describe("config.json readers", function()
     end)
   end
   it("read null as json.null, or with null_as_nil as absent (arrays close up)", function()
-    local text = '{"w": null, "v": {"d": null, "n": 2}, "ids": [1, null, 2], "a": 1, "a": null}'
+    local text = '{"w": null, "v": {"d": null, "n": 2}, "ids": [1, null, 2], "a": null}'
     local kept = json.decode(text)
     assert.are.equal(json.null, kept.w)
     assert.are.equal(json.null, kept.ids[2])

@@ -10,7 +10,7 @@ local root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/bench_spec.lua
 package.path = root .. "/scripts/?.lua;" .. package.path
 local bench = require "keng.bench"
 local image = require "keng.image"
-local json = require "bench.json"
+local json = require "keng.json"
 local config = require "bench.config"
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end

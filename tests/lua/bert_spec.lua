@@ -8,7 +8,7 @@ local keng = require "keng"
 local H = require "helper"
 local bert = require "models.bert"
 local tokenizers = require "keng.tokenizers"
-local json = require "bench.json"
+local json = require "keng.json"
 
 local FIX = "tests/fixtures/bert"
 local VOCAB = FIX .. "/vocab.txt"

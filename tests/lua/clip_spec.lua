@@ -3,7 +3,7 @@
 -- tests/fixtures/clip (written by tests/fixtures/gen/gen_clip.py).
 local keng = require "keng"
 local H = require "helper"
-local json = require "bench.json"
+local json = require "keng.json"
 local clip = require "models.clip"
 local ct = require "keng.clip_tokenize"
 

@@ -340,6 +340,16 @@ describe("keng.load validation (one spec per rule)", function()
     assert.truthy(load_error(write_st("dup2.safetensors", hdr, good_data)):find("duplicate key", 1, true))
   end)
 
+  it("stays strict JSON: no NaN / Infinity tokens (keng.json reads those), no overflowing numbers", function()
+    local entry = '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
+    for _, v in ipairs{"NaN", "Infinity", "-Infinity"} do
+      local err = load_error(write_st("nonfinite.safetensors", "{" .. entry .. ',"x":' .. v .. "}", good_data))
+      assert.truthy(err:find("header is not valid JSON: invalid JSON at line 1, column", 1, true), err)
+    end
+    local err = load_error(write_st("huge.safetensors", "{" .. entry .. ',"x":1e400}', good_data))
+    assert.truthy(err:find("number 1e400 is out of the range of a double", 1, true), err)
+  end)
+
   it("rejects unsupported and unknown dtypes, naming them", function()
     local err = load_error(write_st("i16.safetensors", '{"a":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}}', good_data))
     assert.truthy(err:find("tensor 'a' has dtype I16, which keng does not support", 1, true), err)

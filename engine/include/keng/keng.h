@@ -108,6 +108,16 @@ bool kg_cuda_available(void);
 int kg_cuda_device_count(void);
 /* Waits for all queued work on a device (no-op on cpu/meta). */
 kg_status kg_device_synchronize(kg_device d);
+/* CUDA Graphs (engine/cuda/runtime.cu; keng.cuda.graph in Lua): begin captures the work queued
+ * on cuda:device's compute stream (no kernel runs until a launch); end stops it and instantiates
+ * the graph (*out NULL on failure); launch replays it (asynchronous); free waits for its replays
+ * and frees what it holds. While capturing, ops that read device memory on the host or
+ * synchronise raise an error. Without CUDA each call fails with KG_ERR_DEVICE. */
+typedef struct kg_cuda_graph kg_cuda_graph;
+kg_status kg_cuda_graph_begin(int device);
+kg_status kg_cuda_graph_end(int device, kg_cuda_graph **out);
+kg_status kg_cuda_graph_launch(kg_cuda_graph *g);
+void kg_cuda_graph_free(kg_cuda_graph *g);
 
 /* ---- storage and tensors -------------------------------------------------------------- */
 
@@ -359,13 +369,19 @@ void kg_set_sdpa_math(bool on);
 bool kg_sdpa_math(void);
 /* counters of the cuDNN attention path since start (debug): calls it ran, plans built, plan
  * builds cuDNN refused, launches that failed (then the flash kernel ran), and calls left to the
- * flash kernel by reason (index = kg_sdpa_reason of engine/cuda/sdpa_plan.h, 0 unused). */
+ * flash kernel by reason (index = kg_sdpa_reason of engine/ops/sdpa_route.h; names below). */
 typedef struct {
   uint64_t cudnn_calls, plans_built, build_failures, exec_failures;
   uint64_t fallback[16];
   uint64_t routes[4]; /* calls per route of engine/ops/sdpa_route.h: cpu, cudnn, flash, math */
 } kg_sdpa_stats;
 void kg_sdpa_stats_get(kg_sdpa_stats *out);
+/* The names of kg_sdpa_stats' slots (keng.backends.cudnn_sdpa_stats): fallback[i] is the
+ * router's kg_sdpa_reason name ("dtype", "head_dim", ...), except slot 0, which counts calls
+ * declined for no reason of the rules (during a CUDA Graph capture, or no workspace memory) and is
+ * named "other"; routes[i] "cpu", "cudnn", "flash", "math". NULL past the last slot. */
+const char *kg_sdpa_fallback_name(int i);
+const char *kg_sdpa_route_stat_name(int i);
 /* field: 0 calls, 1 built, 2 build fail, 3 exec fail, 4 fallback (by reason), 5 route (reason = route) */
 void kg_sdpa_stat_add(int field, int reason);
 

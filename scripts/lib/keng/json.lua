@@ -1,6 +1,9 @@
--- keng.json — the small JSON writer/reader for configs and benchmark results (objects with sorted keys,
--- arrays, strings, numbers, booleans, null). Not a general library: no \u surrogate pairs.
+-- keng.json — JSON for configs and benchmark results: decode is the engine's strict reader
+-- (keng.json_decode, engine/io/json.c); encode writes objects with sorted keys, arrays, strings,
+-- numbers, booleans and null.
 local json = {}
+local json_decode = require("keng").json_decode
+local options = require "keng.options"
 
 json.null = setmetatable({}, {__tostring = function() return "null" end})
 
@@ -18,6 +21,16 @@ end
 json.array_mt = {}
 function json.array(t) return setmetatable(t or {}, json.array_mt) end
 
+-- the shortest of 15, 16 or 17 significant digits that reads back as v exactly, with ".0" on an
+-- integral value so that decode gives a float again (as Python's json writes 2.0)
+local function float_text(v)
+  local s = string.format("%.15g", v)
+  if tonumber(s) ~= v then s = string.format("%.16g", v) end
+  if tonumber(s) ~= v then s = string.format("%.17g", v) end
+  if not s:find("[.e]") then s = s .. ".0" end
+  return s
+end
+
 local function encode(v, indent, depth, out)
   local ty = type(v)
   if v == nil or v == json.null then out[#out + 1] = "null"
@@ -25,7 +38,7 @@ local function encode(v, indent, depth, out)
   elseif ty == "number" then
     if v ~= v or v == math.huge or v == -math.huge then out[#out + 1] = "null"
     elseif math.type(v) == "integer" then out[#out + 1] = tostring(v)
-    else out[#out + 1] = string.format("%.10g", v) end
+    else out[#out + 1] = float_text(v) end
   elseif ty == "string" then
     out[#out + 1] = '"' .. v:gsub('[%c"\\]', function(c)
       return escapes[c] or string.format("\\u%04x", c:byte())
@@ -76,77 +89,24 @@ function json.encode(v, opts)
   return table.concat(out)
 end
 
--- json.decode(string, {null_as_nil = false}) -> value; raises "json: <what> at byte N" on
--- malformed input. JSON null decodes to json.null, or with null_as_nil to nil: an object member
--- that is null is then absent, and an array closes up over its nulls (a model config's
--- "sliding_window": null reads as no key)
+-- json.decode(string, {null_as_nil = false}) -> value, read by the engine's strict reader
+-- (engine/io/json.c, the one that reads safetensors headers). JSON null decodes to json.null, or
+-- with null_as_nil to nil: an object member that is null is then absent, and an array closes up
+-- over its nulls (a model config's "sliding_window": null reads as no key). Arrays carry
+-- json.array_mt (so [] and {} stay apart); a number written as an integer that fits in 64 bits
+-- is a Lua integer, any other a float. As Python's json.loads, the bare tokens NaN, Infinity and
+-- -Infinity read as floats (diffusers writes -Infinity). Refused, with "json: invalid JSON at
+-- line L, column C (byte B): what": duplicate keys (named), lone \u surrogates, invalid UTF-8,
+-- numbers beyond a double's range (1e400), nesting deeper than 64, trailing characters.
 function json.decode(s, opts)
+  if type(s) ~= "string" then error("json.decode: expected a string, got " .. type(s), 2) end
   local null = json.null
-  if opts and opts.null_as_nil then null = nil end
-  local pos = 1
-  local function fail(what) error(string.format("json: %s at byte %d", what, pos), 0) end
-  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
-  local value
-  local function str()
-    local out = {}
-    pos = pos + 1
-    while true do
-      local c = s:sub(pos, pos)
-      if c == "" then fail("unterminated string") end
-      if c == '"' then pos = pos + 1; return table.concat(out) end
-      if c == "\\" then
-        local e = s:sub(pos + 1, pos + 1)
-        local map = {b = "\b", f = "\f", n = "\n", r = "\r", t = "\t", ['"'] = '"', ["\\"] = "\\", ["/"] = "/"}
-        if map[e] then out[#out + 1] = map[e]; pos = pos + 2
-        elseif e == "u" then
-          local hex = s:sub(pos + 2, pos + 5)
-          if not hex:match("^%x%x%x%x$") then fail("bad \\u escape") end
-          out[#out + 1] = utf8.char(tonumber(hex, 16)); pos = pos + 6
-        else fail("bad escape") end
-      else
-        out[#out + 1] = c; pos = pos + 1
-      end
-    end
+  if opts ~= nil then
+    opts = options.check("json.decode", opts, {"null_as_nil"})
+    if opts.null_as_nil then null = nil end
   end
-  function value()
-    ws()
-    local c = s:sub(pos, pos)
-    if c == "{" then
-      local obj = {}
-      pos = pos + 1; ws()
-      if s:sub(pos, pos) == "}" then pos = pos + 1; return obj end
-      while true do
-        ws()
-        if s:sub(pos, pos) ~= '"' then fail("expected a key") end
-        local k = str(); ws()
-        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
-        pos = pos + 1
-        obj[k] = value(); ws()
-        local d = s:sub(pos, pos); pos = pos + 1
-        if d == "}" then return obj elseif d ~= "," then fail("expected ',' or '}'") end
-      end
-    elseif c == "[" then
-      local arr = json.array()
-      pos = pos + 1; ws()
-      if s:sub(pos, pos) == "]" then pos = pos + 1; return arr end
-      while true do
-        arr[#arr + 1] = value(); ws()
-        local d = s:sub(pos, pos); pos = pos + 1
-        if d == "]" then return arr elseif d ~= "," then fail("expected ',' or ']'") end
-      end
-    elseif c == '"' then return str()
-    elseif s:sub(pos, pos + 3) == "true" then pos = pos + 4; return true
-    elseif s:sub(pos, pos + 4) == "false" then pos = pos + 5; return false
-    elseif s:sub(pos, pos + 3) == "null" then pos = pos + 4; return null
-    else
-      local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
-      if not num or num == "" or num == "-" then fail("unexpected character '" .. c .. "'") end
-      pos = pos + #num
-      return tonumber(num) or fail("bad number")
-    end
-  end
-  local v = value(); ws()
-  if pos <= #s then fail("trailing characters") end
+  local ok, v = pcall(json_decode, s, null, json.array_mt)
+  if not ok then error(v, 2) end
   return v
 end
 

@@ -390,7 +390,9 @@ function tokenizers.from_dir(dir, opts)
   local text = read_file(dir .. "/tokenizer_config.json")
   if text then
     local ok, j = pcall(require("keng.json").decode, text)
-    if not ok or type(j) ~= "table" then error("tokenizers.from_dir: " .. dir .. "/tokenizer_config.json is not JSON", 2) end
+    if not ok or type(j) ~= "table" then
+      error("tokenizers.from_dir: " .. dir .. "/tokenizer_config.json: " .. (ok and "not a JSON object" or j), 2)
+    end
     cfg = j
   end
   local maxlen = opts.max_length

@@ -1,0 +1,40 @@
+/* dist.h — keng.distributed's engine side (engine/dist): processes through MPI, collectives on
+ * tensors (MPI for cpu tensors, NCCL for cuda tensors). One process per device; ranks are
+ * 0-based, as MPI's. Without a launcher (no mpirun/srun environment) the process is world size
+ * 1, MPI is never initialised and every collective is a local copy. */
+#ifndef KENG_DIST_PUBLIC_H
+#define KENG_DIST_PUBLIC_H
+
+#include <keng/keng.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KG_DIST_SUM, KG_DIST_AVG, KG_DIST_MAX, KG_DIST_MIN } kg_dist_op;
+
+/* Joins the job (MPI_Init when a launcher's variables are present); idempotent. */
+kg_status kg_dist_init(void);
+bool kg_dist_using_mpi(void); /* true once MPI was initialised by kg_dist_init */
+int kg_dist_rank(void);
+int kg_dist_world_size(void);
+int kg_dist_local_rank(void); /* rank among the processes of this node */
+kg_status kg_dist_barrier(void);
+
+/* In place on t (any layout: a non-contiguous t goes through a contiguous copy). Every rank's t
+ * must have the same shape and dtype: checked first, the error lists each rank's shape. */
+kg_status kg_dist_all_reduce(kg_tensor *t, kg_dist_op op);
+kg_status kg_dist_broadcast(kg_tensor *t, int root);
+/* out: [world_size, ...t.shape], rank r's t at out[r] */
+kg_status kg_dist_all_gather(kg_tensor **out, const kg_tensor *t);
+/* t: [world_size * n, ...]; out: [n, ...], rank r gets block r of the reduction */
+kg_status kg_dist_reduce_scatter(kg_tensor **out, const kg_tensor *t, kg_dist_op op);
+
+/* Built with NCCL (cuda collectives go through it; engine/dist/nccl.cu). */
+bool kg_nccl_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
