@@ -6,17 +6,6 @@
 
 #include <keng/dist.h>
 
-/* A started all-reduce (data-parallel buckets overlap it with the rest of backward). t: any
- * float tensor; no shape check across ranks (the caller's plan is the same on every rank), and
- * every rank must start its works in the same order, as MPI's non-blocking collectives need.
- * The result is in t once kg_dist_wait returned; kg_dist_test lets MPI progress and says whether
- * it is done; kg_dist_wait frees the work (on error too). On cuda the all-reduce is enqueued on
- * the compute stream at the start (stream order is its completion). */
-typedef struct kg_dist_work kg_dist_work;
-kg_status kg_dist_all_reduce_start(kg_tensor *t, kg_dist_op op, kg_dist_work **work);
-kg_status kg_dist_test(kg_dist_work *work, bool *done);
-kg_status kg_dist_wait(kg_dist_work *work);
-
 /* Broadcasts n bytes of host memory from root (NCCL's bootstrap uses it). */
 kg_status kg_dist_bcast_bytes(void *buf, size_t n, int root);
 
