@@ -83,18 +83,7 @@ local function json_decode(s)
   return value()
 end
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local read, write = H.read, H.write
 
 local golden = json_decode(read(DIR .. "golden.json"))
 
