@@ -20,7 +20,7 @@ function M.run(row, ctx)
   local x = {token_ids = ids,
              segment_ids = keng.zeros({B, T}, {dtype = "i64", device = ctx.device}),
              padding_mask = keng.ones({B, T}, {dtype = "i64", device = ctx.device})}
-  local total, trainable = common.count_params(model)
+  local total, trainable = model:num_params(), model:num_params{trainable = true}
   local info = {preset = size.preset, params = total, trainable = trainable,
                 shapes = {token_ids = {B, T}, segment_ids = {B, T}, padding_mask = {B, T}}}
   local r
