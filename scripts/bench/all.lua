@@ -1,4 +1,4 @@
--- all.lua — the benchmark suite: every row of the Keras 3 table (../shared/BENCH_SPEC.md).
+-- all.lua — the benchmark suite: every row of the Keras 3 table (docs/benchmarks.md).
 --
 --   keng scripts/bench/all.lua [--tier cpu|gpu] [--only bert,gemma_fit] [--steps N]
 --        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
@@ -318,7 +318,7 @@ local doc = {schema = "keng-bench/1", framework = "keng", keng_version = keng.ve
              dtype = opts.dtype, tf32 = opts.tf32, rows = json.array(results)}
 local note = opts.tier == "cpu" and
   "Keras figures are the published A100 40GB numbers at the GPU-tier sizes, for reference only; " ..
-  "CPU-tier rows run the scaled-down presets of BENCH_SPEC." or
+  "CPU-tier rows run the scaled-down presets of docs/benchmarks.md." or
   "Keras figures: published A100 40GB numbers (keras.io benchmarks)."
 
 print()

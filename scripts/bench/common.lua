@@ -1,4 +1,4 @@
--- common.lua — what the per-family benchmark files share: synthetic inputs (BENCH_SPEC "Prompts/
+-- common.lua — what the per-family benchmark files share: synthetic inputs (docs/benchmarks.md "Prompts/
 -- text") and the three timed tasks (fit step, predict step, whole generate() call).
 -- Shape letters: B batch, T tokens, V vocab.
 local keng = require "keng"

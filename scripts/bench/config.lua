@@ -1,4 +1,4 @@
--- config.lua — every row of the Keras 3 benchmark table (../shared/BENCH_SPEC.md) as data.
+-- config.lua — every row of the Keras 3 benchmark table (docs/benchmarks.md) as data.
 -- A row is added by adding an entry to `rows`; scripts/bench/all.lua runs them in this order,
 -- each through the bench file that `runners` names for its family, which builds the model from
 -- `module` (a file under scripts/models/) and times `task` ("fit", "predict", "generate").
@@ -10,7 +10,7 @@
 -- gpu / cpu (tier sizes: preset name and input sizes).
 local config = {}
 
--- the synthetic text of BENCH_SPEC: the n-th prompt is the n-th tuple of the cartesian product
+-- the synthetic text of docs/benchmarks.md: the n-th prompt is the n-th tuple of the cartesian product
 -- of this list ("I I I I I", "I I I I you", ...)
 config.words = {"I", "you", "get", "take", "it", "of", "for", "from", "can", "not", "do", "use", "would", "yes"}
 

@@ -1,4 +1,4 @@
--- sam.lua — the Segment Anything rows (BENCH_SPEC):
+-- sam.lua — the Segment Anything rows (docs/benchmarks.md):
 --   fit:     the image encoder alone (m.encoder: ViTDet + neck), images [B, 3, S, S] uniform [0, 1),
 --            target [B, 256, h, w] uniform, MSE, Adam(lr 1e-3, eps 1e-7) on every encoder weight, f32
 --   predict: the full model (encoder, prompt encoder, mask decoder) under no_grad with two points

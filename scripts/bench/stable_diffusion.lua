@@ -1,4 +1,4 @@
--- stable_diffusion.lua — the Stable Diffusion rows (BENCH_SPEC):
+-- stable_diffusion.lua — the Stable Diffusion rows (docs/benchmarks.md):
 --   fit:     the VAE image encoder up to its 8-channel conv output (pipe.image_encoder), images
 --            [B, 3, S, S] uniform [0, 1), target [B, 8, h, w] uniform, MSE, Adam(lr 1e-3,
 --            eps 1e-7) on every encoder weight, f32

@@ -8,7 +8,7 @@
 --   -- backbone: out.sequence_output [B, T, C], out.pooled_output [B, C]; classifier: logits [B, K]
 --
 -- Shape letters: B batch, T tokens, C hidden, H heads, F feed-forward width, V vocabulary,
--- K classes. Token ids are 0-based. Sizes follow keras-hub's presets (BENCH_SPEC.md); the
+-- K classes. Token ids are 0-based. Sizes follow keras-hub's presets (docs/benchmarks.md); the
 -- Hugging Face BertModel checkpoint layout is mapped by hf_name() below.
 local keng = require "keng"
 local nn = require "keng.nn"

@@ -16,7 +16,7 @@
 --
 -- Shape letters: B batch, L latent channels (4), h/w latent size (H/f, W/f with f the VAE's
 -- downscale, 8 for SD v1), H/W image size, S = 77 prompt tokens, X text width (768 for v1).
--- pipe.image_encoder is the VAE encoder up to its 8-channel conv output (BENCH_SPEC's SD fit row).
+-- pipe.image_encoder is the VAE encoder up to its 8-channel conv output (docs/benchmarks.md's SD fit row).
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"

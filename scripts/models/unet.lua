@@ -42,7 +42,7 @@ M.presets = {
     attention_head_dim = 8, cross_attention_dim = 768, norm_num_groups = 32, norm_eps = 1e-5,
     flip_sin_to_cos = true, freq_shift = 0, downsample_padding = 1,
   },
-  -- BENCH_SPEC CPU tier: channels 32/64/128/128, 1 res block per level, 2 heads, context 64 wide
+  -- docs/benchmarks.md CPU tier: channels 32/64/128/128, 1 res block per level, 2 heads, context 64 wide
   sd_tiny = {
     in_channels = 4, out_channels = 4, sample_size = 16,
     block_out_channels = {32, 64, 128, 128}, layers_per_block = 1,

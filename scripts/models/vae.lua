@@ -28,7 +28,7 @@ M.presets = {
   -- SD v1 (CompVis/stable-diffusion-v1-4 vae/config.json); encoder 34,163,592 parameters
   sd_v1 = {in_channels = 3, out_channels = 3, latent_channels = 4, block_out_channels = {128, 256, 512, 512},
            layers_per_block = 2, norm_num_groups = 32, scaling_factor = 0.18215, sample_size = 512},
-  -- BENCH_SPEC CPU tier: encoder 32/64/128/128, decoder mirrored (128/128/64/32), 8 groups
+  -- docs/benchmarks.md CPU tier: encoder 32/64/128/128, decoder mirrored (128/128/64/32), 8 groups
   sd_tiny = {in_channels = 3, out_channels = 3, latent_channels = 4, block_out_channels = {32, 64, 128, 128},
              layers_per_block = 2, norm_num_groups = 8, scaling_factor = 0.18215, sample_size = 128},
 }

@@ -150,7 +150,7 @@ describe("bench json", function()
 end)
 
 describe("benchmark config", function()
-  it("holds the 12 rows of BENCH_SPEC with both tiers", function()
+  it("holds the 12 rows of docs/benchmarks.md with both tiers", function()
     assert.are.equal(12, #config.rows)
     local ids = {}
     for _, r in ipairs(config.rows) do
@@ -180,13 +180,13 @@ describe("benchmark config", function()
     end
   end)
 
-  it("keeps the SAM and SD rows' CPU-tier inputs of BENCH_SPEC", function()
+  it("keeps the SAM and SD rows' CPU-tier inputs of docs/benchmarks.md", function()
     local sam_cpu, sd_cpu
     for _, r in ipairs(config.rows) do
       if r.id == "sam_predict" then sam_cpu = r.cpu end
       if r.id == "sd_predict" then sd_cpu = r end
     end
-    -- BENCH_SPEC: points [[500, 375], [250, 375]] at 1024, scaled to 256; labels {1, 2}
+    -- docs/benchmarks.md: points [[500, 375], [250, 375]] at 1024, scaled to 256; labels {1, 2}
     assert.are.same({{125, 93.75}, {62.5, 93.75}}, sam_cpu.points)
     assert.are.same({1, 2}, sam_cpu.labels)
     assert.are.equal("a photograph of an astronaut riding a horse", sd_cpu.prompt)

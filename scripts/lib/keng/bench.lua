@@ -1,4 +1,4 @@
--- keng.bench — the one timing harness every benchmark uses (BENCH_SPEC.md, "Timing rules").
+-- keng.bench — the one timing harness every benchmark uses (docs/benchmarks.md, "Timing rules").
 --
 --   local bench = require "keng.bench"
 --   local r = bench.run(step_fn, {steps = 100, warmup = 1, items = 32})

@@ -1,4 +1,4 @@
--- keng.nn.functional — thin names over engine ops (LUA_API.md). Each entry is one engine
+-- keng.nn.functional — thin names over engine ops (docs/lua_api.md). Each entry is one engine
 -- call; nothing here loops over elements. Shape letters: B batch, T/S lengths, H heads,
 -- D head dim, C channels/classes.
 local keng = require "keng"
