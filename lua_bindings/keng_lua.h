@@ -1,5 +1,5 @@
 /* keng_lua.h — the binding toolkit shared by lua_bindings/<family>.c: the tensor userdata, argument
- * checks that follow LUA_API.md (1-based positions, 0-based ids), and raising engine errors.
+ * checks that follow docs/lua_api.md (1-based positions, 0-based ids), and raising engine errors.
  * Bindings are thin: check arguments, make one engine call, push or raise. */
 #ifndef KENG_LUA_H
 #define KENG_LUA_H

@@ -1,5 +1,5 @@
 /* tensor.c — the tensor userdata: argument helpers, properties, printing, creation, views,
- * copies, autograd, and the module table. Everything here follows LUA_API.md. */
+ * copies, autograd, and the module table. Everything here follows docs/lua_api.md. */
 #include "keng_lua.h"
 
 #include <math.h>
