@@ -18,7 +18,7 @@ local options = require "keng.options"
 
 local lora = {}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 local function is_linear(m)
   return m.__name == "Linear" and keng.is_tensor(m.weight) and m.weight.ndim == 2

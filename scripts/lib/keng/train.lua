@@ -467,7 +467,7 @@ function train.fit(model, data, opts)
         l = loss(pred, y)
         if not keng.is_tensor(l) or l:numel() ~= 1 then
           error(string.format("fit: the loss must be a one-element tensor (got %s)",
-            keng.is_tensor(l) and "shape [" .. table.concat(l.shape, ",") .. "]" or type(l)), 2)
+            keng.is_tensor(l) and "shape " .. require("keng.util").shape_str(l, ",") or type(l)), 2)
         end
       end
       opt:zero_grad()

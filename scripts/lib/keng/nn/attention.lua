@@ -7,6 +7,7 @@ local keng = require "keng"
 local Module = require "keng.nn.module"
 local L = require "keng.nn.layers"
 local options = require "keng.options"
+local util = require "keng.util"
 
 local MultiHeadAttention = Module:extend("MultiHeadAttention")
 
@@ -50,7 +51,7 @@ function MultiHeadAttention:forward(x, opts)
   opts = options.check("MultiHeadAttention:forward", opts, {"context", "mask", "causal"}, 3)
   Module.check_tensor("MultiHeadAttention", x)
   if x.ndim ~= 3 or x.shape[3] ~= self.dim then
-    Module.error(string.format("MultiHeadAttention: x [%s] is not [B, T, %d]", table.concat(x.shape, ","), self.dim), 2)
+    Module.error(string.format("MultiHeadAttention: x %s is not [B, T, %d]", util.shape_str(x, ","), self.dim), 2)
   end
   local ctx = opts.context or x
   local B, T, S = x.shape[1], x.shape[2], ctx.shape[2]
