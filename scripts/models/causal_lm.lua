@@ -33,7 +33,7 @@ local rope = require "models.rope"
 
 local M = {}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 ---------------------------------------------------------------------------------------------
 -- attention: q/k/v projections, RoPE, grouped-query SDPA, output projection
@@ -405,7 +405,7 @@ function M.hf_to_keng(name)
   local n, rest = name:match("^model%.layers%.(%d+)%.(.*)$")
   if n then
     rest = rest:gsub("^self_attn%.(%a_proj)", function(p) return "self_attn." .. (PROJ[p] or p) end)
-    return string.format("model.layers.%d.%s", tonumber(n) + 1, rest)
+    return string.format("model.layers.%d.%s", common.keng_layer(n), rest)
   end
   if name:find("rotary_emb") then return nil end
   return name
@@ -419,7 +419,7 @@ function M.keng_to_hf(name)
   if not n then return name end
   local field, tail = rest:match("^self_attn%.([%w_]+)(.*)$")
   if field and PROJ_HF[field] then rest = "self_attn." .. PROJ_HF[field] .. tail end
-  return string.format("model.layers.%d.%s", tonumber(n) - 1, rest)
+  return string.format("model.layers.%d.%s", common.hf_layer(n), rest)
 end
 function CausalLM:hf_name(name) return M.keng_to_hf(name) end
 function CausalLM:keng_name(name) return M.hf_to_keng(name) end
