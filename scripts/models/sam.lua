@@ -36,15 +36,10 @@ local M = {}
 local MEAN = {0.485, 0.456, 0.406}
 local STD = {0.229, 0.224, 0.225}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ", ") .. "]" end
+local shape_str = require("keng.util").shape_str
 
--- List: children named "0", "1", ... as in a PyTorch ModuleList (so names match HF checkpoints)
-local List = nn.Module:extend("List")
-function List:init(mods)
-  for i, m in ipairs(mods) do self[tostring(i - 1)] = m end
-  self.count = #mods
-end
-function List:forward() error("forward: a List has no forward; call its elements", 2) end
+-- children named "0", "1", ... as the checkpoints' (nn.ModuleList's one rule for 0-based names)
+local function List(mods) return nn.ModuleList(mods, {first = 0}) end
 
 -- LayerNorm over the channels of an NCHW tensor (HF SamLayerNorm, channels_first)
 local function layer_norm2d(ln, x)                                  -- x [B, C, H, W]
@@ -233,7 +228,7 @@ function VisionEncoder:forward(images)
   end
   x = self.patch_embed(x)                                           -- [B, h, w, C]
   if self.pos_embed then x = x + self.pos_embed end
-  for i = 0, self.layers.count - 1 do x = self.layers[i](x) end
+  for i = 0, #self.layers - 1 do x = self.layers[i](x) end
   return self.neck(x)                                               -- [B, E, h, w]
 end
 
@@ -427,7 +422,7 @@ function TwoWayTransformer:forward(tokens, image, image_pe)
   local keys = image:reshape{B, E, -1}:transpose(2, 3)              -- [B, hw, E]
   local kpe = image_pe:reshape{B, E, -1}:transpose(2, 3)
   local queries = tokens
-  for i = 0, self.layers.count - 1 do queries, keys = self.layers[i](queries, keys, tokens, kpe) end
+  for i = 0, #self.layers - 1 do queries, keys = self.layers[i](queries, keys, tokens, kpe) end
   local a = self.final_attn_token_to_image(queries + tokens, keys + kpe, keys)
   return self.layer_norm_final_attn(queries + a), keys
 end
@@ -445,7 +440,7 @@ function FeedForward:init(din, hidden, dout, depth, o)
 end
 function FeedForward:forward(x)
   x = self.proj_in(x):relu()
-  for i = 0, self.layers.count - 1 do x = self.layers[i](x):relu() end
+  for i = 0, #self.layers - 1 do x = self.layers[i](x):relu() end
   return self.proj_out(x)
 end
 
