@@ -25,7 +25,7 @@ local V = require "models.vae"
 local options = require "keng.options"
 
 local M = {}
-local shape_str = U.shape_str
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 -- a pipeline preset names the presets of its parts
 M.presets = {
@@ -381,8 +381,8 @@ function Pipeline:text_to_image(prompt, opts)
   if latents then
     if not keng.is_tensor(latents) or latents.ndim ~= 4 or latents.shape[1] ~= B or latents.shape[2] ~= shape[2]
        or latents.shape[3] ~= shape[3] or latents.shape[4] ~= shape[4] then
-      error(string.format("text_to_image: latents %s must be [%s]",
-        keng.is_tensor(latents) and shape_str(latents) or type(latents), table.concat(shape, ", ")), 2)
+      error(string.format("text_to_image: latents %s must be %s",
+        keng.is_tensor(latents) and shape_str(latents) or type(latents), require("keng.util").shape_str(shape)), 2)
     end
   else
     latents = randn(shape)

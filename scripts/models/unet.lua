@@ -1,5 +1,5 @@
 -- models.unet — the Stable Diffusion denoiser, diffusers' UNet2DConditionModel as SD v1 builds
--- it, plus the blocks the VAE shares (ResnetBlock2D, Downsample2D, Upsample2D, List0).
+-- it, plus the blocks the VAE shares (ResnetBlock2D, Downsample2D, Upsample2D).
 -- Reference: diffusers models/unets/unet_2d_condition.py, unet_2d_blocks.py, resnet.py,
 -- transformers/transformer_2d.py, attention.py (module names, layouts and block order);
 -- Rombach et al. 2022 (latent diffusion).
@@ -29,8 +29,7 @@ local options = require "keng.options"
 
 local M = {}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
-M.shape_str = shape_str
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 M.presets = {
   -- SD v1 (CompVis/stable-diffusion-v1-4 unet/config.json): 859,520,964 parameters
@@ -55,17 +54,9 @@ M.presets = {
 M.presets.stable_diffusion_v1 = M.presets.sd_v1
 
 ---------------------------------------------------------------------------------------------
--- List0: children named "0", "1", ... as PyTorch's ModuleList (list[0] is the first)
+-- children named "0", "1", ... as diffusers' (nn.ModuleList's one rule for 0-based names)
 
-local List0 = nn.Module:extend("List0")
-M.List0 = List0
-
-function List0:init(list)
-  self.n = #list
-  for i, m in ipairs(list) do self[tostring(i - 1)] = m end
-end
-
-function List0:forward() error("forward: a List0 has no forward; call its elements", 2) end
+local function List0(list) return nn.ModuleList(list, {first = 0}) end
 
 ---------------------------------------------------------------------------------------------
 -- ResnetBlock2D: x + conv2(silu(norm2(conv1(silu(norm1(x))) + proj(silu(temb))))),
@@ -214,7 +205,7 @@ function Transformer2D:forward(x, context)                     -- x [B, C, H, W]
   if not self.linear then h = self.proj_in(h) end               -- [B, inner, H, W]
   h = h:permute{1, 3, 4, 2}:reshape{B, H * W, -1}               -- [B, T, inner or C]
   if self.linear then h = self.proj_in(h) end
-  for i = 0, self.transformer_blocks.n - 1 do h = self.transformer_blocks[i](h, context) end
+  for i = 0, #self.transformer_blocks - 1 do h = self.transformer_blocks[i](h, context) end
   if self.linear then h = self.proj_out(h) end
   h = h:reshape{B, H, W, -1}:permute{1, 4, 2, 3}:contiguous()   -- [B, inner or C, H, W]
   if not self.linear then h = self.proj_out(h) end
@@ -241,7 +232,7 @@ end
 
 -- appends each output to skips (the UNet's skip stack)
 function DownBlock:forward(h, temb, context, skips)
-  for j = 0, self.resnets.n - 1 do
+  for j = 0, #self.resnets - 1 do
     h = self.resnets[j](h, temb)
     if self.attentions then h = self.attentions[j](h, context) end
     skips[#skips + 1] = h
@@ -273,7 +264,7 @@ end
 
 -- pops one skip per resnet and concatenates it on the channel dim
 function UpBlock:forward(h, temb, context, skips)
-  for j = 0, self.resnets.n - 1 do
+  for j = 0, #self.resnets - 1 do
     local s = table.remove(skips)
     h = self.resnets[j](keng.cat({h, s}, 2), temb)              -- [B, C + Cskip, H, W] -> [B, Cout, H, W]
     if self.attentions then h = self.attentions[j](h, context) end

@@ -21,7 +21,8 @@ local U = require "models.unet"
 local options = require "keng.options"
 
 local M = {}
-local shape_str, List0 = U.shape_str, U.List0
+local function List0(list) return nn.ModuleList(list, {first = 0}) end  -- diffusers' 0-based names
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 local EPS = 1e-6
 
 M.presets = {
@@ -86,7 +87,7 @@ function Level:init(cin, cout, n, sampler, cfg, o)
 end
 
 function Level:forward(x)
-  for j = 0, self.resnets.n - 1 do x = self.resnets[j](x) end
+  for j = 0, #self.resnets - 1 do x = self.resnets[j](x) end
   if self.downsamplers then x = self.downsamplers[0](x) end
   if self.upsamplers then x = self.upsamplers[0](x) end
   return x
