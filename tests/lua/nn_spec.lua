@@ -307,6 +307,26 @@ describe("layers", function()
     H.close(m(x), ref(x), 0, "renamed")
   end)
 
+  it("MultiHeadAttention with key/value widths of their own, out_bias and a 'list.0' name (diffusers')", function()
+    keng.manual_seed(9)
+    local B, T, S, C, Hh, D = 2, 4, 3, 8, 2, 3
+    local m = nn.MultiHeadAttention(C, Hh, {head_dim = D, kdim = 6, vdim = 5, bias = false, out_bias = true,
+      names = {query = "to_q", key = "to_k", value = "to_v", out = "to_out.0"}})
+    assert.are.same({"to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight", "to_out.0.bias"}, names(m))
+    same_shape(m.to_k.weight, {Hh * D, 6})
+    same_shape(m.to_v.weight, {Hh * D, 5})
+    same_shape(m.to_out[0].weight, {C, Hh * D})
+    local x, ctx, val = keng.randn({B, T, C}), keng.randn({B, S, 6}), keng.randn({B, S, 5})
+    local function heads(t, L) return t:reshape{B, L, Hh, D}:permute{1, 3, 2, 4} end
+    local q = heads(keng.linear(x, m.to_q.weight), T)
+    local k = heads(keng.linear(ctx, m.to_k.weight), S)
+    local v = heads(keng.linear(val, m.to_v.weight), S)
+    local a = keng.softmax(q:matmul(k:transpose(-1, -2)) / math.sqrt(D), -1):matmul(v)   -- [B, H, T, D]
+    local ref = keng.linear(a:permute{1, 3, 2, 4}:reshape{B, T, Hh * D}, m.to_out[0].weight, m.to_out[0].bias)
+    H.close(m(x, {context = ctx, value = val}), ref, 1e-5, "kdim / vdim / value")
+    H.raises(function() nn.MultiHeadAttention(C, Hh, {names = {out = "to_out.1"}}) end, "must end in .0, got 'to_out.1'")
+  end)
+
   it("TransformerEncoderLayer is post-LN or pre-LN around attention and the MLP, by hand", function()
     keng.manual_seed(3)
     local B, T, C, Hh, F = 2, 4, 8, 2, 16
