@@ -118,31 +118,15 @@ function Upsample2D:forward(x)                                 -- [B, C, H, W] -
 end
 
 ---------------------------------------------------------------------------------------------
--- attention with diffusers' names: to_q, to_k, to_v, to_out.0
+-- attention with diffusers' names: to_q, to_k, to_v, to_out.0 (nn.MultiHeadAttention; the
+-- cross-attention's keys and values come from the cdim-wide text context)
 
-local Attention = nn.Module:extend("Attention")
-M.Attention = Attention
+local DIFFUSERS_NAMES = {query = "to_q", key = "to_k", value = "to_v", out = "to_out.0"}
 
--- Attention(query dim, context dim, N, D, {bias = false}, o); to_out always has a bias
-function Attention:init(qdim, cdim, heads, dim_head, bias, o)
-  local inner = heads * dim_head
-  local lo = {bias = bias, dtype = o.dtype, device = o.device}
-  self.heads, self.dim_head = heads, dim_head
-  self.to_q = nn.Linear(qdim, inner, lo)
-  self.to_k = nn.Linear(cdim, inner, lo)
-  self.to_v = nn.Linear(cdim, inner, lo)
-  self.to_out = List0({nn.Linear(inner, qdim, o)})              -- to_out.1 is a parameterless dropout
-end
-
-function Attention:forward(x, context)                         -- x [B, T, C], context [B, S, X]
-  context = context or x
-  local B, T, S = x.shape[1], x.shape[2], context.shape[2]
-  local N, D = self.heads, self.dim_head
-  local q = self.to_q(x):view{B, T, N, D}:transpose(2, 3)       -- [B, N, T, D]
-  local k = self.to_k(context):view{B, S, N, D}:transpose(2, 3) -- [B, N, S, D]
-  local v = self.to_v(context):view{B, S, N, D}:transpose(2, 3) -- [B, N, S, D]
-  local a = keng.scaled_dot_product_attention(q, k, v)          -- [B, N, T, D], scale 1/sqrt(D)
-  return self.to_out[0](a:transpose(2, 3):reshape{B, T, N * D}) -- [B, T, C]
+-- Attention(query dim, context dim, N, D, bias, o): no bias on to_q/k/v (bias = false), to_out has one
+local function Attention(qdim, cdim, heads, dim_head, bias, o)
+  return nn.MultiHeadAttention(qdim, heads, {head_dim = dim_head, kdim = cdim, vdim = cdim, bias = bias,
+    out_bias = true, names = DIFFUSERS_NAMES, dtype = o.dtype, device = o.device})
 end
 
 -- GEGLU feed-forward: net.0.proj to 2·F, hidden · gelu(gate), net.2 back to C (F = 4·C)
