@@ -36,27 +36,22 @@ M.presets = {
 M.presets.stable_diffusion_v1 = M.presets.sd_v1
 
 ---------------------------------------------------------------------------------------------
--- single-head self-attention over the spatial positions, with its own GroupNorm and residual
+-- single-head self-attention over the spatial positions, with its own GroupNorm and residual:
+-- nn.MultiHeadAttention with one head of width C and diffusers' names (to_q, to_k, to_v, to_out.0)
 
-local SpatialAttention = nn.Module:extend("VAEAttention")
+local SpatialAttention = nn.MultiHeadAttention:extend("VAEAttention")
 M.SpatialAttention = SpatialAttention
 
 function SpatialAttention:init(c, groups, o)
   self.group_norm = nn.GroupNorm(groups, c, {eps = EPS, dtype = o.dtype, device = o.device})
-  self.to_q = nn.Linear(c, c, o)
-  self.to_k = nn.Linear(c, c, o)
-  self.to_v = nn.Linear(c, c, o)
-  self.to_out = List0({nn.Linear(c, c, o)})
+  nn.MultiHeadAttention.init(self, c, 1, {names = {query = "to_q", key = "to_k", value = "to_v", out = "to_out.0"},
+    dtype = o.dtype, device = o.device})
 end
 
 function SpatialAttention:forward(x)                           -- x [B, C, h, w]
   local B, C, h, w = table.unpack(x.shape)
   local t = self.group_norm(x):view{B, C, h * w}:transpose(2, 3)  -- [B, T, C]
-  local q = self.to_q(t):view{B, 1, h * w, C}                   -- one head of width C
-  local k = self.to_k(t):view{B, 1, h * w, C}
-  local v = self.to_v(t):view{B, 1, h * w, C}
-  local a = keng.scaled_dot_product_attention(q, k, v):view{B, h * w, C}
-  a = self.to_out[0](a)                                         -- [B, T, C]
+  local a = nn.MultiHeadAttention.forward(self, t)              -- [B, T, C]
   return a:transpose(2, 3):reshape{B, C, h, w} + x              -- [B, C, h, w]
 end
 
