@@ -348,29 +348,18 @@ end
 ---------------------------------------------------------------------------------------------
 -- mask decoder
 
-local Attention = nn.Module:extend("SamAttention")
+local Attention = nn.MultiHeadAttention:extend("SamAttention")
 M.Attention = Attention
 
--- attention whose projections shrink the width by downsample (2 in the cross attentions)
+-- nn.MultiHeadAttention whose projections shrink the width by downsample (2 in the cross
+-- attentions), with the checkpoint's names q_proj, k_proj, v_proj, out_proj
 function Attention:init(dim, heads, downsample, o)
-  local inner = dim // downsample
-  self.heads = heads
-  local lo = {dtype = o.dtype, device = o.device}
-  self.q_proj = nn.Linear(dim, inner, lo)
-  self.k_proj = nn.Linear(dim, inner, lo)
-  self.v_proj = nn.Linear(dim, inner, lo)
-  self.out_proj = nn.Linear(inner, dim, lo)
+  nn.MultiHeadAttention.init(self, dim, heads, {head_dim = dim // downsample // heads, dtype = o.dtype,
+    device = o.device, names = {query = "q_proj", key = "k_proj", value = "v_proj", out = "out_proj"}})
 end
 
 function Attention:forward(q, k, v)                                 -- q [B, T, E], k/v [B, S, E]
-  local B, T, S, H = q.shape[1], q.shape[2], k.shape[2], self.heads
-  q, k, v = self.q_proj(q), self.k_proj(k), self.v_proj(v)
-  local D = q.shape[3] // H
-  q = q:view{B, T, H, D}:transpose(2, 3)
-  k = k:view{B, S, H, D}:transpose(2, 3)
-  v = v:view{B, S, H, D}:transpose(2, 3)
-  local a = keng.scaled_dot_product_attention(q, k, v)              -- [B, H, T, D]
-  return self.out_proj(a:transpose(2, 3):reshape{B, T, H * D})      -- [B, T, E]
+  return nn.MultiHeadAttention.forward(self, q, {context = k, value = v})  -- [B, T, E]
 end
 
 local TwoWayBlock = nn.Module:extend("SamTwoWayAttentionBlock")
