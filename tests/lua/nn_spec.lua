@@ -351,6 +351,19 @@ describe("layers", function()
     H.close(d(x), d.mlp_norm(d.attn_norm(x + d.attn(x)) + d.fc2(keng.gelu(d.fc1(d.attn_norm(x + d.attn(x)))))), 0,
       "eval: no dropout")
   end)
+
+  it("TransformerEncoderLayer takes an attention module of the caller's (SAM's ViT), after its norm", function()
+    keng.manual_seed(4)
+    local C, F = 8, 16
+    local att = nn.Linear(C, C)                                       -- any module called as att(x, attn_opts)
+    local l = nn.TransformerEncoderLayer(C, 2, F, {norm_first = true, attention = att,
+      names = {attn = "attn", attn_norm = "layer_norm1", mlp = "mlp", fc1 = "lin1", fc2 = "lin2", mlp_norm = "layer_norm2"}})
+    assert.are.same({"layer_norm1.weight", "layer_norm1.bias", "attn.weight", "attn.bias", "mlp.lin1.weight",
+      "mlp.lin1.bias", "mlp.lin2.weight", "mlp.lin2.bias", "layer_norm2.weight", "layer_norm2.bias"}, names(l))
+    local x = keng.randn({2, 3, 3, C})                                -- [B, h, w, C]: leading dims pass through
+    local h = x + att(l.layer_norm1(x))
+    H.close(l(x), h + l.mlp.lin2(keng.gelu(l.mlp.lin1(l.layer_norm2(h)))), 0, "given attention")
+  end)
 end)
 
 describe("initialisers", function()
