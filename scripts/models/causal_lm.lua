@@ -38,7 +38,7 @@ local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 ---------------------------------------------------------------------------------------------
 -- attention: q/k/v projections, RoPE, grouped-query SDPA, output projection
 
-local Attention = nn.Module:extend("Attention")
+local Attention = nn.Module:extend("DecoderAttention")
 M.Attention = Attention
 
 function Attention:init(cfg, o)
@@ -154,7 +154,7 @@ end
 ---------------------------------------------------------------------------------------------
 -- gated MLP: down(act(gate(x)) * up(x)), GeGLU (gelu tanh) for Gemma, SwiGLU (silu) for the others
 
-local MLP = nn.Module:extend("MLP")
+local MLP = nn.Module:extend("GatedMLP")
 M.MLP = MLP
 
 function MLP:init(cfg, o)
