@@ -86,13 +86,7 @@ H.root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/helper.lua$") or "
 
 function H.sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
-function H.try_read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+H.try_read = require("keng.util").read_file
 
 function H.read(path)
   local s = H.try_read(path)

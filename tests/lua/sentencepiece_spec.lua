@@ -6,86 +6,9 @@ local H = require "helper"
 
 local DIR = "tests/fixtures/sentencepiece/"
 
--- a small JSON reader for the golden file (objects, arrays, strings, numbers, literals)
-local function json_decode(s)
-  local pos = 1
-  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
-  local value
-  local function str()
-    local out = {}
-    pos = pos + 1
-    while true do
-      local c = s:sub(pos, pos)
-      if c == '"' then pos = pos + 1; break end
-      if c == "\\" then
-        local e = s:sub(pos + 1, pos + 1)
-        if e == "u" then
-          local cp = tonumber(s:sub(pos + 2, pos + 5), 16)
-          pos = pos + 6
-          if cp >= 0xD800 and cp < 0xDC00 and s:sub(pos, pos + 1) == "\\u" then
-            local lo = tonumber(s:sub(pos + 2, pos + 5), 16)
-            cp = 0x10000 + (cp - 0xD800) * 0x400 + (lo - 0xDC00)
-            pos = pos + 6
-          end
-          out[#out + 1] = utf8.char(cp)
-        else
-          local map = {n = "\n", t = "\t", r = "\r", b = "\b", f = "\f", ['"'] = '"', ["\\"] = "\\", ["/"] = "/"}
-          out[#out + 1] = assert(map[e], "bad escape")
-          pos = pos + 2
-        end
-      else
-        local j = s:find('["\\]', pos)
-        out[#out + 1] = s:sub(pos, j - 1)
-        pos = j
-      end
-    end
-    return table.concat(out)
-  end
-  function value()
-    ws()
-    local c = s:sub(pos, pos)
-    if c == "{" then
-      local t = {}
-      pos = pos + 1
-      ws()
-      if s:sub(pos, pos) == "}" then pos = pos + 1; return t end
-      while true do
-        ws()
-        local k = str()
-        ws(); pos = pos + 1 -- ':'
-        t[k] = value()
-        ws()
-        local d = s:sub(pos, pos); pos = pos + 1
-        if d == "}" then return t end
-      end
-    elseif c == "[" then
-      local t = {}
-      pos = pos + 1
-      ws()
-      if s:sub(pos, pos) == "]" then pos = pos + 1; return t end
-      while true do
-        t[#t + 1] = value()
-        ws()
-        local d = s:sub(pos, pos); pos = pos + 1
-        if d == "]" then return t end
-      end
-    elseif c == '"' then
-      return str()
-    elseif s:sub(pos, pos + 3) == "true" then pos = pos + 4; return true
-    elseif s:sub(pos, pos + 4) == "false" then pos = pos + 5; return false
-    elseif s:sub(pos, pos + 3) == "null" then pos = pos + 4; return nil
-    else
-      local num = s:match("^-?[%d.eE+-]+", pos)
-      pos = pos + #num
-      return math.tointeger(tonumber(num)) or tonumber(num)
-    end
-  end
-  return value()
-end
-
 local read, write = H.read, H.write
 
-local golden = json_decode(read(DIR .. "golden.json"))
+local golden = H.read_json(DIR .. "golden.json", {null_as_nil = true})
 
 local function same_ids(a, b)
   if #a ~= #b then return false end

@@ -58,6 +58,13 @@ describe("keng.util", function()
     assert.is_nil(util.dtype_size("f8"))
   end)
 
+  it("read_file gives a file's bytes, nil when it cannot be opened", function()
+    local p = H.write(H.tmpname(), "a\0b\r\n")
+    assert.are.equal("a\0b\r\n", util.read_file(p))
+    os.remove(p)
+    assert.is_nil(util.read_file(p))
+  end)
+
   it("keng.nn.functional's names are the engine functions", function()
     local F = require("keng.nn").functional
     for _, name in ipairs({"softmax", "linear", "scaled_dot_product_attention", "gelu", "pad"}) do

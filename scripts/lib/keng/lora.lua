@@ -260,13 +260,7 @@ local function pattern_value(pat, hf, what, where)
   end
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local text = f:read("a")
-  f:close()
-  return text
-end
+local read_file = require("keng.util").read_file
 
 local function load_peft(model, dir)
   local json = require "keng.json"

@@ -1,6 +1,6 @@
 -- keng.util — the small helpers the library, the models and the benchmarks share, each written
--- once: shape_str for messages, the one class helper (nn.Module, the optimizers and the
--- callbacks are all made by it) and the byte size of each dtype. No `require "keng"` here, so
+-- once: shape_str for messages, read_file, the one class helper (nn.Module, the optimizers and
+-- the callbacks are all made by it) and the byte size of each dtype. No `require "keng"` here, so
 -- that it loads in a bare Lua state too.
 local util = {}
 
@@ -10,6 +10,15 @@ local util = {}
 function util.shape_str(x, sep)
   local shape = type(x) == "userdata" and x.shape or x
   return "[" .. table.concat(shape, sep or ", ") .. "]"
+end
+
+-- read_file(path) -> the file's bytes, or nil when it cannot be opened
+function util.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
 end
 
 local function class_tostring(cls) return "class " .. cls.__name end
