@@ -1,4 +1,4 @@
--- examples/sd_tiny.lua — text to image with the `sd_tiny` Stable Diffusion preset (BENCH_SPEC's
+-- examples/sd_tiny.lua — text to image with the `sd_tiny` Stable Diffusion preset (docs/benchmarks.md's
 -- CPU tier), written to a PNG. The weights are random, so the picture is coloured noise: this
 -- shows the whole path (prompt -> CLIP text encoder -> 10 guided DDIM steps of the UNet -> VAE
 -- decoder -> u8 pixels -> PNG), not a trained model. With real weights use

@@ -1,4 +1,4 @@
-/* attention.c — Lua bindings of the attention op family (see LUA_API.md):
+/* attention.c — Lua bindings of the attention op family (see docs/lua_api.md):
  *   keng.scaled_dot_product_attention(q, k, v, {mask=, causal=false, scale=, window=})
  *       q [B,H,T,D], k/v [B,Hkv,S,D] -> [B,H,T,D]
  *   keng.rope(x, positions, {base=10000, inv_freq=, scale=1})

@@ -1,4 +1,4 @@
-/* conv.c — Lua bindings of the convolution and resampling family (NCHW, see LUA_API.md):
+/* conv.c — Lua bindings of the convolution and resampling family (NCHW, see docs/lua_api.md):
  *   keng.conv2d(x, w, b, {stride=1, padding=0, dilation=1, groups=1})
  *   keng.conv_transpose2d(x, w, b, {stride, padding, output_padding, dilation, groups})
  *   keng.interpolate(x, {scale=2 | size={h, w}, mode="nearest"|"bilinear"|"bicubic", align_corners, antialias})

@@ -1,4 +1,4 @@
-/* io.c — bindings of the checkpoint functions (LUA_API.md, docs/checkpoints.md):
+/* io.c — bindings of the checkpoint functions (docs/lua_api.md, docs/checkpoints.md):
  *   keng.save(path, {name = tensor, ...}, metadata)   metadata: optional {string = string}
  *   keng.load(path) -> {name = tensor, ...}, metadata  path: a .safetensors file, an
  *                                                       index.json, or a directory

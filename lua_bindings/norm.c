@@ -1,4 +1,4 @@
-/* norm.c — bindings of the normalisation ops (LUA_API.md):
+/* norm.c — bindings of the normalisation ops (docs/lua_api.md):
  *   keng.layer_norm(x, w, b, eps=1e-5)            x [..., C], w/b [C] or nil
  *   keng.rms_norm(x, w, eps=1e-6, {unit_offset=false})
  *   keng.group_norm(x, groups, w, b, eps=1e-5)    x [B, C, *] */

@@ -1,4 +1,4 @@
-/* random.c — bindings of the random ops used inside models (LUA_API.md):
+/* random.c — bindings of the random ops used inside models (docs/lua_api.md):
  *   keng.dropout(x, p=0.5, training=true)         inverted dropout; x itself when not training
  *   keng.multinomial(probs, n=1, {replacement=false})  probs [V] or [B, V] -> i64 0-based ids
  * (keng.rand / randn / randint / manual_seed are bound with the tensor constructors.) */

@@ -1,11 +1,11 @@
--- all.lua — the benchmark suite: every row of the Keras 3 table (../shared/BENCH_SPEC.md).
+-- all.lua — the benchmark suite: every row of the Keras 3 table (docs/benchmarks.md).
 --
 --   keng scripts/bench/all.lua [--tier cpu|gpu] [--only bert,gemma_fit] [--steps N]
 --        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
 --        [--profile N] [--tf32 | --no-tf32]
 --
--- Rows come from scripts/bench/config.lua and run through scripts/bench/<family>.lua. A row whose
--- model file (scripts/models/<family>.lua) is not there prints "not implemented"; a row that
+-- Rows come from scripts/bench/config.lua and run through the bench file config.runners names for
+-- their family. A row whose model or bench file is not there prints "not implemented"; a row that
 -- raises prints "failed: <reason>" and the suite goes on, exiting 1 at the end. Writes
 -- DIR/<date>-<tier>.json, .md and .png (default DIR bench-results). docs/benchmarks.md explains it.
 local keng = keng or require "keng"
@@ -196,11 +196,13 @@ for i, row in ipairs(rows) do
                dtype = dtype, tier = opts.tier, device = device_name, threads = threads,
                preset = size.preset, keras = row.keras, framework = "keng", keng_version = keng.version,
                commit = commit}
-  local fam_file = "bench." .. row.family
-  if not module_exists(row.module) or not module_exists(fam_file) then
+  local fam_file = config.runners[row.family]
+  local missing = not module_exists(row.module) and row.module:gsub("%.", "/") .. ".lua is not there yet"
+    or not fam_file and "config.runners has no bench file for family '" .. row.family .. "'"
+    or not module_exists(fam_file) and fam_file:gsub("%.", "/") .. ".lua is not there yet"
+  if missing then
     res.status = "not implemented"
-    res.reason = (not module_exists(row.module) and row.module:gsub("%.", "/") .. ".lua" or fam_file:gsub("%.", "/") .. ".lua")
-      .. " is not there yet"
+    res.reason = missing
     print("not implemented")
   else
     local ctx = {tier = opts.tier, steps = opts.steps, dtype = dtype, device = device,
@@ -316,7 +318,7 @@ local doc = {schema = "keng-bench/1", framework = "keng", keng_version = keng.ve
              dtype = opts.dtype, tf32 = opts.tf32, rows = json.array(results)}
 local note = opts.tier == "cpu" and
   "Keras figures are the published A100 40GB numbers at the GPU-tier sizes, for reference only; " ..
-  "CPU-tier rows run the scaled-down presets of BENCH_SPEC." or
+  "CPU-tier rows run the scaled-down presets of docs/benchmarks.md." or
   "Keras figures: published A100 40GB numbers (keras.io benchmarks)."
 
 print()

@@ -1,4 +1,4 @@
--- bert.lua — the BERT rows (BENCH_SPEC): a classifier (backbone -> pooler -> dropout -> Dense 2)
+-- bert.lua — the BERT rows (docs/benchmarks.md): a classifier (backbone -> pooler -> dropout -> Dense 2)
 --   fit:     sparse CE from logits, AdamW(lr 1e-3, wd 0.004, b1 .9, b2 .999, eps 1e-7), all weights
 --   predict: forward, logits [B,2]
 -- Inputs: token_ids [B,T] = [CLS] + words + [SEP], segment_ids [B,T] zeros, padding_mask [B,T]
@@ -20,7 +20,7 @@ function M.run(row, ctx)
   local x = {token_ids = ids,
              segment_ids = keng.zeros({B, T}, {dtype = "i64", device = ctx.device}),
              padding_mask = keng.ones({B, T}, {dtype = "i64", device = ctx.device})}
-  local total, trainable = common.count_params(model)
+  local total, trainable = model:num_params(), model:num_params{trainable = true}
   local info = {preset = size.preset, params = total, trainable = trainable,
                 shapes = {token_ids = {B, T}, segment_ids = {B, T}, padding_mask = {B, T}}}
   local r

@@ -1,8 +1,9 @@
--- common.lua — what the per-family benchmark files share: synthetic inputs (BENCH_SPEC "Prompts/
+-- common.lua — what the per-family benchmark files share: synthetic inputs (docs/benchmarks.md "Prompts/
 -- text") and the three timed tasks (fit step, predict step, whole generate() call).
 -- Shape letters: B batch, T tokens, V vocab.
 local keng = require "keng"
 local bench = require "keng.bench"
+local train = require "keng.train"
 local config = require "bench.config"
 
 local common = {}
@@ -59,22 +60,13 @@ function common.prompt_text(n, nwords)
   return table.concat(out, " ")
 end
 
--- one optimizer step: forward, loss, zero_grad, backward, step (what keng.train.fit does per batch)
-function common.fit_step(model, x, y, opt, loss_fn)
-  local pred = model(x)
-  local loss = loss_fn(pred, y)
-  opt:zero_grad()
-  loss:backward()
-  opt:step()
-  return loss
-end
-
--- fit: the first step is the untimed warm-up, then ctx.steps timed steps on the same batch. On
--- the GPU tier the step is captured into a keng.cuda.graph after the warm-up and the timed steps
--- are replays (bench.graphed; r.graph says whether they were, r.graph_error why not).
+-- fit: keng.train.step (forward, loss, zero_grad, backward, step: what fit does per batch); the
+-- first step is the untimed warm-up, then ctx.steps timed steps on the same batch. On the GPU
+-- tier the step is captured into a keng.cuda.graph after the warm-up and the timed steps are
+-- replays (bench.graphed; r.graph says whether they were, r.graph_error why not).
 function common.time_fit(model, x, y, opt, loss_fn, ctx, items)
   model:train()
-  local step, warmup, g = bench.graphed(function() return common.fit_step(model, x, y, opt, loss_fn) end, ctx)
+  local step, warmup, g = bench.graphed(function() return train.step(model, x, y, opt, loss_fn) end, ctx)
   local r = bench.run(step, {steps = ctx.steps, warmup = warmup, items = items, on_step = ctx.on_step,
                                 profile = ctx.profile})
   r.graph, r.graph_error = g.graph, g.graph_error
@@ -103,16 +95,6 @@ function common.time_generate(lm, prompts, gen_opts, ctx, items)
     end, {short = 1, steps = ctx.steps, repeats = ctx.repeats, items = items, on_step = ctx.on_step,
                                 profile = ctx.profile})
   end)
-end
-
--- parameter counts {total, trainable}
-function common.count_params(model)
-  local total, trainable = 0, 0
-  for _, p in ipairs(model:parameters()) do
-    total = total + p:numel()
-    if p.requires_grad then trainable = trainable + p:numel() end
-  end
-  return total, trainable
 end
 
 -- causal-LM loss: CE over [B*T, V] logits in f32 against [B*T] targets

@@ -1,7 +1,8 @@
--- config.lua — every row of the Keras 3 benchmark table (../shared/BENCH_SPEC.md) as data.
+-- config.lua — every row of the Keras 3 benchmark table (docs/benchmarks.md) as data.
 -- A row is added by adding an entry to `rows`; scripts/bench/all.lua runs them in this order,
--- each through scripts/bench/<family>.lua, which builds the model from `module` (a file under
--- scripts/models/) and times `task` ("fit", "predict", "generate").
+-- each through the bench file that `runners` names for its family, which builds the model from
+-- `module` (a file under scripts/models/) and times `task` ("fit", "predict", "generate").
+-- docs/adding_a_bench_row.md walks through adding one.
 --
 -- Fields: id (stable key in JSON), name (as the Keras table writes it), family, module, task,
 -- batch, dtype (what Keras ran: f32 or bf16), keras (published ms/step on an A100 40GB:
@@ -9,7 +10,7 @@
 -- gpu / cpu (tier sizes: preset name and input sizes).
 local config = {}
 
--- the synthetic text of BENCH_SPEC: the n-th prompt is the n-th tuple of the cartesian product
+-- the synthetic text of docs/benchmarks.md: the n-th prompt is the n-th tuple of the cartesian product
 -- of this list ("I I I I I", "I I I I you", ...)
 config.words = {"I", "you", "get", "take", "it", "of", "for", "from", "can", "not", "do", "use", "would", "yes"}
 
@@ -34,6 +35,16 @@ function config.tuple(n, len, k)
   end
   return out
 end
+
+-- family -> the bench module whose run(row, ctx) times its rows (scripts/bench/<file>.lua); the
+-- LLM families share one
+config.runners = {
+  sam = "bench.sam",
+  stable_diffusion = "bench.stable_diffusion",
+  bert = "bench.bert",
+  gemma = "bench.llm",
+  mistral = "bench.llm",
+}
 
 local LLM_PROMPT_WORDS = 5
 

@@ -9,32 +9,13 @@
 -- Usage: keng scripts/bench/kernels.lua [runs=5] [threads] [cpu]
 --   cpu: time with process CPU time (os.clock) instead of wall-clock, for one thread on a shared
 --   machine (with more threads it sums them)
--- The peer with PyTorch is tests/fixtures/gen/bench_torch.py.
+-- The peer with PyTorch is scripts/bench/peers/bench_torch.py.
 local keng = keng or require "keng"
 local runs = tonumber(arg and arg[1]) or 5
 if arg and arg[2] then keng.set_num_threads(tonumber(arg[2])) end
 local clock = arg and arg[3] == "cpu" and os.clock or keng.time
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) // 2] or (xs[n // 2] + xs[n // 2 + 1]) / 2
-end
-
--- median wall-clock seconds of fn over `runs` calls, after one warm-up call; also the fastest
--- (on a shared machine the median moves with the other jobs, the fastest much less)
-local function time(fn)
-  fn()
-  local ts = {}
-  for i = 1, runs do
-    collectgarbage()
-    local t0 = clock()
-    fn()
-    ts[i] = clock() - t0
-  end
-  local med = median(ts)
-  return med, ts[1]
-end
+local time = require("keng.bench").timer(runs, clock)
 
 keng.manual_seed(0)
 print(string.format("keng %s, %d threads, median of %d runs%s", keng.version, keng.num_threads(), runs,

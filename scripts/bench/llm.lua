@@ -1,4 +1,4 @@
--- llm.lua — the Gemma and Mistral rows (BENCH_SPEC), shared by gemma.lua and mistral.lua:
+-- llm.lua — the Gemma and Mistral rows (docs/benchmarks.md; config.runners sends both families here):
 --   fit:      LoRA rank 4 on query and value of every layer (everything else frozen), causal-LM
 --             CE with f32 logits, AdamW with Keras defaults, weights and compute in the row dtype
 --             (bf16 as Keras ran it); x = BOS + 127 words, y = x shifted by one. [B, T] i64.
@@ -33,15 +33,13 @@ function M.run(row, ctx)
     for _, p in ipairs(lm:parameters()) do if p.requires_grad then trainable[#trainable + 1] = p end end
     local opt = optim.AdamW(trainable)
     info.shapes = {x = {B, T}, y = {B, T}, logits = {B, T, vocab}}
-    local model = lm
+    local input = x
     if bench.graphable(ctx) then
-      -- the same logits as lm(x) without its host-side id check (ids:max():item() cannot run
-      -- inside a CUDA Graph capture; x is built valid above)
-      local pos = keng.arange(T, {device = ctx.device})                -- [T]
-      model = setmetatable({train = function() lm:train() end},
-        {__call = function(_, ids) return lm:head(lm:hidden(ids, {positions = pos})) end})
+      -- lm(x, opts) without the host-side id check (ids:max():item() cannot run inside a CUDA
+      -- Graph capture; x is built valid above) and with positions made before the capture
+      input = {x, {check_ids = false, position_ids = keng.arange(T, {device = ctx.device})}}  -- [T]
     end
-    r = common.time_fit(model, x, y, opt, common.lm_loss, ctx, B * T)
+    r = common.time_fit(lm, input, y, opt, common.lm_loss, ctx, B * T)
   else
     local prompts = common.lm_prompts(row.family, B, size.prompt_words, vocab):to(ctx.device)  -- [B, 6]
     local gen = {max_length = size.max_length, sampler = "greedy", stop_token_ids = {}}
@@ -49,7 +47,7 @@ function M.run(row, ctx)
     info.max_length = size.max_length
     r = common.time_generate(lm, prompts, gen, ctx, B * (size.max_length - prompts.shape[2]))
   end
-  info.params, info.trainable = common.count_params(lm)
+  info.params, info.trainable = lm:num_params(), lm:num_params{trainable = true}
   for k, v in pairs(info) do r[k] = v end
   return r
 end

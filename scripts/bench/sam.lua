@@ -1,4 +1,4 @@
--- sam.lua — the Segment Anything rows (BENCH_SPEC):
+-- sam.lua — the Segment Anything rows (docs/benchmarks.md):
 --   fit:     the image encoder alone (m.encoder: ViTDet + neck), images [B, 3, S, S] uniform [0, 1),
 --            target [B, 256, h, w] uniform, MSE, Adam(lr 1e-3, eps 1e-7) on every encoder weight, f32
 --   predict: the full model (encoder, prompt encoder, mask decoder) under no_grad with two points
@@ -26,7 +26,7 @@ function M.run(row, ctx)
     local t = size.target                                           -- {h, w, 256} as Keras writes it
     local target = keng.rand({B, t[3], t[1], t[2]}):to{dtype = ctx.dtype, device = ctx.device}  -- [B, 256, h, w]
     info.shapes.target = target.shape
-    info.params, info.trainable = common.count_params(enc)
+    info.params, info.trainable = enc:num_params(), enc:num_params{trainable = true}
     local opt = optim.Adam(enc:parameters(), {lr = 1e-3, eps = 1e-7})
     r = common.time_fit(enc, images, target, opt, function(pred, y)
       return keng.mse_loss(pred, y)
@@ -34,7 +34,7 @@ function M.run(row, ctx)
   else
     local args = {images = images, points = size.points, labels = size.labels}
     info.shapes.points = {B, #size.points, 2}
-    info.params, info.trainable = common.count_params(model)
+    info.params, info.trainable = model:num_params(), model:num_params{trainable = true}
     model:eval()
     r = keng.no_grad(function()
       local step, warmup, g = bench.graphed(function()               -- CUDA Graph replays on the GPU tier

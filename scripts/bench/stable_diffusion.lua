@@ -1,4 +1,4 @@
--- stable_diffusion.lua — the Stable Diffusion rows (BENCH_SPEC):
+-- stable_diffusion.lua — the Stable Diffusion rows (docs/benchmarks.md):
 --   fit:     the VAE image encoder up to its 8-channel conv output (pipe.image_encoder), images
 --            [B, 3, S, S] uniform [0, 1), target [B, 8, h, w] uniform, MSE, Adam(lr 1e-3,
 --            eps 1e-7) on every encoder weight, f32
@@ -30,7 +30,7 @@ function M.run(row, ctx)
     local images = keng.rand({B, 3, S, S}):to{dtype = ctx.dtype, device = ctx.device}   -- [B, 3, S, S]
     local target = keng.rand({B, t[3], t[1], t[2]}):to{dtype = ctx.dtype, device = ctx.device}  -- [B, 8, h, w]
     info.shapes = {images = images.shape, target = target.shape}
-    info.params, info.trainable = common.count_params(enc)
+    info.params, info.trainable = enc:num_params(), enc:num_params{trainable = true}
     local opt = optim.Adam(enc:parameters(), {lr = 1e-3, eps = 1e-7})
     r = common.time_fit(enc, images, target, opt, function(pred, y)
       return keng.mse_loss(pred, y)
@@ -48,7 +48,7 @@ function M.run(row, ctx)
     local f = pipe.vae_scale
     info.shapes = {images = img.shape, latents = {B, pipe.latent_channels, S // f, S // f}}
     info.prompt, info.guidance_scale = row.prompt, size.guidance
-    info.params, info.trainable = common.count_params(pipe)
+    info.params, info.trainable = pipe:num_params(), pipe:num_params{trainable = true}
     info.rule = string.format("(t(%d steps) - t(%d steps)) / %d", SHORT + ctx.steps, SHORT, ctx.steps)
   end
   for k, v in pairs(info) do r[k] = v end

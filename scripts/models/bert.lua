@@ -8,7 +8,7 @@
 --   -- backbone: out.sequence_output [B, T, C], out.pooled_output [B, C]; classifier: logits [B, K]
 --
 -- Shape letters: B batch, T tokens, C hidden, H heads, F feed-forward width, V vocabulary,
--- K classes. Token ids are 0-based. Sizes follow keras-hub's presets (BENCH_SPEC.md); the
+-- K classes. Token ids are 0-based. Sizes follow keras-hub's presets (docs/benchmarks.md); the
 -- Hugging Face BertModel checkpoint layout is mapped by hf_name() below.
 local keng = require "keng"
 local nn = require "keng.nn"
@@ -38,7 +38,7 @@ local ACT = {
   tanh = function(x) return keng.tanh(x) end,
 }
 
-local function shape_str(shape) return "[" .. table.concat(shape, ", ") .. "]" end
+local shape_str = require("keng.util").shape_str
 
 ---------------------------------------------------------------------------------------------
 -- the encoder blocks: nn.TransformerEncoderLayer, post-LN: x = LN(x + attn(x)); x = LN(x + W2·act(W1·x)),
@@ -174,7 +174,7 @@ function M.hf_name(name)
   leaf = HF_LEAF[leaf]
   if HF_TOP[path] then return HF_TOP[path] .. "." .. leaf end
   local i, rest = path:match("^encoder%.layer%.(%d+)%.(.+)$")
-  if i and HF_LAYER[rest] then return string.format("layers.%d.%s.%s", tonumber(i) + 1, HF_LAYER[rest], leaf) end
+  if i and HF_LAYER[rest] then return string.format("layers.%d.%s.%s", common.keng_layer(i), HF_LAYER[rest], leaf) end
   return nil
 end
 

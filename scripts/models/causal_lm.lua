@@ -33,12 +33,12 @@ local rope = require "models.rope"
 
 local M = {}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 ---------------------------------------------------------------------------------------------
 -- attention: q/k/v projections, RoPE, grouped-query SDPA, output projection
 
-local Attention = nn.Module:extend("Attention")
+local Attention = nn.Module:extend("DecoderAttention")
 M.Attention = Attention
 
 function Attention:init(cfg, o)
@@ -154,7 +154,7 @@ end
 ---------------------------------------------------------------------------------------------
 -- gated MLP: down(act(gate(x)) * up(x)), GeGLU (gelu tanh) for Gemma, SwiGLU (silu) for the others
 
-local MLP = nn.Module:extend("MLP")
+local MLP = nn.Module:extend("GatedMLP")
 M.MLP = MLP
 
 function MLP:init(cfg, o)
@@ -219,14 +219,15 @@ function CausalLM:init(cfg, opts)
 end
 
 -- ids: i64 tensor [B, T] / [T] or a list (of lists) of 0-based ids -> i64 [B, T]; ids >= V raise
-function CausalLM:check_ids(ids, level)
+-- (unless no_range: that check reads ids on the host)
+function CausalLM:check_ids(ids, level, no_range)
   if not keng.is_tensor(ids) then ids = keng.tensor(ids, {dtype = "i64", device = self:param_device()}) end
   if ids.ndim == 1 then ids = ids:unsqueeze(1) end
   if ids.ndim ~= 2 then error("CausalLM: token ids must be [B, T], got " .. shape_str(ids), level) end
   if ids.dtype ~= "i64" and ids.dtype ~= "i32" then
     error("CausalLM: token ids must be an integer tensor, got " .. ids.dtype, level)
   end
-  if ids.device ~= "meta" and ids:numel() > 0 then
+  if not no_range and ids.device ~= "meta" and ids:numel() > 0 then
     local hi, lo = ids:max():item(), ids:min():item()
     if hi >= self.cfg.vocab then
       error(string.format("CausalLM: token id %d is out of range for vocabulary size %d", hi, self.cfg.vocab), level)
@@ -287,26 +288,30 @@ local function padding_mask(m, window, device)
   return (ok + eye):gt(0)                                           -- [B, 1, T, T] bool
 end
 
-local LOGITS_OPTS = {attention_mask = true, position_ids = true}
+local LOGITS_OPTS = {attention_mask = true, position_ids = true, check_ids = true}
 
 -- logits(ids, {attention_mask =, position_ids =}) -> f32 [B, T, V] over the whole sequence
 -- (causal, sliding window). attention_mask [B, T] (tensor or nested list; 1/true = real token)
 -- hides padding keys, left or right; position_ids [B, T] or [T] (default 0 .. T-1 whatever the
 -- mask, as transformers' model(input_ids, attention_mask = m)). Logits at padding positions are
--- meaningless.
+-- meaningless. check_ids = false skips the range check of ids (ids:max():item() reads them on the
+-- host, which a CUDA Graph capture cannot do): the caller vouches for ids in [0, V).
 function CausalLM:logits(ids, opts)
-  ids = self:check_ids(ids, 3)
   opts = opts or {}
   if type(opts) ~= "table" then error("CausalLM:logits: options must be a table, got " .. type(opts), 2) end
   for k in pairs(opts) do
     if not LOGITS_OPTS[k] then
-      error(string.format("CausalLM:logits: unknown option '%s' (valid: attention_mask, position_ids)", tostring(k)), 2)
+      error(string.format("CausalLM:logits: unknown option '%s' (valid: attention_mask, check_ids, position_ids)",
+        tostring(k)), 2)
     end
   end
+  ids = self:check_ids(ids, 3, opts.check_ids == false)
   local B, T, dev = ids.shape[1], ids.shape[2], ids.device
   if T == 0 then error("CausalLM:logits: token ids " .. shape_str(ids) .. " hold no tokens (T = 0)", 2) end
-  local pos = keng.arange(T, {device = dev})                        -- [T]
-  if opts.position_ids ~= nil then
+  local pos
+  if opts.position_ids == nil then
+    pos = keng.arange(T, {device = dev})                            -- [T]
+  else
     pos = opts.position_ids
     if not keng.is_tensor(pos) then pos = keng.tensor(pos, {dtype = "i64", device = dev}) end
     local okshape = (pos.ndim == 1 and pos.shape[1] == T) or (pos.ndim == 2 and pos.shape[2] == T and
@@ -400,7 +405,7 @@ function M.hf_to_keng(name)
   local n, rest = name:match("^model%.layers%.(%d+)%.(.*)$")
   if n then
     rest = rest:gsub("^self_attn%.(%a_proj)", function(p) return "self_attn." .. (PROJ[p] or p) end)
-    return string.format("model.layers.%d.%s", tonumber(n) + 1, rest)
+    return string.format("model.layers.%d.%s", common.keng_layer(n), rest)
   end
   if name:find("rotary_emb") then return nil end
   return name
@@ -414,7 +419,7 @@ function M.keng_to_hf(name)
   if not n then return name end
   local field, tail = rest:match("^self_attn%.([%w_]+)(.*)$")
   if field and PROJ_HF[field] then rest = "self_attn." .. PROJ_HF[field] .. tail end
-  return string.format("model.layers.%d.%s", tonumber(n) - 1, rest)
+  return string.format("model.layers.%d.%s", common.hf_layer(n), rest)
 end
 function CausalLM:hf_name(name) return M.keng_to_hf(name) end
 function CausalLM:keng_name(name) return M.hf_to_keng(name) end

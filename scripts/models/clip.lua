@@ -30,7 +30,7 @@ local ACT = {
   gelu = function(x) return keng.gelu(x) end,
 }
 
-local function shape_str(shape) return "[" .. table.concat(shape, ", ") .. "]" end
+local shape_str = require("keng.util").shape_str
 
 ---------------------------------------------------------------------------------------------
 -- the layers: nn.TransformerEncoderLayer, pre-LN with causal self-attention:
@@ -41,22 +41,6 @@ local LAYER_NAMES = {attn = "self_attn", attn_norm = "layer_norm1", mlp = "mlp",
                      proj = {query = "q_proj", key = "k_proj", value = "v_proj", out = "out_proj"},
                      proj_order = {"key", "value", "query", "out"}}  -- the reference's order
 
--- children named "0", "1", ... as in the checkpoints (a ModuleList would count from 1)
-local Layers = nn.Module:extend("CLIPLayers")
-
-function Layers:init(c, lo, no)
-  self.n = c.layers
-  for i = 0, c.layers - 1 do
-    self[tostring(i)] = nn.TransformerEncoderLayer(c.width, c.heads, c.mlp, {norm_first = true, causal = true,
-      eps = no.eps, activation = ACT[c.activation], dtype = lo.dtype, device = lo.device, linear = lo,
-      attention_init = lo, names = LAYER_NAMES})
-  end
-end
-
-function Layers:forward(h)
-  for i = 0, self.n - 1 do h = self[tostring(i)](h) end
-  return h
-end
 
 ---------------------------------------------------------------------------------------------
 -- embeddings, encoder, final norm
@@ -77,8 +61,21 @@ end
 
 local Encoder = nn.Module:extend("CLIPEncoder")
 
-function Encoder:init(c, lo, no) self.layers = Layers(c, lo, no) end
-function Encoder:forward(h) return self.layers(h) end
+-- layers named "0", "1", ... as in the checkpoints (nn.ModuleList's one rule for 0-based names)
+function Encoder:init(c, lo, no)
+  local layers = {}
+  for i = 1, c.layers do
+    layers[i] = nn.TransformerEncoderLayer(c.width, c.heads, c.mlp, {norm_first = true, causal = true,
+      eps = no.eps, activation = ACT[c.activation], dtype = lo.dtype, device = lo.device, linear = lo,
+      attention_init = lo, names = LAYER_NAMES})
+  end
+  self.layers = nn.ModuleList(layers, {first = 0})
+end
+
+function Encoder:forward(h)
+  for i = 0, #self.layers - 1 do h = self.layers[i](h) end
+  return h
+end
 
 local TextTransformer = nn.Module:extend("CLIPTextTransformer")
 

@@ -134,6 +134,14 @@ function M.model_dtype(opts, j, tensors, who, level)
   return d
 end
 
+-- The one rule for Hugging Face's 0-based layer names. A model whose own names are the
+-- checkpoint's keeps its layer lists in nn.ModuleList(list, {first = 0}) (SAM, CLIP, UNet, VAE:
+-- "layers.0" is its first layer) and needs no renaming. BERT and the causal LMs name their layers
+-- from 1 (nn.ModuleList's default; their users' checkpoints hold those names), so their name maps
+-- turn an index with these two and nowhere else: keng_layer("0") == 1, hf_layer("1") == 0.
+function M.keng_layer(hf_index) return tonumber(hf_index) + 1 end
+function M.hf_layer(keng_index) return tonumber(keng_index) - 1 end
+
 -- check_token_ids(who, ids, vocab, level): every id of the integer tensor ids lies in [0, vocab)
 -- (not checked on meta tensors, which hold no values)
 function M.check_token_ids(who, ids, vocab, level)

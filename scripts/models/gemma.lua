@@ -9,7 +9,7 @@
 -- Gemma's facts: RMSNorm scales by (1 + w) in f32, eps 1e-6; GeGLU FFN with gelu (tanh form);
 -- embeddings scaled by sqrt(C) (rounded to the compute dtype) and tied to the LM head; RoPE base
 -- 10000 over the whole head dim; query scale 1/sqrt(D); no biases. Token ids: pad 0, eos 1, bos 2.
--- Sizes from keras-hub's presets and BENCH_SPEC.md (gemma_tiny is the CPU tier).
+-- Sizes from keras-hub's presets and docs/benchmarks.md (gemma_tiny is the CPU tier).
 local lm = require "models.causal_lm"
 
 local presets = {

@@ -8,7 +8,6 @@ local options = require "keng.options"
 
 local M = {}
 
-local BYTES = {f64 = 8, f32 = 4, bf16 = 2, f16 = 2, i64 = 8, i32 = 4, i16 = 2, i8 = 1, u8 = 1, bool = 1}
 local HF_DTYPE = {f32 = "float32", bf16 = "bfloat16", f16 = "float16", f64 = "float64"}
 
 -- "5GB" -> 5e9 bytes (KB/MB/GB/TB are powers of 10, KiB/MiB/GiB/TiB of 2, as transformers reads
@@ -25,7 +24,7 @@ function M.parse_size(v, who, level)
   return size
 end
 
-local function nbytes(t) return t:numel() * (BYTES[t.dtype] or 4) end
+local function nbytes(t) return t:numel() * (require("keng.util").dtype_size(t.dtype) or 4) end
 
 local function write_text(path, text, who, level)
   local f, err = io.open(path .. ".tmp", "w")
@@ -166,7 +165,7 @@ local function bert_name(name)
   local path, leaf = name:match("^(.*)%.([%w_]+)$")
   if BERT_TOP[path] then return BERT_TOP[path] .. "." .. leaf end
   local i, rest = path:match("^layers%.(%d+)%.(.+)$")
-  if i and BERT_LAYER[rest] then return string.format("encoder.layer.%d.%s.%s", tonumber(i) - 1, BERT_LAYER[rest], leaf) end
+  if i and BERT_LAYER[rest] then return string.format("encoder.layer.%d.%s.%s", require("models.common").hf_layer(i), BERT_LAYER[rest], leaf) end
   return nil
 end
 

@@ -8,7 +8,7 @@
 -- Mistral's facts: grouped-query attention (32 query heads over 8 KV heads in the 7B), RMSNorm
 -- eps 1e-5 scaling by w, SwiGLU FFN (silu), RoPE base 10000, sliding-window attention (each
 -- query sees the 4096 most recent keys, itself included), untied LM head, no biases.
--- Token ids: unk 0, bos 1, eos 2. Sizes from keras-hub and BENCH_SPEC.md (mistral_tiny is the CPU tier).
+-- Token ids: unk 0, bos 1, eos 2. Sizes from keras-hub and docs/benchmarks.md (mistral_tiny is the CPU tier).
 local lm = require "models.causal_lm"
 
 local presets = {

@@ -36,15 +36,10 @@ local M = {}
 local MEAN = {0.485, 0.456, 0.406}
 local STD = {0.229, 0.224, 0.225}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ", ") .. "]" end
+local shape_str = require("keng.util").shape_str
 
--- List: children named "0", "1", ... as in a PyTorch ModuleList (so names match HF checkpoints)
-local List = nn.Module:extend("List")
-function List:init(mods)
-  for i, m in ipairs(mods) do self[tostring(i - 1)] = m end
-  self.count = #mods
-end
-function List:forward() error("forward: a List has no forward; call its elements", 2) end
+-- children named "0", "1", ... as the checkpoints' (nn.ModuleList's one rule for 0-based names)
+local function List(mods) return nn.ModuleList(mods, {first = 0}) end
 
 -- LayerNorm over the channels of an NCHW tensor (HF SamLayerNorm, channels_first)
 local function layer_norm2d(ln, x)                                  -- x [B, C, H, W]
@@ -75,10 +70,12 @@ end
 local VisionAttention = nn.Module:extend("SamVisionAttention")
 M.VisionAttention = VisionAttention
 
--- size: the side of the square token grid it attends over (the window, or the whole grid)
-function VisionAttention:init(cfg, size, o)
+-- window: the window side, or 0 for global attention over the whole grid; size: the side of the
+-- square token grid it attends over (the window, or the whole grid)
+function VisionAttention:init(cfg, window, o)
   local C, H = cfg.width, cfg.heads
-  self.heads, self.head_dim, self.size = H, C // H, size
+  local size = window > 0 and window or cfg.image_size // cfg.patch
+  self.heads, self.head_dim, self.size, self.window = H, C // H, size, window
   self.qkv = nn.Linear(C, 3 * C, {bias = cfg.qkv_bias ~= false, dtype = o.dtype, device = o.device})
   self.proj = nn.Linear(C, C, {dtype = o.dtype, device = o.device})
   if cfg.rel_pos ~= false then
@@ -98,7 +95,8 @@ function VisionAttention:rel_index(S, device)
   return t
 end
 
-function VisionAttention:forward(x)                                 -- x [N, S, S, C]
+-- attention inside each S x S grid of x [N, S, S, C]
+function VisionAttention:attend(x)                                  -- x [N, S, S, C]
   local N, S, C = x.shape[1], x.shape[2], x.shape[4]
   local H, D, T = self.heads, self.head_dim, S * S
   local qkv = self.qkv(x:reshape{N, T, C}):view{N, T, 3, H, D}:permute{3, 1, 4, 2, 5}  -- [3, N, H, T, D]
@@ -127,7 +125,7 @@ end
 local MLPBlock = nn.Module:extend("SamMLPBlock")
 M.MLPBlock = MLPBlock
 
--- lin2(act(lin1(x))): exact GELU in the encoder, ReLU in the mask decoder
+-- lin2(act(lin1(x))): the mask decoder's ReLU MLP (the encoder's is nn.TransformerEncoderLayer's)
 function MLPBlock:init(dim, hidden, act, o)
   self.lin1 = nn.Linear(dim, hidden, {dtype = o.dtype, device = o.device})
   self.lin2 = nn.Linear(hidden, dim, {dtype = o.dtype, device = o.device})
@@ -140,40 +138,36 @@ function MLPBlock:forward(x)
   return self.lin2(h)
 end
 
-local VisionLayer = nn.Module:extend("SamVisionLayer")
-M.VisionLayer = VisionLayer
+-- x [B, h, w, C] after the layer's first norm: windows of self.window (or the whole grid)
+function VisionAttention:forward(x)
+  local win = self.window
+  if win == 0 then return self:attend(x) end
+  -- pad the grid to a multiple of the window (zeros after normalisation, as the reference),
+  -- cut it into [B·nh·nw, win, win, C], attend inside each window, and put it back
+  local B, h, w, C = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
+  local ph, pw = (win - h % win) % win, (win - w % win) % win
+  local y = x
+  if ph > 0 or pw > 0 then y = keng.pad(y, {0, 0, 0, pw, 0, ph}) end
+  local Hp, Wp = h + ph, w + pw
+  local nh, nw = Hp // win, Wp // win
+  y = y:view{B, nh, win, nw, win, C}:permute{1, 2, 4, 3, 5, 6}:reshape{B * nh * nw, win, win, C}
+  y = self:attend(y)
+  y = y:view{B, nh, nw, win, win, C}:permute{1, 2, 4, 3, 5, 6}:reshape{B, Hp, Wp, C}
+  if ph > 0 or pw > 0 then y = y:narrow(2, 1, h):narrow(3, 1, w) end
+  return y
+end
+
+-- a ViT layer: nn.TransformerEncoderLayer, pre-LN, with the windowed attention above and an
+-- exact-GELU MLP, under the checkpoint's names (layer_norm1, attn, layer_norm2, mlp.lin1/lin2)
+local VIT_NAMES = {attn = "attn", attn_norm = "layer_norm1", mlp = "mlp", fc1 = "lin1", fc2 = "lin2",
+                   mlp_norm = "layer_norm2"}
 
 -- window: the window side, or 0 for global attention over the whole grid
-function VisionLayer:init(cfg, window, o)
-  local no = {eps = cfg.eps, dtype = o.dtype, device = o.device}
-  self.window = window
-  self.layer_norm1 = nn.LayerNorm(cfg.width, no)
-  self.attn = VisionAttention(cfg, window > 0 and window or cfg.image_size // cfg.patch, o)
-  self.layer_norm2 = nn.LayerNorm(cfg.width, no)
-  self.mlp = MLPBlock(cfg.width, cfg.mlp, "gelu", o)
+local function VisionLayer(cfg, window, o)
+  return nn.TransformerEncoderLayer(cfg.width, cfg.heads, cfg.mlp, {norm_first = true, eps = cfg.eps,
+    dtype = o.dtype, device = o.device, attention = VisionAttention(cfg, window, o), names = VIT_NAMES})
 end
-
-function VisionLayer:forward(x)                                     -- x [B, h, w, C]
-  local B, h, w, C = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
-  local y = self.layer_norm1(x)
-  local win = self.window
-  if win > 0 then
-    -- pad the grid to a multiple of the window (zeros after normalisation, as the reference),
-    -- cut it into [B·nh·nw, win, win, C], attend inside each window, and put it back
-    local ph, pw = (win - h % win) % win, (win - w % win) % win
-    if ph > 0 or pw > 0 then y = keng.pad(y, {0, 0, 0, pw, 0, ph}) end
-    local Hp, Wp = h + ph, w + pw
-    local nh, nw = Hp // win, Wp // win
-    y = y:view{B, nh, win, nw, win, C}:permute{1, 2, 4, 3, 5, 6}:reshape{B * nh * nw, win, win, C}
-    y = self.attn(y)
-    y = y:view{B, nh, nw, win, win, C}:permute{1, 2, 4, 3, 5, 6}:reshape{B, Hp, Wp, C}
-    if ph > 0 or pw > 0 then y = y:narrow(2, 1, h):narrow(3, 1, w) end
-  else
-    y = self.attn(y)
-  end
-  x = x + y
-  return x + self.mlp(self.layer_norm2(x))                          -- [B, h, w, C]
-end
+M.VisionLayer = VisionLayer
 
 local PatchEmbeddings = nn.Module:extend("SamPatchEmbeddings")
 function PatchEmbeddings:init(cfg, o)
@@ -233,7 +227,7 @@ function VisionEncoder:forward(images)
   end
   x = self.patch_embed(x)                                           -- [B, h, w, C]
   if self.pos_embed then x = x + self.pos_embed end
-  for i = 0, self.layers.count - 1 do x = self.layers[i](x) end
+  for i = 0, #self.layers - 1 do x = self.layers[i](x) end
   return self.neck(x)                                               -- [B, E, h, w]
 end
 
@@ -353,29 +347,18 @@ end
 ---------------------------------------------------------------------------------------------
 -- mask decoder
 
-local Attention = nn.Module:extend("SamAttention")
+local Attention = nn.MultiHeadAttention:extend("SamAttention")
 M.Attention = Attention
 
--- attention whose projections shrink the width by downsample (2 in the cross attentions)
+-- nn.MultiHeadAttention whose projections shrink the width by downsample (2 in the cross
+-- attentions), with the checkpoint's names q_proj, k_proj, v_proj, out_proj
 function Attention:init(dim, heads, downsample, o)
-  local inner = dim // downsample
-  self.heads = heads
-  local lo = {dtype = o.dtype, device = o.device}
-  self.q_proj = nn.Linear(dim, inner, lo)
-  self.k_proj = nn.Linear(dim, inner, lo)
-  self.v_proj = nn.Linear(dim, inner, lo)
-  self.out_proj = nn.Linear(inner, dim, lo)
+  nn.MultiHeadAttention.init(self, dim, heads, {head_dim = dim // downsample // heads, dtype = o.dtype,
+    device = o.device, names = {query = "q_proj", key = "k_proj", value = "v_proj", out = "out_proj"}})
 end
 
 function Attention:forward(q, k, v)                                 -- q [B, T, E], k/v [B, S, E]
-  local B, T, S, H = q.shape[1], q.shape[2], k.shape[2], self.heads
-  q, k, v = self.q_proj(q), self.k_proj(k), self.v_proj(v)
-  local D = q.shape[3] // H
-  q = q:view{B, T, H, D}:transpose(2, 3)
-  k = k:view{B, S, H, D}:transpose(2, 3)
-  v = v:view{B, S, H, D}:transpose(2, 3)
-  local a = keng.scaled_dot_product_attention(q, k, v)              -- [B, H, T, D]
-  return self.out_proj(a:transpose(2, 3):reshape{B, T, H * D})      -- [B, T, E]
+  return nn.MultiHeadAttention.forward(self, q, {context = k, value = v})  -- [B, T, E]
 end
 
 local TwoWayBlock = nn.Module:extend("SamTwoWayAttentionBlock")
@@ -427,7 +410,7 @@ function TwoWayTransformer:forward(tokens, image, image_pe)
   local keys = image:reshape{B, E, -1}:transpose(2, 3)              -- [B, hw, E]
   local kpe = image_pe:reshape{B, E, -1}:transpose(2, 3)
   local queries = tokens
-  for i = 0, self.layers.count - 1 do queries, keys = self.layers[i](queries, keys, tokens, kpe) end
+  for i = 0, #self.layers - 1 do queries, keys = self.layers[i](queries, keys, tokens, kpe) end
   local a = self.final_attn_token_to_image(queries + tokens, keys + kpe, keys)
   return self.layer_norm_final_attn(queries + a), keys
 end
@@ -445,7 +428,7 @@ function FeedForward:init(din, hidden, dout, depth, o)
 end
 function FeedForward:forward(x)
   x = self.proj_in(x):relu()
-  for i = 0, self.layers.count - 1 do x = self.layers[i](x):relu() end
+  for i = 0, #self.layers - 1 do x = self.layers[i](x):relu() end
   return self.proj_out(x)
 end
 

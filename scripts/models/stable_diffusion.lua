@@ -16,7 +16,7 @@
 --
 -- Shape letters: B batch, L latent channels (4), h/w latent size (H/f, W/f with f the VAE's
 -- downscale, 8 for SD v1), H/W image size, S = 77 prompt tokens, X text width (768 for v1).
--- pipe.image_encoder is the VAE encoder up to its 8-channel conv output (BENCH_SPEC's SD fit row).
+-- pipe.image_encoder is the VAE encoder up to its 8-channel conv output (docs/benchmarks.md's SD fit row).
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
@@ -25,7 +25,7 @@ local V = require "models.vae"
 local options = require "keng.options"
 
 local M = {}
-local shape_str = U.shape_str
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 -- a pipeline preset names the presets of its parts
 M.presets = {
@@ -381,8 +381,8 @@ function Pipeline:text_to_image(prompt, opts)
   if latents then
     if not keng.is_tensor(latents) or latents.ndim ~= 4 or latents.shape[1] ~= B or latents.shape[2] ~= shape[2]
        or latents.shape[3] ~= shape[3] or latents.shape[4] ~= shape[4] then
-      error(string.format("text_to_image: latents %s must be [%s]",
-        keng.is_tensor(latents) and shape_str(latents) or type(latents), table.concat(shape, ", ")), 2)
+      error(string.format("text_to_image: latents %s must be %s",
+        keng.is_tensor(latents) and shape_str(latents) or type(latents), require("keng.util").shape_str(shape)), 2)
     end
   else
     latents = randn(shape)

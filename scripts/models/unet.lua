@@ -1,5 +1,5 @@
 -- models.unet — the Stable Diffusion denoiser, diffusers' UNet2DConditionModel as SD v1 builds
--- it, plus the blocks the VAE shares (ResnetBlock2D, Downsample2D, Upsample2D, List0).
+-- it, plus the blocks the VAE shares (ResnetBlock2D, Downsample2D, Upsample2D).
 -- Reference: diffusers models/unets/unet_2d_condition.py, unet_2d_blocks.py, resnet.py,
 -- transformers/transformer_2d.py, attention.py (module names, layouts and block order);
 -- Rombach et al. 2022 (latent diffusion).
@@ -29,8 +29,7 @@ local options = require "keng.options"
 
 local M = {}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
-M.shape_str = shape_str
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 M.presets = {
   -- SD v1 (CompVis/stable-diffusion-v1-4 unet/config.json): 859,520,964 parameters
@@ -42,7 +41,7 @@ M.presets = {
     attention_head_dim = 8, cross_attention_dim = 768, norm_num_groups = 32, norm_eps = 1e-5,
     flip_sin_to_cos = true, freq_shift = 0, downsample_padding = 1,
   },
-  -- BENCH_SPEC CPU tier: channels 32/64/128/128, 1 res block per level, 2 heads, context 64 wide
+  -- docs/benchmarks.md CPU tier: channels 32/64/128/128, 1 res block per level, 2 heads, context 64 wide
   sd_tiny = {
     in_channels = 4, out_channels = 4, sample_size = 16,
     block_out_channels = {32, 64, 128, 128}, layers_per_block = 1,
@@ -55,17 +54,9 @@ M.presets = {
 M.presets.stable_diffusion_v1 = M.presets.sd_v1
 
 ---------------------------------------------------------------------------------------------
--- List0: children named "0", "1", ... as PyTorch's ModuleList (list[0] is the first)
+-- children named "0", "1", ... as diffusers' (nn.ModuleList's one rule for 0-based names)
 
-local List0 = nn.Module:extend("List0")
-M.List0 = List0
-
-function List0:init(list)
-  self.n = #list
-  for i, m in ipairs(list) do self[tostring(i - 1)] = m end
-end
-
-function List0:forward() error("forward: a List0 has no forward; call its elements", 2) end
+local function List0(list) return nn.ModuleList(list, {first = 0}) end
 
 ---------------------------------------------------------------------------------------------
 -- ResnetBlock2D: x + conv2(silu(norm2(conv1(silu(norm1(x))) + proj(silu(temb))))),
@@ -127,31 +118,15 @@ function Upsample2D:forward(x)                                 -- [B, C, H, W] -
 end
 
 ---------------------------------------------------------------------------------------------
--- attention with diffusers' names: to_q, to_k, to_v, to_out.0
+-- attention with diffusers' names: to_q, to_k, to_v, to_out.0 (nn.MultiHeadAttention; the
+-- cross-attention's keys and values come from the cdim-wide text context)
 
-local Attention = nn.Module:extend("Attention")
-M.Attention = Attention
+local DIFFUSERS_NAMES = {query = "to_q", key = "to_k", value = "to_v", out = "to_out.0"}
 
--- Attention(query dim, context dim, N, D, {bias = false}, o); to_out always has a bias
-function Attention:init(qdim, cdim, heads, dim_head, bias, o)
-  local inner = heads * dim_head
-  local lo = {bias = bias, dtype = o.dtype, device = o.device}
-  self.heads, self.dim_head = heads, dim_head
-  self.to_q = nn.Linear(qdim, inner, lo)
-  self.to_k = nn.Linear(cdim, inner, lo)
-  self.to_v = nn.Linear(cdim, inner, lo)
-  self.to_out = List0({nn.Linear(inner, qdim, o)})              -- to_out.1 is a parameterless dropout
-end
-
-function Attention:forward(x, context)                         -- x [B, T, C], context [B, S, X]
-  context = context or x
-  local B, T, S = x.shape[1], x.shape[2], context.shape[2]
-  local N, D = self.heads, self.dim_head
-  local q = self.to_q(x):view{B, T, N, D}:transpose(2, 3)       -- [B, N, T, D]
-  local k = self.to_k(context):view{B, S, N, D}:transpose(2, 3) -- [B, N, S, D]
-  local v = self.to_v(context):view{B, S, N, D}:transpose(2, 3) -- [B, N, S, D]
-  local a = keng.scaled_dot_product_attention(q, k, v)          -- [B, N, T, D], scale 1/sqrt(D)
-  return self.to_out[0](a:transpose(2, 3):reshape{B, T, N * D}) -- [B, T, C]
+-- Attention(query dim, context dim, N, D, bias, o): no bias on to_q/k/v (bias = false), to_out has one
+local function Attention(qdim, cdim, heads, dim_head, bias, o)
+  return nn.MultiHeadAttention(qdim, heads, {head_dim = dim_head, kdim = cdim, vdim = cdim, bias = bias,
+    out_bias = true, names = DIFFUSERS_NAMES, dtype = o.dtype, device = o.device})
 end
 
 -- GEGLU feed-forward: net.0.proj to 2·F, hidden · gelu(gate), net.2 back to C (F = 4·C)
@@ -214,7 +189,7 @@ function Transformer2D:forward(x, context)                     -- x [B, C, H, W]
   if not self.linear then h = self.proj_in(h) end               -- [B, inner, H, W]
   h = h:permute{1, 3, 4, 2}:reshape{B, H * W, -1}               -- [B, T, inner or C]
   if self.linear then h = self.proj_in(h) end
-  for i = 0, self.transformer_blocks.n - 1 do h = self.transformer_blocks[i](h, context) end
+  for i = 0, #self.transformer_blocks - 1 do h = self.transformer_blocks[i](h, context) end
   if self.linear then h = self.proj_out(h) end
   h = h:reshape{B, H, W, -1}:permute{1, 4, 2, 3}:contiguous()   -- [B, inner or C, H, W]
   if not self.linear then h = self.proj_out(h) end
@@ -241,7 +216,7 @@ end
 
 -- appends each output to skips (the UNet's skip stack)
 function DownBlock:forward(h, temb, context, skips)
-  for j = 0, self.resnets.n - 1 do
+  for j = 0, #self.resnets - 1 do
     h = self.resnets[j](h, temb)
     if self.attentions then h = self.attentions[j](h, context) end
     skips[#skips + 1] = h
@@ -273,7 +248,7 @@ end
 
 -- pops one skip per resnet and concatenates it on the channel dim
 function UpBlock:forward(h, temb, context, skips)
-  for j = 0, self.resnets.n - 1 do
+  for j = 0, #self.resnets - 1 do
     local s = table.remove(skips)
     h = self.resnets[j](keng.cat({h, s}, 2), temb)              -- [B, C + Cskip, H, W] -> [B, Cout, H, W]
     if self.attentions then h = self.attentions[j](h, context) end

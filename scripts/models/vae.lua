@@ -21,41 +21,37 @@ local U = require "models.unet"
 local options = require "keng.options"
 
 local M = {}
-local shape_str, List0 = U.shape_str, U.List0
+local function List0(list) return nn.ModuleList(list, {first = 0}) end  -- diffusers' 0-based names
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 local EPS = 1e-6
 
 M.presets = {
   -- SD v1 (CompVis/stable-diffusion-v1-4 vae/config.json); encoder 34,163,592 parameters
   sd_v1 = {in_channels = 3, out_channels = 3, latent_channels = 4, block_out_channels = {128, 256, 512, 512},
            layers_per_block = 2, norm_num_groups = 32, scaling_factor = 0.18215, sample_size = 512},
-  -- BENCH_SPEC CPU tier: encoder 32/64/128/128, decoder mirrored (128/128/64/32), 8 groups
+  -- docs/benchmarks.md CPU tier: encoder 32/64/128/128, decoder mirrored (128/128/64/32), 8 groups
   sd_tiny = {in_channels = 3, out_channels = 3, latent_channels = 4, block_out_channels = {32, 64, 128, 128},
              layers_per_block = 2, norm_num_groups = 8, scaling_factor = 0.18215, sample_size = 128},
 }
 M.presets.stable_diffusion_v1 = M.presets.sd_v1
 
 ---------------------------------------------------------------------------------------------
--- single-head self-attention over the spatial positions, with its own GroupNorm and residual
+-- single-head self-attention over the spatial positions, with its own GroupNorm and residual:
+-- nn.MultiHeadAttention with one head of width C and diffusers' names (to_q, to_k, to_v, to_out.0)
 
-local SpatialAttention = nn.Module:extend("VAEAttention")
+local SpatialAttention = nn.MultiHeadAttention:extend("VAEAttention")
 M.SpatialAttention = SpatialAttention
 
 function SpatialAttention:init(c, groups, o)
   self.group_norm = nn.GroupNorm(groups, c, {eps = EPS, dtype = o.dtype, device = o.device})
-  self.to_q = nn.Linear(c, c, o)
-  self.to_k = nn.Linear(c, c, o)
-  self.to_v = nn.Linear(c, c, o)
-  self.to_out = List0({nn.Linear(c, c, o)})
+  nn.MultiHeadAttention.init(self, c, 1, {names = {query = "to_q", key = "to_k", value = "to_v", out = "to_out.0"},
+    dtype = o.dtype, device = o.device})
 end
 
 function SpatialAttention:forward(x)                           -- x [B, C, h, w]
   local B, C, h, w = table.unpack(x.shape)
   local t = self.group_norm(x):view{B, C, h * w}:transpose(2, 3)  -- [B, T, C]
-  local q = self.to_q(t):view{B, 1, h * w, C}                   -- one head of width C
-  local k = self.to_k(t):view{B, 1, h * w, C}
-  local v = self.to_v(t):view{B, 1, h * w, C}
-  local a = keng.scaled_dot_product_attention(q, k, v):view{B, h * w, C}
-  a = self.to_out[0](a)                                         -- [B, T, C]
+  local a = nn.MultiHeadAttention.forward(self, t)              -- [B, T, C]
   return a:transpose(2, 3):reshape{B, C, h, w} + x              -- [B, C, h, w]
 end
 
@@ -86,7 +82,7 @@ function Level:init(cin, cout, n, sampler, cfg, o)
 end
 
 function Level:forward(x)
-  for j = 0, self.resnets.n - 1 do x = self.resnets[j](x) end
+  for j = 0, #self.resnets - 1 do x = self.resnets[j](x) end
   if self.downsamplers then x = self.downsamplers[0](x) end
   if self.upsamplers then x = self.upsamplers[0](x) end
   return x

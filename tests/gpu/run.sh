@@ -341,7 +341,7 @@ if [ "${PEER:-1}" != 0 ]; then
     stage "pytorch peer" "$([ $prc = 0 ] && echo ok || echo "exit $prc")" $(( $(now) - t1 ))
   fi
   if [ "$DRY" = 1 ]; then
-    # the GPU-tier peer models at BENCH_SPEC's parameter counts (meta device: no GPU, no memory)
+    # the GPU-tier peer models at docs/benchmarks.md's parameter counts (meta device: no GPU, no memory)
     t1=$(now)
     { echo "== pytorch_gpu.py --check-params"; timeout 120 python3 scripts/bench/peers/pytorch_gpu.py --check-params; } \
       >>"$work/peer.log" 2>&1

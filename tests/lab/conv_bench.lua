@@ -5,9 +5,7 @@
 -- KENG_CONV_WINOGRAD=0 / KENG_CONV_DIRECT=0 time the paths those kernels replaced.
 local keng = require "keng"
 local runs = tonumber(arg[1]) or 5
-package.path = (arg[0]:match("^(.*)/") or ".") .. "/?.lua;" .. package.path
-local timing = require "timing"
-local time = timing.timer(runs)
+local time = require("keng.bench").timer(runs, os.clock)     -- process CPU time
 local cases = {
   -- name, B, Cin, H, Cout, k, stride, pad
   {"vae_in 3->32 k3 @128", 8, 3, 128, 32, 3, 1, 1},

@@ -3,9 +3,7 @@
 -- Peer: ew_bench.py.   KENG_NUM_THREADS=1 keng tests/lab/ew_bench.lua [runs]
 local keng = require "keng"
 local runs = tonumber(arg[1]) or 7
-package.path = (arg[0]:match("^(.*)/") or ".") .. "/?.lua;" .. package.path
-local timing = require "timing"
-local time = timing.timer(runs)
+local time = require("keng.bench").timer(runs, os.clock)     -- process CPU time
 print(string.format("keng %d threads (CPU ms, median of %d)", keng.num_threads(), runs))
 keng.manual_seed(0)
 local x = keng.randn({8, 32, 128, 128})

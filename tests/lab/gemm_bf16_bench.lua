@@ -8,8 +8,7 @@ local th, runs, which = tonumber(arg and arg[1]) or 1, tonumber(arg and arg[2]) 
 keng.set_num_threads(th)
 keng.manual_seed(0)
 
-package.path = (arg and arg[0] and arg[0]:match("^(.*)/") or ".") .. "/?.lua;" .. package.path
-local time = require("timing").timer(runs, keng.time)      -- wall clock: the runs use threads
+local time = require("keng.bench").timer(runs, keng.time)      -- wall clock: the runs use threads
 
 -- name, shape of a, shape of b, kind: "mm" a @ b, "lin" linear(a, b) = a @ bᵀ, "tn" aᵀ @ b
 -- (a transposed view: dW = gᵀ x with g = a [N, O], x = b [N, I])

@@ -1,4 +1,4 @@
-"""timing.py — the one timer of the tests/lab PyTorch peers (see timing.lua): median process CPU
+"""timing.py — the one timer of the tests/lab PyTorch peers (see keng.bench.timer, scripts/lib/keng/bench.lua): median process CPU
 time of `runs` calls after one warm-up call; argv = [runs] [threads] (threads default 1)."""
 import statistics
 import sys

@@ -1,9 +1,9 @@
--- api_spec.lua — every name in LUA_API.md (tensor, functional and autograd sections), used the
+-- api_spec.lua — every name in docs/lua_api.md (tensor, functional and autograd sections), used the
 -- way the contract shows, with the values checked. A renamed or missing name fails here.
 local keng = require "keng"
 local H = require "helper"
 
-describe("LUA_API.md contract", function()
+describe("docs/lua_api.md contract", function()
   it("module and CLI facts", function()
     assert.are.equal("0.1.0", keng.version)
     keng.Tensor.twice = function(t) return t * 2 end -- keng.Tensor is the method table: users extend it

@@ -486,27 +486,11 @@ describe("scaled_dot_product_attention: scale and window edge cases", function()
   end)
 end)
 
--- Hugging Face's rotate_half rope in Lua: x [..., T, D], positions as a Lua list per batch
+-- Hugging Face's rope with inverse frequencies base^(-2(i-1)/D)
 local function ref_rope(x, pos, base)
-  local shape, D = x.shape, x.shape[#x.shape]
-  local T, half = shape[#shape - 1], D // 2
-  local rows = x:to("f64"):reshape{-1, D}:tolist()
-  local P = pos:to("f64"):reshape{-1}:tolist()
-  local per_b = #rows // (pos.ndim == 2 and pos.shape[1] or 1)
-  local out = {}
-  for r, row in ipairs(rows) do
-    local t = (r - 1) % T
-    local p = P[((r - 1) // per_b) * T + t + 1]
-    local y = {}
-    for i = 1, half do
-      local th = p * base ^ (-2 * (i - 1) / D)
-      local x1, x2 = row[i], row[i + half]
-      y[i] = x1 * math.cos(th) - x2 * math.sin(th)
-      y[i + half] = x2 * math.cos(th) + x1 * math.sin(th)
-    end
-    out[r] = y
-  end
-  return keng.tensor(out, {dtype = "f64"}):reshape(shape)
+  local D, f = x.shape[#x.shape], {}
+  for i = 1, D // 2 do f[i] = base ^ (-2 * (i - 1) / D) end
+  return H.ref_rope(x, pos, f, 1)
 end
 
 describe("rope", function()

@@ -13,35 +13,22 @@ local image = require "keng.image"
 local json = require "keng.json"
 local config = require "bench.config"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function is_keng(path)
-  if not path or path == "" then return false end
-  local f = io.open(path, "rb")
-  if not f then return false end
-  f:close()
-  return path:match("keng$") ~= nil
-end
-
--- $KENG_BIN (tests/run_all.sh), else the keng running this spec, else the first build*/keng
-local function find_keng()
-  local env = os.getenv("KENG_BIN")
-  if is_keng(env) then return env end
-  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
-  local self = p:read("a"):gsub("%s+$", "")
-  p:close()
-  if is_keng(self) then return self end
-  p = io.popen("ls -d " .. sh_quote(root) .. "/build*/keng 2>/dev/null | head -n 1")
-  local found = p:read("a"):gsub("%s+$", "")
-  p:close()
-  return is_keng(found) and found or nil
-end
-
-local tmp = os.tmpname()
-os.remove(tmp)
-os.execute("mkdir -p " .. sh_quote(tmp))
+local sh_quote = H.sh_quote
+local tmp = H.tmpdir()
 
 describe("keng.bench statistics", function()
+  it("timer: one warm-up call, then the median and the fastest of runs calls on the given clock", function()
+    local now, calls = 0, 0
+    local clock = function() return now end
+    local dts = {0, 5, 1, 3, 2}                                       -- warm-up, then 4 timed calls
+    local time = bench.timer(4, clock)
+    local med, min = time(function() calls = calls + 1; now = now + dts[calls] end)
+    assert.are.equal(5, calls)
+    assert.are.equal(2.5, med)                                        -- median of {5, 1, 3, 2}
+    assert.are.equal(1, min)
+  end)
+
+
   it("computes mean, median, min, max and sample stddev", function()
     local s = bench.stats({4, 1, 3, 2})
     assert.are.equal(4, s.n)
@@ -163,7 +150,7 @@ describe("bench json", function()
 end)
 
 describe("benchmark config", function()
-  it("holds the 12 rows of BENCH_SPEC with both tiers", function()
+  it("holds the 12 rows of docs/benchmarks.md with both tiers", function()
     assert.are.equal(12, #config.rows)
     local ids = {}
     for _, r in ipairs(config.rows) do
@@ -181,8 +168,9 @@ describe("benchmark config", function()
     local families = {}
     for _, r in ipairs(config.rows) do
       assert.is_truthy(package.searchpath(r.module, spath), r.id .. ": no " .. r.module .. " (would print 'not implemented')")
-      local fam = "bench." .. r.family
-      assert.is_truthy(package.searchpath(fam, spath), r.id .. ": no scripts/bench/" .. r.family .. ".lua")
+      local fam = config.runners[r.family]
+      assert.is_truthy(fam, r.id .. ": config.runners has no entry for family " .. r.family)
+      assert.is_truthy(package.searchpath(fam, spath), r.id .. ": no " .. fam:gsub("%.", "/") .. ".lua")
       local m = require(fam)
       assert.are.equal("function", type(m.run), fam .. ".run")
       families[r.family] = true
@@ -192,13 +180,13 @@ describe("benchmark config", function()
     end
   end)
 
-  it("keeps the SAM and SD rows' CPU-tier inputs of BENCH_SPEC", function()
+  it("keeps the SAM and SD rows' CPU-tier inputs of docs/benchmarks.md", function()
     local sam_cpu, sd_cpu
     for _, r in ipairs(config.rows) do
       if r.id == "sam_predict" then sam_cpu = r.cpu end
       if r.id == "sd_predict" then sd_cpu = r end
     end
-    -- BENCH_SPEC: points [[500, 375], [250, 375]] at 1024, scaled to 256; labels {1, 2}
+    -- docs/benchmarks.md: points [[500, 375], [250, 375]] at 1024, scaled to 256; labels {1, 2}
     assert.are.same({{125, 93.75}, {62.5, 93.75}}, sam_cpu.points)
     assert.are.same({1, 2}, sam_cpu.labels)
     assert.are.equal("a photograph of an astronaut riding a horse", sd_cpu.prompt)
@@ -254,7 +242,7 @@ describe("SAM and SD bench files (in process, shrunken rows)", function()
 end)
 
 describe("all.lua smoke (child process)", function()
-  local KENG = find_keng()
+  local KENG = H.keng_bin()
 
   it("runs --steps 2 --only bert --profile 3 --tf32 and writes a JSON that follows the schema", function()
     assert.is_truthy(KENG, "no keng binary found (set KENG_BIN)")

@@ -13,22 +13,10 @@ local json = require "keng.json"
 local FIX = "tests/fixtures/bert"
 local VOCAB = FIX .. "/vocab.txt"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. sh_quote(tmp)))
-local function write(name, s)
-  local f = assert(io.open(tmp .. "/" .. name, "wb"))
-  f:write(s)
-  f:close()
-  return tmp .. "/" .. name
-end
-local function read(p)
-  local f = assert(io.open(p, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local sh_quote = H.sh_quote
+local tmp = H.tmpdir()
+local function write(name, s) return H.write(tmp .. "/" .. name, s) end
+local read = H.read
 
 local golden_tok = json.decode(read(FIX .. "/tokenizer.json"))
 

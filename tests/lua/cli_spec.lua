@@ -6,55 +6,10 @@
 local keng = require "keng"
 local H = require "helper"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function run_capture(cmd)
-  local p = io.popen(cmd, "r")
-  local out = p:read("a")
-  local ok, how, code = p:close()
-  return out, code or (ok and 0 or 1), how
-end
-
-local function is_keng(path)
-  if not path or path == "" then return false end
-  local f = io.open(path, "rb")
-  if not f then return false end
-  f:close()
-  return path:match("keng$") ~= nil
-end
-
-local function find_keng()
-  local env = os.getenv("KENG_BIN")
-  if is_keng(env) then return env end
-  local self = (run_capture("readlink /proc/$PPID/exe 2>/dev/null")):gsub("%s+$", "")
-  if is_keng(self) then return self end
-  if arg and is_keng(arg[-1]) then return arg[-1] end
-  local root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/cli_spec.lua$") or "."
-  local found = (run_capture("ls -d " .. sh_quote(root) .. "/build*/keng 2>/dev/null | head -n 1")):gsub("%s+$", "")
-  if is_keng(found) then return found end
-  return nil
-end
-
-local KENG = find_keng()
-local tmp = os.tmpname()
-os.remove(tmp)
-os.execute("mkdir -p " .. sh_quote(tmp))
-
-local function write(name, text)
-  local path = tmp .. "/" .. name
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-  return path
-end
-
-local function read(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local sh_quote, run_capture, read = H.sh_quote, H.run, H.try_read
+local KENG = H.keng_bin()
+local tmp = H.tmpdir()
+local function write(name, text) return H.write(tmp .. "/" .. name, text) end
 
 -- runs keng with a shell argument string; returns stdout, stderr, exit code
 local function keng_run(args, stdin)

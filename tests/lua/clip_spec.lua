@@ -10,30 +10,8 @@ local ct = require "keng.clip_tokenize"
 local FIX = "tests/fixtures/clip/"
 local VOCAB, MERGES = FIX .. "tokenizer/vocab.json", FIX .. "tokenizer/merges.txt"
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_tmp(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
-
--- runs fn with io.stderr captured; returns what was written
-local function capture_stderr(fn)
-  local saved, out = io.stderr, {}
-  io.stderr = {write = function(_, ...) for _, s in ipairs{...} do out[#out + 1] = s end end}
-  local ok, err = pcall(fn)
-  io.stderr = saved
-  assert(ok, err)
-  return table.concat(out)
-end
+local read, capture_stderr = H.read, H.capture_stderr
+local function write_tmp(text) return H.write(H.tmpname(), text) end
 
 describe("clip tokenizer", function()
   local tok = keng.clip_tokenizer(VOCAB, MERGES)

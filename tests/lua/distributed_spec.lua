@@ -3,23 +3,10 @@
 -- containers).
 local keng = require "keng"
 local dist = require "keng.distributed"
+local H = require "helper"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function run_capture(cmd)
-  local p = io.popen(cmd, "r")
-  local out = p:read("a")
-  local ok, _, code = p:close()
-  return out, code or (ok and 0 or 1)
-end
-local root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/distributed_spec.lua$") or "."
-local function find_keng()
-  local env = os.getenv("KENG_BIN")
-  if env and env ~= "" then return env end
-  local self = (run_capture("readlink /proc/$PPID/exe 2>/dev/null")):gsub("%s+$", "")
-  if self:match("keng$") then return self end
-  return ((run_capture("ls -d " .. sh_quote(root) .. "/build*/keng 2>/dev/null | head -n 1")):gsub("%s+$", ""))
-end
-local KENG = find_keng()
+local sh_quote, run_capture, root = H.sh_quote, H.run, H.root
+local KENG = H.keng_bin()
 
 -- Open MPI's runtime keeps process-lifetime allocations, some in plugins it dlcloses (LeakSanitizer
 -- sees "<unknown module>", so no suppression can name them): the ranks of a sanitizer build run

@@ -9,13 +9,9 @@ package.path = root .. "/scripts/?.lua;" .. package.path
 local config = require "bench.config"
 local json = require "keng.json"
 
-local function read(path)
-  local f = assert(io.open(root .. "/" .. path))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local H = require "helper"
+local function read(path) return H.read(root .. "/" .. path) end
+local sh_quote = H.sh_quote
 
 -- what CMakeLists.txt searches for: find_package names, pkg_check_modules modules, find_path
 -- headers and find_library names (the first after NAMES)

@@ -5,8 +5,21 @@
 --   H.noncontig(t)                the same values as t, laid out non-contiguously
 --   H.device                      the device specs run on: KENG_DEVICE (cpu, cuda, cuda:N), default cpu
 --   H.t(data, opts)               keng.tensor(data, opts) on H.device (opts.device wins)
+--   H.ref_rope(x, pos, f, scale)  Hugging Face's rotate_half rope, computed in Lua (f64)
+--   H.golden_runs(gold)           a golden file's generation runs {prompt = ids, gen = ids}
 --   H.with_model_dir(src, edit, fn)  fn(dir) on a copy of a checkpoint directory, config.json edited
---   H.keng_bin()                  the keng executable running the specs ($KENG_BIN, else /proc)
+--   H.keng_bin()                  the keng executable running the specs (nil when none is found)
+-- Files and processes (one copy for every spec):
+--   H.root                        the source tree's root (where tests/ lies)
+--   H.sh_quote(s)                 s as one single-quoted shell word
+--   H.read(path) / H.try_read(path)  a file's bytes; read raises naming the path, try_read gives nil
+--   H.exists(path)                whether path can be opened for reading
+--   H.write(path, s)              writes s to path (binary), returns path
+--   H.read_json(path, opts)       keng.json.decode of a file (opts passed on)
+--   H.tmpname(suffix)             a fresh path that does not exist yet
+--   H.tmpdir()                    a fresh, empty directory
+--   H.run(cmd)                    runs a shell command: stdout, exit code, how it ended ("exit"/"signal")
+--   H.capture_stderr(fn)          runs fn with io.stderr captured, returns what it wrote
 local keng = require "keng"
 local H = {}
 
@@ -69,13 +82,75 @@ function H.raises(fn, pattern)
   return err
 end
 
+H.root = debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/helper.lua$") or "."
+
+function H.sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+H.try_read = require("keng.util").read_file
+
+function H.read(path)
+  local s = H.try_read(path)
+  if s == nil then error("helper.read: cannot open '" .. tostring(path) .. "'", 2) end
+  return s
+end
+
+function H.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+function H.write(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+  return path
+end
+
+function H.read_json(path, opts) return require("keng.json").decode(H.read(path), opts) end
+
+function H.tmpname(suffix)
+  local p = os.tmpname()
+  os.remove(p)
+  return p .. (suffix or "")
+end
+
+function H.tmpdir()
+  local p = H.tmpname()
+  assert(os.execute("mkdir -p " .. H.sh_quote(p)))
+  return p
+end
+
+function H.run(cmd)
+  local p = io.popen(cmd, "r")
+  local out = p:read("a")
+  local ok, how, code = p:close()
+  return out, code or (ok and 0 or 1), how
+end
+
+function H.capture_stderr(fn)
+  local saved, out = io.stderr, {}
+  io.stderr = {write = function(_, ...) for _, s in ipairs{...} do out[#out + 1] = s end end}
+  local ok, err = pcall(fn)
+  io.stderr = saved
+  assert(ok, err)
+  return table.concat(out)
+end
+
+-- $KENG_BIN (tests/run_all.sh sets it), else the keng running this process (the parent of a
+-- shell it starts), else arg[-1], else the first build*/keng under the source root
+local function is_keng(path)
+  return path ~= nil and path ~= "" and path:match("keng$") ~= nil and H.exists(path)
+end
 function H.keng_bin()
   local env = os.getenv("KENG_BIN")
-  if env and env ~= "" then return env end
-  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")   -- the keng that runs this shell
-  local self = p:read("a"):gsub("%s+$", "")
-  p:close()
-  return self
+  if is_keng(env) then return env end
+  local self = (H.run("readlink /proc/$PPID/exe 2>/dev/null")):gsub("%s+$", "")
+  if is_keng(self) then return self end
+  if arg and is_keng(arg[-1]) then return arg[-1] end
+  local found = (H.run("ls -d " .. H.sh_quote(H.root) .. "/build*/keng 2>/dev/null | head -n 1")):gsub("%s+$", "")
+  if is_keng(found) then return found end
+  return nil
 end
 
 -- the same values as t with non-contiguous strides (stored transposed, viewed back)
@@ -144,20 +219,48 @@ end
 -- json.null writes a null); dir is removed afterwards, also when fn raises
 function H.with_model_dir(src, edit, fn)
   local json = require "keng.json"
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute("mkdir -p '" .. dir .. "' && cp " .. src .. "/*.safetensors '" .. dir .. "/'"))
-  local f = assert(io.open(src .. "/config.json", "rb"))
-  local j = json.decode(f:read("a"))
-  f:close()
+  local dir = H.tmpdir()
+  assert(os.execute("cp " .. src .. "/*.safetensors " .. H.sh_quote(dir) .. "/"))
+  local j = json.decode(H.read(src .. "/config.json"))
   edit(j)
-  f = assert(io.open(dir .. "/config.json", "wb"))
-  f:write(json.encode(j, {indent = "  "}))
-  f:close()
+  H.write(dir .. "/config.json", json.encode(j, {indent = "  "}))
   local ok, r = pcall(fn, dir)
-  os.execute("rm -rf '" .. dir .. "'")
+  os.execute("rm -rf " .. H.sh_quote(dir))
   if not ok then error(r, 0) end
   return r
+end
+
+-- Hugging Face's rotate_half rope in f64: x [..., T, D], pos [T] or [B, T], frequencies f[1..D/2],
+-- cos/sin = (cos, sin)(pos · f[i]) · scale
+function H.ref_rope(x, pos, f, scale)
+  local shape, D = x.shape, x.shape[#x.shape]
+  local T, half = shape[#shape - 1], D // 2
+  local rows = x:to("f64"):reshape{-1, D}:tolist()
+  local P = pos:to("f64"):reshape{-1}:tolist()
+  local per_b = #rows // (pos.ndim == 2 and pos.shape[1] or 1)
+  local out = {}
+  for r, row in ipairs(rows) do
+    local t = (r - 1) % T
+    local p = P[((r - 1) // per_b) * T + t + 1]
+    local y = {}
+    for i = 1, half do
+      local c, s = math.cos(p * f[i]) * scale, math.sin(p * f[i]) * scale
+      y[i] = row[i] * c - row[i + half] * s
+      y[i + half] = row[i + half] * c + row[i] * s
+    end
+    out[r] = y
+  end
+  return keng.tensor(out, {dtype = "f64"}):reshape(shape)
+end
+
+-- the generation runs of a golden file: {prompt = ids, gen = ids} for prompt.0, gen.0, prompt.1, ...
+function H.golden_runs(gold)
+  local out, n = {}, 0
+  while gold["prompt." .. n] do
+    out[#out + 1] = {prompt = gold["prompt." .. n]:tolist(), gen = gold["gen." .. n]:tolist()}
+    n = n + 1
+  end
+  return out
 end
 
 return H

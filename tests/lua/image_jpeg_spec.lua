@@ -8,18 +8,7 @@ local H = require "helper"
 local DIR = "tests/fixtures/image/"
 local G = keng.load(DIR .. "decoded.safetensors")
 
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local d = f:read("a")
-  f:close()
-  return d
-end
-
-local function spit(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
+local slurp, spit = H.read, H.write
 
 local function same(a, b, msg)
   assert.are.same(b.shape, a.shape)

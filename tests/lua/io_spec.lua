@@ -7,27 +7,9 @@
 local keng = require "keng"
 local H = require "helper"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. sh_quote(tmp)))
+local sh_quote, read_bytes, write_bytes = H.sh_quote, H.try_read, H.write
+local tmp = H.tmpdir()
 local function path(name) return tmp .. "/" .. name end
-
-local function read_bytes(p)
-  local f = io.open(p, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_bytes(p, s)
-  local f = assert(io.open(p, "wb"))
-  f:write(s)
-  f:close()
-  return p
-end
 
 -- a safetensors file from a header string and a data string
 local function st_bytes(header, data) return string.pack("<I8", #header) .. header .. (data or "") end

@@ -197,20 +197,9 @@ describe("linear errors", function()
   end)
 end)
 
--- the keng binary running these specs (run_all.sh sets KENG_BIN)
-local function keng_bin()
-  local env = os.getenv("KENG_BIN")
-  if env and env ~= "" then return env end
-  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
-  local self = p:read("a"):gsub("%s+$", "")
-  p:close()
-  if self:match("keng$") then return self end
-  return nil
-end
-
 describe("linear under KENG_DEBUG", function()
   it("logs one linear op, no matmul or add", function()
-    local bin = keng_bin()
+    local bin = H.keng_bin()
     if not bin then return pending("no keng binary (set KENG_BIN)") end
     local script = "local keng = require 'keng'; keng.linear(keng.randn({4, 3, 8}), keng.randn({6, 8}), keng.randn({6}))"
     local p = io.popen("KENG_DEBUG=1 '" .. bin .. "' -e \"" .. script .. "\" 2>&1")

@@ -14,14 +14,7 @@ local rope = require "models.rope"
 
 local FIX = "tests/fixtures/"
 
-local function golden_runs(gold)
-  local out, n = {}, 0
-  while gold["prompt." .. n] do
-    out[#out + 1] = {prompt = gold["prompt." .. n]:tolist(), gen = gold["gen." .. n]:tolist()}
-    n = n + 1
-  end
-  return out
-end
+local golden_runs = H.golden_runs
 
 -- max |a - b| over the positions where mask [B, T] is 1, relative to max |b|
 local function masked_err(a, b, mask)
@@ -348,6 +341,12 @@ describe("lm:logits options", function()
     -- lm(ids, mask) is lm:logits(ids, {attention_mask = mask}) (fit passes x = {ids, mask} so)
     local m = keng.tensor({{0, 1, 1}})
     H.close(lm(ids, m), lm:logits(ids, {attention_mask = m}), 0, "forward with a mask")
+    -- check_ids = false (the bench's CUDA Graph step) gives the same logits without reading ids
+    -- on the host; the range check is what it skips
+    H.raises(function() lm:logits(keng.tensor({{2, 999999}})) end, "token id 999999 is out of range")
+    H.close(lm:logits(ids, {check_ids = false, position_ids = keng.arange(3)}), lm:logits(ids), 0, "check_ids = false")
+    local e = H.raises(function() lm:logits(ids, {check_id = false}) end, "unknown option 'check_id'")
+    assert.truthy(e:find("valid: attention_mask, check_ids, position_ids", 1, true), e)
     -- an all-ones mask changes nothing
     H.close(lm:logits(ids, {attention_mask = {{1, 1, 1}}}), lm:logits(ids), 1e-6, "all-ones mask")
   end)

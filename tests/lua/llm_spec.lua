@@ -16,14 +16,7 @@ local function loaded(name)
   return FAMILIES[name].from_pretrained(FIX .. name), keng.load(FIX .. name .. "/golden.safetensors")
 end
 
-local function golden_runs(gold)
-  local out, n = {}, 0
-  while gold["prompt." .. n] do
-    out[#out + 1] = {prompt = gold["prompt." .. n]:tolist(), gen = gold["gen." .. n]:tolist()}
-    n = n + 1
-  end
-  return out
-end
+local golden_runs = H.golden_runs
 
 local function has_lora()
   local ok, lora = pcall(require, "keng.lora")

@@ -88,6 +88,18 @@ describe("Module registration", function()
     assert.are.same({"1.weight", "1.bias", "2.weight", "2.bias", "3.weight", "3.bias"}, names(ml))
   end)
 
+  it("ModuleList{first = 0} names its elements as PyTorch does (the 0-based rule)", function()
+    local ml = nn.ModuleList({nn.Linear(2, 3), nn.Linear(3, 4)}, {first = 0})
+    ml:append(nn.Linear(4, 5))
+    assert.are.equal(3, #ml)
+    assert.are.equal(3, ml[0].out_features)
+    assert.are.equal(5, ml[2].out_features)
+    assert.are.same({"0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias"}, names(ml))
+    assert.are.equal(0, #nn.ModuleList({}, {first = 0}))
+    H.raises(function() nn.ModuleList({}, {first = 2}) end, "ModuleList: first must be 0 or 1, got 2")
+    H.raises(function() nn.ModuleList({}, {frist = 0}) end, "unknown option 'frist'")
+  end)
+
   it("counts tied parameters once and keeps both names in state_dict", function()
     local M = nn.Module:extend("Tied")
     function M:init()
@@ -295,6 +307,26 @@ describe("layers", function()
     H.close(m(x), ref(x), 0, "renamed")
   end)
 
+  it("MultiHeadAttention with key/value widths of their own, out_bias and a 'list.0' name (diffusers')", function()
+    keng.manual_seed(9)
+    local B, T, S, C, Hh, D = 2, 4, 3, 8, 2, 3
+    local m = nn.MultiHeadAttention(C, Hh, {head_dim = D, kdim = 6, vdim = 5, bias = false, out_bias = true,
+      names = {query = "to_q", key = "to_k", value = "to_v", out = "to_out.0"}})
+    assert.are.same({"to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight", "to_out.0.bias"}, names(m))
+    same_shape(m.to_k.weight, {Hh * D, 6})
+    same_shape(m.to_v.weight, {Hh * D, 5})
+    same_shape(m.to_out[0].weight, {C, Hh * D})
+    local x, ctx, val = keng.randn({B, T, C}), keng.randn({B, S, 6}), keng.randn({B, S, 5})
+    local function heads(t, L) return t:reshape{B, L, Hh, D}:permute{1, 3, 2, 4} end
+    local q = heads(keng.linear(x, m.to_q.weight), T)
+    local k = heads(keng.linear(ctx, m.to_k.weight), S)
+    local v = heads(keng.linear(val, m.to_v.weight), S)
+    local a = keng.softmax(q:matmul(k:transpose(-1, -2)) / math.sqrt(D), -1):matmul(v)   -- [B, H, T, D]
+    local ref = keng.linear(a:permute{1, 3, 2, 4}:reshape{B, T, Hh * D}, m.to_out[0].weight, m.to_out[0].bias)
+    H.close(m(x, {context = ctx, value = val}), ref, 1e-5, "kdim / vdim / value")
+    H.raises(function() nn.MultiHeadAttention(C, Hh, {names = {out = "to_out.1"}}) end, "must end in .0, got 'to_out.1'")
+  end)
+
   it("TransformerEncoderLayer is post-LN or pre-LN around attention and the MLP, by hand", function()
     keng.manual_seed(3)
     local B, T, C, Hh, F = 2, 4, 8, 2, 16
@@ -318,6 +350,19 @@ describe("layers", function()
     d:eval()
     H.close(d(x), d.mlp_norm(d.attn_norm(x + d.attn(x)) + d.fc2(keng.gelu(d.fc1(d.attn_norm(x + d.attn(x)))))), 0,
       "eval: no dropout")
+  end)
+
+  it("TransformerEncoderLayer takes an attention module of the caller's (SAM's ViT), after its norm", function()
+    keng.manual_seed(4)
+    local C, F = 8, 16
+    local att = nn.Linear(C, C)                                       -- any module called as att(x, attn_opts)
+    local l = nn.TransformerEncoderLayer(C, 2, F, {norm_first = true, attention = att,
+      names = {attn = "attn", attn_norm = "layer_norm1", mlp = "mlp", fc1 = "lin1", fc2 = "lin2", mlp_norm = "layer_norm2"}})
+    assert.are.same({"layer_norm1.weight", "layer_norm1.bias", "attn.weight", "attn.bias", "mlp.lin1.weight",
+      "mlp.lin1.bias", "mlp.lin2.weight", "mlp.lin2.bias", "layer_norm2.weight", "layer_norm2.bias"}, names(l))
+    local x = keng.randn({2, 3, 3, C})                                -- [B, h, w, C]: leading dims pass through
+    local h = x + att(l.layer_norm1(x))
+    H.close(l(x), h + l.mlp.lin2(keng.gelu(l.mlp.lin1(l.layer_norm2(h)))), 0, "given attention")
   end)
 end)
 

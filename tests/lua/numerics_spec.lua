@@ -10,34 +10,7 @@ local optim = require "keng.optim"
 local train = require "keng.train"
 local cbs = require "keng.callbacks"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-local function tmpdir()
-  local p = os.tmpname()
-  os.remove(p)
-  os.execute("mkdir -p " .. sh_quote(p))
-  return p
-end
-local function keng_bin()
-  local env = os.getenv("KENG_BIN")
-  if env and env ~= "" then return env end
-  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
-  local self = p:read("a"):gsub("%s+$", "")
-  p:close()
-  if self:match("keng$") then return self end
-  return arg and arg[-1]
-end
+local sh_quote, read, write, tmpdir, keng_bin = H.sh_quote, H.try_read, H.write, H.tmpdir, H.keng_bin
 
 -- runs fn with check_numerics on, restoring the previous setting
 local function checked(fn)

@@ -6,17 +6,9 @@
 local keng = require "keng"
 local H = require "helper"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. sh_quote(tmp)))
+local sh_quote, write = H.sh_quote, H.write
+local tmp = H.tmpdir()
 local function path(name) return tmp .. "/" .. name end
-local function write(p, s)
-  local f = assert(io.open(p, "wb"))
-  f:write(s)
-  f:close()
-  return p
-end
 
 describe("loaders on files that are not regular files", function()
   local fifo, big = path("fifo"), path("big.bin")

@@ -15,18 +15,8 @@ local gold = keng.load(PEFT .. "/golden.safetensors")
 
 local function rel_err(a, b) return (a - b):abs():max():item() / b:abs():max():item() end
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d
-end
-
-local function read_json(path)
-  local f = assert(io.open(path, "rb"))
-  local j = json.decode(f:read("a"), {null_as_nil = true})
-  f:close()
-  return j
-end
+local tmpdir = H.tmpname
+local function read_json(path) return H.read_json(path, {null_as_nil = true}) end
 
 -- a copy of the fixture directory with adapter_config.json as edit(j) leaves it
 local function edited_peft(edit)

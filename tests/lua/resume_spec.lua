@@ -10,11 +10,7 @@ local optim = require "keng.optim"
 local train = require "keng.train"
 local cbs = require "keng.callbacks"
 
-local function tmpfile(suffix)
-  local p = os.tmpname()
-  os.remove(p)
-  return p .. (suffix or "")
-end
+local tmpfile = H.tmpname
 
 describe("rng state", function()
   it("set_rng_state replays the same draws on any later op", function()

@@ -5,27 +5,7 @@
 local keng = require "keng"
 local H = require "helper"
 
--- Hugging Face's rotate_half with cos/sin = (cos, sin)(pos · f[i]) · scale
-local function ref_rope(x, pos, f, scale)
-  local shape, D = x.shape, x.shape[#x.shape]
-  local T, half = shape[#shape - 1], D // 2
-  local rows = x:to("f64"):reshape{-1, D}:tolist()
-  local P = pos:to("f64"):reshape{-1}:tolist()
-  local per_b = #rows // (pos.ndim == 2 and pos.shape[1] or 1)
-  local out = {}
-  for r, row in ipairs(rows) do
-    local t = (r - 1) % T
-    local p = P[((r - 1) // per_b) * T + t + 1]
-    local y = {}
-    for i = 1, half do
-      local c, s = math.cos(p * f[i]) * scale, math.sin(p * f[i]) * scale
-      y[i] = row[i] * c - row[i + half] * s
-      y[i + half] = row[i + half] * c + row[i] * s
-    end
-    out[r] = y
-  end
-  return keng.tensor(out, {dtype = "f64"}):reshape(shape)
-end
+local ref_rope = H.ref_rope
 
 describe("rope with inv_freq and scale", function()
   keng.manual_seed(5)

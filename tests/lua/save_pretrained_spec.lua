@@ -12,24 +12,8 @@ local hf_save = require "models.hf_save"
 
 local IDS = keng.tensor({{2, 5, 9, 17, 3, 40, 41}, {2, 60, 7, 8, 1, 99, 12}}, {dtype = "i64"})
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d
-end
-
-local function read_json(path)
-  local f = assert(io.open(path, "rb"))
-  local j = json.decode(f:read("a"), {null_as_nil = true})
-  f:close()
-  return j
-end
-
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
+local tmpdir, exists = H.tmpname, H.exists
+local function read_json(path) return H.read_json(path, {null_as_nil = true}) end
 
 describe("save_pretrained", function()
   for _, fix in ipairs({"llama", "llama/bias", "qwen2", "qwen2/bf16", "mistral", "gemma"}) do

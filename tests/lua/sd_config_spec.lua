@@ -7,12 +7,7 @@ local H = require "helper"
 local json = require "keng.json"
 local sd = require "models.stable_diffusion"
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = H.read
 
 describe("DDIM against diffusers", function()
   local cases = json.decode(read("tests/fixtures/sd/ddim_configs.json"))

@@ -16,11 +16,7 @@ local FIX, SCHED, CLIP = "tests/fixtures/sd", "tests/fixtures/sd_sched", "tests/
 local gold = keng.load(SCHED .. "/pipes.safetensors")
 local PROMPT = "a photograph of an astronaut riding a horse"
 
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
+local exists = H.exists
 
 -- the tiny pipeline of sd_spec, with `unet_dir`'s UNet and the DDIM scheduler config
 local function pipeline(unet_dir)

@@ -16,11 +16,7 @@ local vae_m = require "models.vae"
 local FIX = "tests/fixtures/sd"
 local gold = keng.load(FIX .. "/golden.safetensors")
 
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
+local exists = H.exists
 
 describe("UNet2DConditionModel", function()
   it("predicts diffusers' noise (f32, 1e-4)", function()

@@ -6,20 +6,9 @@ local H = require "helper"
 
 local DIR = "tests/fixtures/sentencepiece/"
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read, write = H.read, H.write
 
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local golden = require("keng.json").decode(read(DIR .. "golden.json"))
+local golden = H.read_json(DIR .. "golden.json", {null_as_nil = true})
 
 local function same_ids(a, b)
   if #a ~= #b then return false end

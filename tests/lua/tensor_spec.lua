@@ -1,5 +1,5 @@
 -- tensor_spec.lua — the tensor core through Lua: creation, properties, casts, views, in-place
--- writes, printing, meta tensors, autograd bookkeeping and error messages (LUA_API.md).
+-- writes, printing, meta tensors, autograd bookkeeping and error messages (docs/lua_api.md).
 -- Positions in calls are 1-based (dims, t[i], narrow's start); the specs check that rule.
 local keng = require "keng"
 local H = require "helper"

@@ -15,18 +15,7 @@ local DIR = here .. "/../fixtures/tokenizer_json/"
 local NAMES = {"added", "wordlevel", "gpt2", "llama3", "qwen2", "llama2", "llama2_legacy", "bert", "t5", "unigram_bf", "clip", "misc", "pieces", "regex_o200k",
                "regex_r50k", "regex_deepseek"}
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local read, write = H.read, H.write
 
 local function show(ids) return "{" .. table.concat(ids, ",") .. "}" end
 

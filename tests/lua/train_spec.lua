@@ -13,18 +13,7 @@ local train = require "keng.train"
 local cbs = require "keng.callbacks"
 local progress = require "keng.progress"
 
-local function tmpfile(suffix)
-  local p = os.tmpname()
-  os.remove(p)
-  return p .. (suffix or "")
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local tmpfile, read = H.tmpname, H.read
 
 -- a quadrant task: class 1 when both coordinates have the same sign (not linearly separable)
 local function quadrants(N)
@@ -112,6 +101,35 @@ local function linear_problem(N)
   local y = x * 3 - 1
   return x, y
 end
+
+describe("train.step", function()
+  it("is one fit step: the same parameters as fit over one batch of one epoch", function()
+    local function run(use_step)
+      keng.manual_seed(7)
+      local m = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+      local x, y = quadrants(16)
+      local opt = optim.SGD(m:parameters(), {lr = 0.1})
+      if use_step then
+        m:train()
+        local l = train.step(m, x, y, opt, "cross_entropy")
+        assert.are.same({}, l.shape)
+      else
+        train.fit(m, {x = x, y = y}, {loss = "cross_entropy", optimizer = opt, batch_size = 16, epochs = 1, shuffle = false,
+          verbose = 0})
+      end
+      return m:parameters()
+    end
+    local a, b = run(true), run(false)
+    for i = 1, #a do H.close(a[i], b[i], 0, "parameter " .. i) end
+  end)
+
+  it("names an unknown loss at the caller's line", function()
+    local m = nn.Linear(2, 2)
+    local e = H.raises(function() train.step(m, keng.randn({4, 2}), keng.zeros({4}, {dtype = "i64"}),
+      optim.SGD(m:parameters()), "hinge") end, "step: unknown loss 'hinge'")
+    assert.truthy(e:find("train_spec.lua:", 1, true), e)
+  end)
+end)
 
 describe("History", function()
   it("holds per-step losses, sample-weighted epoch means and val_* entries", function()

@@ -1,6 +1,6 @@
 /* keng.h — the engine's public C API: dtypes, devices, tensors, the op table, autograd.
  *
- * Conventions (STYLE.md): every function returns kg_status; on failure kg_last_error() names
+ * Conventions (docs/style.md): every function returns kg_status; on failure kg_last_error() names
  * the op and the shapes. Outputs come first and are marked [out]; a returned tensor is owned
  * by the caller (release with kg_tensor_release). Dimensions and indices are 0-based here;
  * the Lua binding converts 1-based positions. Nothing here knows about Lua.

@@ -1,8 +1,8 @@
 """peer_rows.py — the benchmark rows of scripts/bench/config.lua in PyTorch + Hugging Face
 transformers (and diffusers for Stable Diffusion), shared by the two peers:
 
-    pytorch_cpu.py   the CPU tier (BENCH_SPEC.md's tiny configs) on the CPU
-    pytorch_gpu.py   the GPU tier (BENCH_SPEC.md's full sizes) on a CUDA device, eager
+    pytorch_cpu.py   the CPU tier (docs/benchmarks.md's tiny configs) on the CPU
+    pytorch_gpu.py   the GPU tier (docs/benchmarks.md's full sizes) on a CUDA device, eager
 
 Same work as scripts/bench/{sam,stable_diffusion,bert,llm}.lua: SamModel /
 BertForSequenceClassification / GemmaForCausalLM / MistralForCausalLM and CLIPTextModel +
@@ -54,7 +54,7 @@ ROWS = [
 ]
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
-# the sizes of each tier (BENCH_SPEC.md): presets and inputs
+# the sizes of each tier (docs/benchmarks.md): presets and inputs
 TIERS = {
     "cpu": {
         "preset": {"sam": "sam_tiny", "stable_diffusion": "sd_tiny", "bert": "bert_tiny", "gemma": "gemma_tiny",
@@ -438,7 +438,7 @@ class Runner:
         return self.llm(family, task, B, dtype, steps)
 
 
-# BENCH_SPEC.md's parameter counts of the GPU-tier presets: the acceptance check that a peer
+# docs/benchmarks.md's parameter counts of the GPU-tier presets: the acceptance check that a peer
 # model is built at the right size (pytorch_gpu.py --check-params, on the meta device)
 SPEC_PARAMS = {"bert": 108311810, "sam": 641090864, "gemma": 8537680896, "mistral": 7241732096,
                "sd_unet": 859520964, "sd_vae_encoder": 34163592}
@@ -446,7 +446,7 @@ SPEC_PARAMS = {"bert": 108311810, "sam": 641090864, "gemma": 8537680896, "mistra
 
 def check_params():
     """builds each GPU-tier model on the meta device (no memory) and compares its parameter count
-    with BENCH_SPEC.md; returns a list of mismatch messages"""
+    with docs/benchmarks.md; returns a list of mismatch messages"""
     r = Runner("gpu", "meta", 1)
 
     def n(m):
@@ -464,9 +464,9 @@ def check_params():
     for name, f in got.items():
         v = f()
         ok = v == SPEC_PARAMS[name]
-        print(f"{name:16s} {v:>14,d} params  BENCH_SPEC {SPEC_PARAMS[name]:>14,d}  {'ok' if ok else 'MISMATCH'}")
+        print(f"{name:16s} {v:>14,d} params  expected {SPEC_PARAMS[name]:>14,d}  {'ok' if ok else 'MISMATCH'}")
         if not ok:
-            bad.append(f"{name}: {v} parameters, BENCH_SPEC says {SPEC_PARAMS[name]}")
+            bad.append(f"{name}: {v} parameters, docs/benchmarks.md says {SPEC_PARAMS[name]}")
     return bad
 
 

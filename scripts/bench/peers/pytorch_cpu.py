@@ -3,7 +3,7 @@
 so that `keng scripts/bench/all.lua --compare bench-results/pytorch.json` prints keng/PyTorch.
 
 The rows, models, inputs and timing rules are in peer_rows.py (shared with pytorch_gpu.py): the
-tiny configs of BENCH_SPEC.md ("CPU tier") with random weights, the same synthetic inputs
+tiny configs of docs/benchmarks.md ("CPU tier") with random weights, the same synthetic inputs
 (scripts/bench/config.lua), batch, dtype and thread count. Writes the keng-bench/1 JSON schema
 (framework "pytorch").
 

@@ -3,7 +3,7 @@
 tests/gpu/run.sh runs beside keng on the same GPU (keng/PyTorch per row in its summary).
 
 The rows, models, inputs and timing rules are in peer_rows.py (shared with pytorch_cpu.py): the
-full sizes of BENCH_SPEC.md (bert_base_en, gemma_7b_en, mistral_7b_en, sam_huge_sa1b, Stable
+full sizes of docs/benchmarks.md (bert_base_en, gemma_7b_en, mistral_7b_en, sam_huge_sa1b, Stable
 Diffusion v1) with random weights initialised on the device, in transformers' model classes
 (diffusers' for SD: a 'not available' row where diffusers is missing), bf16 LLM rows, f32 others
 with TF32 matmuls and convolutions unless --no-tf32 (keng's GPU tier and Keras on the A100 ran
@@ -18,7 +18,7 @@ Usage:
     python3 scripts/bench/peers/pytorch_gpu.py --device cpu --tiny --steps 1 ...   # a dry run here:
         the CPU-tier sizes on the CPU (tests/gpu/run.sh with KENG_GPU_DRY_RUN=1)
     python3 scripts/bench/peers/pytorch_gpu.py --check-params   # the GPU-tier models' parameter
-        counts against BENCH_SPEC.md, built on the meta device (the dry run runs it too)
+        counts against docs/benchmarks.md, built on the meta device (the dry run runs it too)
 """
 import argparse
 import os
@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--out", default="bench-results/pytorch-gpu.json")
     ap.add_argument("--check-params", action="store_true",
                     help="only build each GPU-tier model on the meta device and compare its parameter count "
-                         "with BENCH_SPEC.md (no GPU, no memory); exit 1 on a mismatch")
+                         "with docs/benchmarks.md (no GPU, no memory); exit 1 on a mismatch")
     a = ap.parse_args()
     if a.check_params:
         bad = peer_rows.check_params()

@@ -1,4 +1,4 @@
--- keng.bench — the one timing harness every benchmark uses (BENCH_SPEC.md, "Timing rules").
+-- keng.bench — the one timing harness every benchmark uses (docs/benchmarks.md, "Timing rules").
 --
 --   local bench = require "keng.bench"
 --   local r = bench.run(step_fn, {steps = 100, warmup = 1, items = 32})
@@ -33,6 +33,27 @@ function bench.stats(xs)
   local median = n % 2 == 1 and sorted[(n + 1) // 2] or (sorted[n // 2] + sorted[n // 2 + 1]) / 2
   return {n = n, mean = mean, median = median, min = sorted[1], max = sorted[n],
           stddev = n > 1 and math.sqrt(ss / (n - 1)) or 0}
+end
+
+-- timer(runs, clock) -> time(fn) -> median seconds of `runs` calls of fn after one warm-up call
+-- (a full collection before each, outside the clock), and the fastest: the micro-benchmarks'
+-- one timer (scripts/bench/kernels.lua, tests/lab). clock: keng.time (wall clock, the default)
+-- or os.clock (process CPU time: it sums every thread, so run those with one thread). On a shared
+-- machine the median moves with the other jobs, the fastest much less.
+function bench.timer(runs, clock)
+  clock = clock or keng.time
+  return function(fn)
+    fn()
+    local ts = {}
+    for i = 1, runs do
+      collectgarbage()
+      local t0 = clock()
+      fn()
+      ts[i] = clock() - t0
+    end
+    local s = bench.stats(ts)
+    return s.median, s.min
+  end
 end
 
 -- fills the result table r from per-step seconds, FLOPs and items per step

@@ -20,16 +20,12 @@ Callback.__name = "Callback"
 callbacks.Callback = Callback
 
 -- Callback:extend(name) -> a class; Class(opts) makes an instance and calls init(self, ...)
-function Callback:extend(name)
-  local cls = setmetatable({}, {__index = self, __call = function(c, ...)
-    local o = setmetatable({}, c)
-    o:init(...)
-    return o
-  end})
-  cls.__index = cls
-  cls.__name = name
-  return cls
+local function new_callback(cls, ...)
+  local o = setmetatable({}, cls)
+  o:init(...)
+  return o
 end
+function Callback:extend(name) return require("keng.util").class(self, name, new_callback) end
 function Callback:init() end
 function Callback:on_train_begin(logs) end
 function Callback:on_train_end(logs) end

@@ -15,13 +15,7 @@ local keng = require "keng"
 
 local M = {}
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("keng.util").read_file
 
 -- encode_batch(tok, texts, {max_length=77, pad_id=tok.eos_id}) -> i64 [B, max_length]
 -- tok: a keng.clip_tokenizer; texts: a string or a list of strings

@@ -10,6 +10,7 @@
 local keng = require "keng"
 local Module = require "keng.nn.module"
 local options = require "keng.options"
+local util = require "keng.util"
 
 local C = keng._distributed
 local dist = {}
@@ -29,7 +30,6 @@ local DataParallel = Module:extend("DataParallel")
 dist.DataParallel = DataParallel
 
 local DP_OPTS = {"bucket_mb"}
-local BYTES = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2, i32 = 4, i64 = 8, bool = 1, u8 = 1}
 
 -- DataParallel(model, {bucket_mb = 25}): the model's parameters are broadcast from rank 0 now;
 -- a forward in training mode arms the wrapper, and the next tensor backward leaves every
@@ -76,7 +76,7 @@ function DataParallel:buckets()
     rev[#rev + 1] = p
     bucket_of[#rev] = #sizes
     sizes[#sizes] = sizes[#sizes] + 1
-    bytes = bytes + p:numel() * BYTES[p.dtype]
+    bytes = bytes + util.nbytes(p)
   end
   return rev, bucket_of, sizes
 end

@@ -27,7 +27,7 @@ local keng = require "keng"
 
 local G = {}
 
--- the options generate takes (LUA_API.md), sorted for the error message
+-- the options generate takes (docs/lua_api.md), sorted for the error message
 G.OPTIONS = {"decode", "early_stopping", "graph", "length_penalty", "max_length", "max_new_tokens",
   "min_new_tokens", "min_p", "num_beams", "num_return_sequences", "on_token", "repetition_penalty",
   "sampler", "seed", "stop_strings", "stop_token_ids", "sync_every", "temperature", "top_k", "top_p"}

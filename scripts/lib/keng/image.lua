@@ -67,7 +67,7 @@ end
 local function layout(who, t)
   if not keng.is_tensor(t) or t.ndim ~= 3 then
     error(string.format("%s: expected u8 [H, W, C] or float [C, H, W], got %s", who,
-      keng.is_tensor(t) and "[" .. table.concat(t.shape, ",") .. "]" or type(t)), 3)
+      keng.is_tensor(t) and require("keng.util").shape_str(t, ",") or type(t)), 3)
   end
   if t.dtype == "u8" then return "hwc", t.shape[1], t.shape[2], t.shape[3] end
   if t.dtype == "f32" or t.dtype == "f64" or t.dtype == "bf16" or t.dtype == "f16" then

@@ -18,7 +18,7 @@ local options = require "keng.options"
 
 local lora = {}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
+local function shape_str(t) return require("keng.util").shape_str(t, ",") end
 
 local function is_linear(m)
   return m.__name == "Linear" and keng.is_tensor(m.weight) and m.weight.ndim == 2
@@ -260,13 +260,7 @@ local function pattern_value(pat, hf, what, where)
   end
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local text = f:read("a")
-  f:close()
-  return text
-end
+local read_file = require("keng.util").read_file
 
 local function load_peft(model, dir)
   local json = require "keng.json"

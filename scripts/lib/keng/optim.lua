@@ -26,6 +26,7 @@
 -- plain numbers as before.
 local keng = require "keng"
 local options = require "keng.options"
+local util = require "keng.util"
 
 local optim = {schedules = {}}
 
@@ -86,13 +87,8 @@ Optimizer.__name = "Optimizer"
 optim.Optimizer = Optimizer
 
 -- A subclass; calling it makes an instance (Class(params, opts)).
-function Optimizer:extend(name)
-  local cls = setmetatable({}, {__index = self, __call = function(c, ...) return c.new(c, ...) end})
-  cls.__index = cls
-  cls.__name = name
-  cls.__tostring = self.__tostring
-  return cls
-end
+local function new_optimizer(cls, ...) return cls.new(cls, ...) end
+function Optimizer:extend(name) return util.class(self, name, new_optimizer, {"__tostring"}) end
 
 function Optimizer.new(cls, params, opts)
   local h = read_opts(cls.__name, opts, cls.defaults)

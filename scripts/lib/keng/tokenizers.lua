@@ -223,13 +223,7 @@ tokenizers.SentencePiece = SentencePiece
 local Json = {}
 Json.__index = Json
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("keng.util").read_file
 
 -- a token of tokenizer_config.json: a string or {content = ...}
 local function token_name(v)

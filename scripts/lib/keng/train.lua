@@ -194,6 +194,19 @@ local function trainable(model)
   return out
 end
 
+-- step(model, x, y, opt, loss) -> the loss tensor of one optimizer step on one batch: the step
+-- fit takes (pred = model(x); loss; opt:zero_grad(); loss:backward(); opt:step()) without its
+-- host reads, callbacks and metrics, so that a benchmark can time it or capture it in a CUDA Graph.
+-- x as in fit (a table of tensors is passed as model(x1, x2, ...)); loss: a function(pred, y) or
+-- a loss name as in fit ("cross_entropy", "mse", "binary_crossentropy").
+function train.step(model, x, y, opt, loss)
+  local l = loss_fn(loss, {}, "step")(forward(model, x), y)
+  opt:zero_grad()
+  l:backward()
+  opt:step()
+  return l
+end
+
 local function make_optimizer(model, opts, who)
   local o = opts.optimizer
   if type(o) == "table" then return o end
@@ -454,7 +467,7 @@ function train.fit(model, data, opts)
         l = loss(pred, y)
         if not keng.is_tensor(l) or l:numel() ~= 1 then
           error(string.format("fit: the loss must be a one-element tensor (got %s)",
-            keng.is_tensor(l) and "shape [" .. table.concat(l.shape, ",") .. "]" or type(l)), 2)
+            keng.is_tensor(l) and "shape " .. require("keng.util").shape_str(l, ",") or type(l)), 2)
         end
       end
       opt:zero_grad()

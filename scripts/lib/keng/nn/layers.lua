@@ -8,6 +8,7 @@
 local keng = require "keng"
 local Module = require "keng.nn.module"
 local options = require "keng.options"
+local util = require "keng.util"
 
 local L = {}
 
@@ -19,7 +20,7 @@ local function cast(t, dtype)
   return t:to(dtype)
 end
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ",") .. "]" end
+local function shape_str(t) return util.shape_str(t, ",") end
 
 local function pair(v) return type(v) == "table" and v or {v, v} end
 
@@ -345,18 +346,39 @@ local ModuleList = Module:extend("ModuleList")
 L.ModuleList = ModuleList
 Module.ModuleList = ModuleList
 
--- ModuleList({m1, m2, ...}): holds modules named "1", "2", ...; ml[i], #ml, ipairs(ml)
-function ModuleList:init(list)
+-- ModuleList({m1, m2, ...}, {first = 1}): holds modules named "1", "2", ...; ml[i], #ml,
+-- ipairs(ml), ml:append(m). {first = 0} names them "0", "1", ... as PyTorch's ModuleList does:
+-- the one rule for Hugging Face's 0-based layer names is that a model whose own names are the
+-- checkpoint's (SAM, CLIP, UNet, VAE) keeps its lists with first = 0 and walks them as
+-- `for i = 0, #ml - 1 do ml[i] ... end` (docs/adding_a_model.md)
+function ModuleList:init(list, opts)
+  opts = layer_opts(self, opts, {"first"})
+  local first = opts.first or 1
+  if first ~= 0 and first ~= 1 then
+    Module.error("ModuleList: first must be 0 or 1, got " .. tostring(first), 2)
+  end
+  self.first = first
   for i, m in ipairs(list or {}) do
     if not Module.is_module(m) then
       Module.error(string.format("ModuleList: element %d is a %s, not a module", i, type(m)), 2)
     end
-    self[tostring(i)] = m
+    self[tostring(first + i - 1)] = m
   end
 end
 
-ModuleList.append = Sequential.append
-ModuleList.__len = Sequential.__len
+function ModuleList:append(m)
+  if not Module.is_module(m) then error("append: a module expected, got " .. type(m), 2) end
+  self[tostring(self.first + #self)] = m
+  return self
+end
+
+function ModuleList.__len(self)
+  local first, mods, n = rawget(self, "first") or 1, rawget(self, "_modules"), 0
+  while mods[tostring(first + n)] do n = n + 1 end
+  return n
+end
+
+function ModuleList:extra_repr() return self.first == 0 and "first=0" or nil end
 
 function ModuleList:forward()
   error("forward: a ModuleList has no forward; call its elements", 2)

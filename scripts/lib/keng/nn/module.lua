@@ -15,21 +15,19 @@ local keng = require "keng"
 local precision = require "keng.precision"
 local initializers = require "keng.nn.initializers"
 local options = require "keng.options"
+local util = require "keng.util"
 
 local Module = {}
 Module.__name = "Module"
 
 local FLOAT = {f32 = true, f64 = true, bf16 = true, f16 = true}
-local BYTES = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2, i32 = 4, i64 = 8, bool = 1, u8 = 1, i8 = 1}
 
 local function is_module(v)
   return type(v) == "table" and rawget(v, "_modules") ~= nil and getmetatable(v) ~= nil
 end
 Module.is_module = is_module
 
-local function shape_str(shape)
-  return "[" .. table.concat(shape, ", ") .. "]"
-end
+local shape_str = util.shape_str
 
 -- a plain Lua list whose elements are all modules (wrapped into a ModuleList on assignment)
 local function is_module_list(v)
@@ -185,11 +183,7 @@ local class_mt = {
 
 -- Module:extend(name) -> a class; Class(...) makes an instance and calls init(self, ...)
 function Module:extend(name)
-  local cls = {}
-  for _, mm in ipairs(METAMETHODS) do cls[mm] = self[mm] end
-  cls.__name = name or self.__name
-  cls.super = self
-  return setmetatable(cls, {__index = self, __call = new_instance, __tostring = class_mt.__tostring})
+  return util.class(self, name, new_instance, METAMETHODS)
 end
 
 setmetatable(Module, class_mt)
@@ -620,7 +614,7 @@ function Module:summary(opts)
   out[#out + 1] = string.rep("=", total_w)
   local total, trainable, total_bytes, trainable_bytes = 0, 0, 0, 0
   for _, p in ipairs(self:parameters()) do
-    local n, b = p:numel(), p:numel() * (BYTES[p.dtype] or 4)
+    local n, b = p:numel(), p:numel() * (util.dtype_size(p.dtype) or 4)
     total, total_bytes = total + n, total_bytes + b
     if p.requires_grad then trainable, trainable_bytes = trainable + n, trainable_bytes + b end
   end

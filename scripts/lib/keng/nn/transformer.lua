@@ -1,7 +1,7 @@
 -- keng.nn.TransformerEncoderLayer — one Transformer encoder layer (Vaswani et al. 2017, fig. 1):
 -- self-attention, then a two-layer MLP, each a residual branch with a LayerNorm, either
 --   post-LN (norm_first=false; BERT):       x = LN1(x + attn(x));  x = LN2(x + fc2(act(fc1(x))))
---   pre-LN  (norm_first=true; CLIP, GPT-2): x = x + attn(LN1(x));  x = x + fc2(act(fc1(LN2(x))))
+--   pre-LN  (norm_first=true; CLIP, SAM's ViT, GPT-2): x = x + attn(LN1(x));  x = x + fc2(act(fc1(LN2(x))))
 -- with dropout (when given) on each branch's output. Models keep the submodule names of the
 -- checkpoints they load by passing `names` (roles -> names), so weights load without renaming.
 -- Shape letters: B batch, T tokens, C width, H heads, F MLP width.
@@ -29,10 +29,12 @@ local TransformerEncoderLayer = Module:extend("TransformerEncoderLayer")
 -- TransformerEncoderLayer(C, H, F, {norm_first=false, causal=false, eps=1e-5, activation=exact GELU
 -- (a function of a tensor), dropout=nil (no dropout module), dtype=, device=, linear= (the MLP's
 -- Linear options: weight_init=, std=), attention_init= ({weight_init=, std=} of the projections;
--- default Linear's), names= (see DEFAULT_NAMES)})
+-- default Linear's), names= (see DEFAULT_NAMES), attention= (a module called as attention(x,
+-- attn_opts) -> [.., C] in place of the MultiHeadAttention, made by the caller and registered
+-- after its norm: SAM's windowed attention with relative positions)})
 function TransformerEncoderLayer:init(dim, heads, ffn, opts)
   opts = options.check("TransformerEncoderLayer", opts, {"norm_first", "causal", "eps", "activation", "dropout",
-    "dtype", "device", "linear", "attention_init", "names"}, 3)
+    "dtype", "device", "linear", "attention_init", "names", "attention"}, 3)
   local n = {}
   for k, v in pairs(DEFAULT_NAMES) do n[k] = v end
   for k, v in pairs(opts.names or {}) do n[k] = v end
@@ -41,9 +43,14 @@ function TransformerEncoderLayer:init(dim, heads, ffn, opts)
   local ai = opts.attention_init or {}
   local lo = opts.linear or {dtype = opts.dtype, device = opts.device}
   local no = {eps = opts.eps, dtype = opts.dtype, device = opts.device}
-  self[n.attn] = MultiHeadAttention(dim, heads, {causal = opts.causal, dtype = opts.dtype, device = opts.device,
-    weight_init = ai.weight_init, std = ai.std, names = n.proj, order = n.proj_order})
-  self[n.attn_norm] = L.LayerNorm(dim, no)
+  if opts.attention then
+    self[n.attn_norm] = L.LayerNorm(dim, no)
+    self[n.attn] = opts.attention
+  else
+    self[n.attn] = MultiHeadAttention(dim, heads, {causal = opts.causal, dtype = opts.dtype, device = opts.device,
+      weight_init = ai.weight_init, std = ai.std, names = n.proj, order = n.proj_order})
+    self[n.attn_norm] = L.LayerNorm(dim, no)
+  end
   if n.mlp then
     self[n.mlp] = MLP(dim, ffn, n, lo)
   else
@@ -61,7 +68,8 @@ function TransformerEncoderLayer:feed_forward(x)
   return m[n.fc2](self.act(m[n.fc1](x)))
 end
 
--- forward(x, attn_opts): x [B, T, C]; attn_opts goes to MultiHeadAttention ({mask=} for padding)
+-- forward(x, attn_opts): x [B, T, C] (any leading dims with a given attention); attn_opts goes to
+-- the attention ({mask=} for padding)
 function TransformerEncoderLayer:forward(x, attn_opts)
   local n, drop = self.names, self.dropout
   local attn, attn_norm, mlp_norm = self[n.attn], self[n.attn_norm], self[n.mlp_norm]

@@ -1,2 +1,0 @@
--- mistral.lua — the Mistral rows (fit with LoRA, generate 32 and 1); see llm.lua.
-return require "bench.llm"

@@ -1,0 +1,51 @@
+-- keng.util — the small helpers the library, the models and the benchmarks share, each written
+-- once: shape_str for messages, read_file, the one class helper (nn.Module, the optimizers and
+-- the callbacks are all made by it) and the byte size of each dtype. No `require "keng"` here, so
+-- that it loads in a bare Lua state too.
+local util = {}
+
+-- shape_str(x, sep) -> "[2, 3]": x a tensor or a shape list. sep (default ", ") goes between the
+-- sizes; "," gives the engine's compact form "[2,3]", which the messages of the layers, the
+-- causal LMs, the UNet and LoRA use (their specs pin it).
+function util.shape_str(x, sep)
+  local shape = type(x) == "userdata" and x.shape or x
+  return "[" .. table.concat(shape, sep or ", ") .. "]"
+end
+
+-- read_file(path) -> the file's bytes, or nil when it cannot be opened
+function util.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function class_tostring(cls) return "class " .. cls.__name end
+
+-- class(base, name, new, inherit) -> a subclass of base named name; calling it, Class(...),
+-- returns new(Class, ...). inherit lists metamethods copied from base (Lua reads metamethods
+-- with rawget, so a subclass does not see its base's through __index); when __index is not
+-- among them the class is its instances' __index, so methods are found on the class and then,
+-- through its own metatable, on base. cls.super is base.
+function util.class(base, name, new, inherit)
+  local cls = {}
+  for _, mm in ipairs(inherit or {}) do cls[mm] = base[mm] end
+  if cls.__index == nil then cls.__index = cls end
+  cls.__name = name or base.__name
+  cls.super = base
+  return setmetatable(cls, {__index = base, __call = new, __tostring = class_tostring})
+end
+
+-- bytes per element of each dtype keng stores (the engine's kg_dtype_info; i16 only appears in
+-- safetensors headers). The Lua bindings do not expose the engine's table yet, so this is the
+-- one copy in Lua.
+local BYTES = {f64 = 8, f32 = 4, bf16 = 2, f16 = 2, i64 = 8, i32 = 4, i16 = 2, i8 = 1, u8 = 1, bool = 1}
+
+-- dtype_size(dtype) -> bytes per element, nil for a name keng does not know
+function util.dtype_size(dtype) return BYTES[dtype] end
+
+-- nbytes(t) -> the bytes t's elements take in its dtype
+function util.nbytes(t) return t:numel() * BYTES[t.dtype] end
+
+return util
