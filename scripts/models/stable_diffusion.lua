@@ -555,6 +555,15 @@ end
 -- forward(prompt, opts) = text_to_image
 function Pipeline:forward(prompt, opts) return self:text_to_image(prompt, opts) end
 
+-- LoRA files (diffusers/PEFT or kohya layout) merged into the UNet and text encoder weights:
+-- pipe:load_lora(path, {scale = 1}), pipe:unload_lora() (models/lora_files.lua)
+function Pipeline:load_lora(path, opts)
+  local ok, e = pcall(require("models.lora_files").load, self, path, opts)
+  if not ok then error(tostring(e):gsub("^[^:]*:%d+: ", ""), 2) end
+  return self
+end
+function Pipeline:unload_lora() return require("models.lora_files").unload(self) end
+
 ---------------------------------------------------------------------------------------------
 -- construction and loading
 
