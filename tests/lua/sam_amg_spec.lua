@@ -57,16 +57,15 @@ describe("sam point batches (several prompt sets per image)", function()
 end)
 
 describe("sam processor", function()
-  it("resizes, normalises and pads a photo as SamProcessor (within one u8 level)", function()
+  it("resizes, normalises and pads a photo as SamProcessor", function()
     local m, _, a = loaded()
     local proc = sam_processor.for_model(m)
     local inputs = proc:preprocess(a.photo)
     assert.are.same({{40, 60}}, inputs.original_sizes)
     assert.are.same({{64, 96}}, inputs.reshaped_sizes)
     assert.are.same({1, 3, 96, 96}, inputs.pixel_values.shape)
-    -- torch resizes u8 in 16-bit fixed point, keng in f32 rounded: a level apart at most
-    local d = (inputs.pixel_values - a.pixel_values):abs()
-    assert.is_true(d:max():item() <= 1 / (255 * 0.224) + 1e-5, "within one level")
+    -- the u8 resize is torch's integer arithmetic; normalising differs in f32 rounding only
+    H.close(inputs.pixel_values, a.pixel_values, 1e-5, "pixel_values")
     local pad = inputs.pixel_values:narrow(3, 65, 32)
     assert.are.equal(0, pad:abs():max():item())
   end)
@@ -141,12 +140,12 @@ local function with(extra)
 end
 
 describe("sam automatic mask generator", function()
-  -- masks and boxes exactly; scores to 5e-3 because the photo's u8 resize is a level off in places
+  -- masks, boxes and count exactly; scores as the model's IoU head (1e-4)
   local function same(r, a, name)
     assert.are.same(a[name .. "_masks"].shape, r.masks.shape)
     assert.are.equal(0, r.masks:to("u8"):ne(a[name .. "_masks"]):sum():item(), "masks")
     assert.are.same(a[name .. "_boxes"]:tolist(), r.boxes:tolist())
-    H.close(r.scores, a[name .. "_scores"], 5e-3, "scores")
+    H.close(r.scores, a[name .. "_scores"], 1e-4, "scores")
   end
 
   it("finds HF's masks, boxes and scores (IoU and stability thresholds, NMS)", function()

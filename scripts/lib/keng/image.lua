@@ -76,11 +76,61 @@ local function layout(who, t)
   error(string.format("%s: expected u8 [H, W, C] or float [C, H, W], got dtype %s", who, t.dtype), 3)
 end
 
+-- torch's uint8 antialiased bilinear resize, one axis (what torchvision's Resize and HF's image
+-- processors run on u8 pixels): PIL's triangle filter over `support` = max(scale, 1) input pixels
+-- about each output centre, normalised in f64, then rounded to int16 at the largest precision p
+-- that keeps the biggest weight below 2^15. -> a dense f64 [n_out, n_in] of those integers, p
+local function u8_bilinear_axis(n_in, n_out)
+  local scale = n_in / n_out
+  local support = scale >= 1 and scale or 1.0
+  local invscale = scale >= 1 and 1 / scale or 1.0
+  local rows, wt_max = {}, 0
+  for i = 0, n_out - 1 do
+    local center = scale * (i + 0.5)
+    local xmin = math.max(math.tointeger(math.modf(center - support + 0.5)) or 0, 0)   -- C casts truncate
+    local xsize = math.min(math.tointeger(math.modf(center + support + 0.5)) or 0, n_in) - xmin
+    local ws, total = {}, 0.0
+    for j = 0, xsize - 1 do
+      local w = math.max(0.0, 1.0 - math.abs((j + xmin - center + 0.5) * invscale))
+      ws[j + 1], total = w, total + w
+    end
+    if total ~= 0 then
+      for j = 1, xsize do ws[j] = ws[j] / total; wt_max = math.max(wt_max, ws[j]) end
+    end
+    rows[i + 1] = {xmin, ws}
+  end
+  local p = 0
+  while p < 22 and math.floor(0.5 + wt_max * (1 << (p + 1))) < (1 << 15) do p = p + 1 end
+  local m = {}
+  for i = 1, n_out do
+    local row = {}
+    for j = 1, n_in do row[j] = 0 end
+    local xmin, ws = rows[i][1], rows[i][2]
+    for j, w in ipairs(ws) do
+      local v = w * (1 << p)
+      row[xmin + j] = v < 0 and -math.floor(0.5 - v) or math.floor(0.5 + v)
+    end
+    m[i] = row
+  end
+  return keng.tensor(m, {dtype = "f64"}), p
+end
+
+-- x f64 [..., n_in] of 0..255 integers -> f64 [..., n_out]: Σ w·x + 2^(p-1), shifted down by p
+-- and clamped to 0..255 (integer arithmetic, exact in f64)
+local function u8_bilinear_pass(x, n_out)
+  local n_in = x.shape[x.ndim]
+  if n_in == n_out then return x end
+  local m, p = u8_bilinear_axis(n_in, n_out)
+  local s = (x:matmul(m:transpose(1, 2)) + (1 << (p - 1))) * (2.0 ^ -p)
+  return s:to("i64"):clamp(0, 255):to("f64")                       -- s >= 0: truncation is the shift
+end
+
 -- image.resize(t, {size = {h, w} | longest_side = n, mode = "bilinear", antialias = true,
 -- align_corners}) through keng.interpolate; longest_side scales the longer side to n and the
 -- other to floor(side * n / longest + 0.5) (SAM's ResizeLongestSide). antialias defaults to
--- true (as torchvision's Resize) for bilinear/bicubic. u8 is resized in f32 and rounded half up
--- and clamped to 0..255.
+-- true (as torchvision's Resize) for bilinear/bicubic. u8 in bilinear antialias (the default) is
+-- torch's integer uint8 resize exactly (u8_bilinear_axis); other u8 modes run in f32, rounded
+-- half up and clamped to 0..255.
 function image.resize(t, opts)
   opts = options.check("image.resize", opts, {"size", "longest_side", "mode", "antialias", "align_corners"})
   local kind, h, w = layout("image.resize", t)
@@ -99,6 +149,13 @@ function image.resize(t, opts)
     error("image.resize: give size= or longest_side=", 2)
   end
   local mode = opts.mode or "bilinear"
+  if kind == "hwc" and mode == "bilinear" and opts.antialias ~= false and not opts.align_corners then
+    -- torch's u8 path exactly: the width pass first, rounded to u8, then the height pass
+    local x = t:to("f64"):permute({1, 3, 2})                        -- [h, C, w]
+    x = u8_bilinear_pass(x, ow):permute({3, 2, 1})                  -- [ow, C, h]
+    x = u8_bilinear_pass(x, oh)                                     -- [ow, C, oh]
+    return x:permute({3, 1, 2}):to("u8"):contiguous()               -- [oh, ow, C]
+  end
   local io = {size = {oh, ow}, mode = mode, align_corners = opts.align_corners}
   if mode ~= "nearest" then io.antialias = opts.antialias ~= false end
   if mode == "nearest" and opts.antialias then io.antialias = true end    -- let interpolate refuse it
