@@ -79,12 +79,13 @@ end
 -- torch's uint8 antialiased bilinear resize, one axis (what torchvision's Resize and HF's image
 -- processors run on u8 pixels): PIL's triangle filter over `support` = max(scale, 1) input pixels
 -- about each output centre, normalised in f64, then rounded to int16 at the largest precision p
--- that keeps the biggest weight below 2^15. -> a dense f64 [n_out, n_in] of those integers, p
+-- that keeps the biggest weight below 2^15. -> taps: K lists {i64 [n_out] input ids, f64 [n_out]
+-- integer weights} (tap k of every output; 0 weights pad the short ones), p
 local function u8_bilinear_axis(n_in, n_out)
   local scale = n_in / n_out
   local support = scale >= 1 and scale or 1.0
   local invscale = scale >= 1 and 1 / scale or 1.0
-  local rows, wt_max = {}, 0
+  local rows, wt_max, K = {}, 0, 0
   for i = 0, n_out - 1 do
     local center = scale * (i + 0.5)
     local xmin = math.max(math.tointeger(math.modf(center - support + 0.5)) or 0, 0)   -- C casts truncate
@@ -98,31 +99,36 @@ local function u8_bilinear_axis(n_in, n_out)
       for j = 1, xsize do ws[j] = ws[j] / total; wt_max = math.max(wt_max, ws[j]) end
     end
     rows[i + 1] = {xmin, ws}
+    K = math.max(K, xsize)
   end
   local p = 0
   while p < 22 and math.floor(0.5 + wt_max * (1 << (p + 1))) < (1 << 15) do p = p + 1 end
-  local m = {}
-  for i = 1, n_out do
-    local row = {}
-    for j = 1, n_in do row[j] = 0 end
-    local xmin, ws = rows[i][1], rows[i][2]
-    for j, w in ipairs(ws) do
-      local v = w * (1 << p)
-      row[xmin + j] = v < 0 and -math.floor(0.5 - v) or math.floor(0.5 + v)
+  local taps = {}
+  for k = 1, K do
+    local ids, ws = {}, {}
+    for i = 1, n_out do
+      local xmin, w = rows[i][1], rows[i][2][k]
+      ids[i] = math.min(xmin + k - 1, n_in - 1)
+      local v = (w or 0) * (1 << p)
+      ws[i] = v < 0 and -math.floor(0.5 - v) or math.floor(0.5 + v)
     end
-    m[i] = row
+    taps[k] = {keng.tensor(ids, {dtype = "i64"}), keng.tensor(ws, {dtype = "i32"})}
   end
-  return keng.tensor(m, {dtype = "f64"}), p
+  return taps, p
 end
 
--- x f64 [..., n_in] of 0..255 integers -> f64 [..., n_out]: Σ w·x + 2^(p-1), shifted down by p
--- and clamped to 0..255 (integer arithmetic, exact in f64)
+-- x i32 [..., n_in] of 0..255 -> i32 [..., n_out]: Σ w·x + 2^(p-1), shifted down by p and
+-- clamped to 0..255, in i32 as torch (Σw ≈ 2^p ≤ 2^22, so 255·Σw fits); one gather per tap, so
+-- the cost is K (about 2·scale + 1) passes over the output
 local function u8_bilinear_pass(x, n_out)
-  local n_in = x.shape[x.ndim]
+  local d = x.ndim
+  local n_in = x.shape[d]
   if n_in == n_out then return x end
-  local m, p = u8_bilinear_axis(n_in, n_out)
-  local s = (x:matmul(m:transpose(1, 2)) + (1 << (p - 1))) * (2.0 ^ -p)
-  return s:to("i64"):clamp(0, 255):to("f64")                       -- s >= 0: truncation is the shift
+  local taps, p = u8_bilinear_axis(n_in, n_out)
+  local s = x:index_select(d, taps[1][1]) * taps[1][2]
+  for k = 2, #taps do s = s + x:index_select(d, taps[k][1]) * taps[k][2] end
+  s = (s + (1 << (p - 1))):to("f64") * (2.0 ^ -p)                   -- exact: a power of two
+  return s:to("i32"):clamp(0, 255)                                  -- s >= 0: truncation is the shift
 end
 
 -- image.resize(t, {size = {h, w} | longest_side = n, mode = "bilinear", antialias = true,
@@ -151,8 +157,8 @@ function image.resize(t, opts)
   local mode = opts.mode or "bilinear"
   if kind == "hwc" and mode == "bilinear" and opts.antialias ~= false and not opts.align_corners then
     -- torch's u8 path exactly: the width pass first, rounded to u8, then the height pass
-    local x = t:to("f64"):permute({1, 3, 2})                        -- [h, C, w]
-    x = u8_bilinear_pass(x, ow):permute({3, 2, 1})                  -- [ow, C, h]
+    local x = t:to("i32"):permute({1, 3, 2}):contiguous()           -- [h, C, w]
+    x = u8_bilinear_pass(x, ow):permute({3, 2, 1}):contiguous()     -- [ow, C, h]
     x = u8_bilinear_pass(x, oh)                                     -- [ow, C, oh]
     return x:permute({3, 1, 2}):to("u8"):contiguous()               -- [oh, ow, C]
   end
