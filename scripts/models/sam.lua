@@ -9,6 +9,9 @@
 --   out.masks     -- f32 [B, 4, 4h, 4w] mask logits (all four mask tokens; the single-mask one first)
 --   out.iou_pred  -- f32 [B, 4]
 --   m.encoder(x)  -- the image encoder alone, [B, 256, h, w] (the benchmark's fit row)
+--   m:predict{pixel_values =, points = [B, P, K, 2]}  -- P prompt sets: masks [B, P, 4, 4h, 4w]
+-- Real photos: models.sam_processor (resize/normalise/pad, post_process_masks); every object
+-- without prompts: models.sam_amg.
 --
 -- Shape letters: B batch, S image side, h = w = S / patch (the grid), C encoder width, E prompt /
 -- decoder width (256), H heads, D head dim, N windows x batch, T tokens, K prompt tokens.
