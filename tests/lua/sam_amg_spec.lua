@@ -53,6 +53,9 @@ describe("sam point batches (several prompt sets per image)", function()
       "points must be [2, 3, K, 2]")
     H.raises(function() m:predict{images = g.images, pixel_values = g.images, points = {{1, 2}}} end,
       "give images or pixel_values, not both")
+    H.raises(function() m:predict{image_embeddings = g.embeddings, labels = a.pb_labels, boxes = a.pbb_boxes} end,
+      "labels given without points")
+    H.raises(function() m:forward{points = {{1, 2}}} end, "images (or pixel_values, image_embeddings) missing")
   end)
 end)
 
@@ -124,6 +127,10 @@ describe("sam processor", function()
     H.raises(function() proc:post_process_masks(keng.zeros({1, 3, 24, 24}), {{4, 6}}, {{4, 6}}, {threshold = 1}) end,
       "unknown option 'threshold'")
     H.raises(function() sam_processor.new{size = 96, pad_size = 64} end, "pad_size")
+    H.raises(function() proc:post_process_masks({}, {{4, 6}}, {{4, 6}}) end, "masks must be a tensor [B, ..., h, w]")
+    H.raises(function() proc:post_process_masks(keng.zeros({1, 3, 24, 24}), {{4, 6.5}}, {{4, 6}}) end,
+      "original_sizes[1] must be an {h, w} pair of positive integers")
+    H.raises(function() proc:scale_boxes({{1, 2, 3}}, {{4, 6}}) end, "scale_boxes: expected [B, ..., 4], got [1, 3]")
   end)
 end)
 

@@ -87,6 +87,12 @@ describe("LoRA file errors", function()
     f = file({[Q .. ".lora_A.weight"] = A, [Q .. ".lora_B.weight"] = B},
              {lora_adapter_metadata = '{"unet.use_dora": true, "unet.r": 4}'})
     H.raises(function() lora_files.load(p, f) end, "unet.use_dora (DoRA) is not supported")
+    f = file({[Q .. ".lora_A.weight"] = A, [Q .. ".lora_B.weight"] = B},
+             {lora_adapter_metadata = '{"unet.alpha_pattern": {"to_q": 2}, "unet.r": 4}'})
+    H.raises(function() lora_files.load(p, f) end, "unet.alpha_pattern (per-module alpha/rank) is not supported")
+    f = file({[Q .. ".lora_A.weight"] = A, [Q .. ".lora_B.weight"] = B}, {lora_adapter_metadata = "{oops"})
+    H.raises(function() lora_files.load(p, f) end, "unreadable lora_adapter_metadata")
+    H.raises(function() lora_files.load(p, 42) end, "path must be a string")
   end)
 
   it("changes nothing when a file is refused, and checks its options", function()
