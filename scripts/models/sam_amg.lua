@@ -66,7 +66,7 @@ function M.mask_boxes(masks)
   local N, H, W = masks.shape[1], masks.shape[2], masks.shape[3]
   if N == 0 then return keng.zeros({0, 4}, {dtype = "i64"}) end
   local function edges(any, n)                                      -- any f32 [N, n] of 0/1
-    local idx = keng.arange(n):view{1, n}
+    local idx = keng.arange(n, {device = masks.device}):view{1, n}
     local hi = (any * idx):max(2)
     local lo = (any * idx + (1 - any) * n):min(2)
     return lo, hi
@@ -168,7 +168,8 @@ function M.generate(m, img, opts)
       local ch, cw = y1 - y0, x1 - x0
       local piece = img:narrow(1, y0 + 1, ch):narrow(2, x0 + 1, cw):contiguous()
       local inputs = proc:preprocess(piece)
-      local emb = m.vision_encoder(inputs.pixel_values, true)      -- [1, E, h, w]
+      local px = inputs.pixel_values:to{device = m:param_device(), dtype = m:param_dtype()}
+      local emb = m.vision_encoder(px, true)                       -- [1, E, h, w]
       local n = math.floor(o.points_per_crop / o.crop_n_points_downscale_factor ^ layers[c])
       local grid = M.point_grid(n) * keng.tensor({cw, ch}):view{1, 2}
       local nh, nw = proc:resized_size(ch, cw)
@@ -179,10 +180,11 @@ function M.generate(m, img, opts)
         local p = pts:narrow(1, s, P):view{1, P, 1, 2}
         local out = m:predict{image_embeddings = emb, points = p, labels = keng.ones({1, P, 1})}
         local low = out.masks:narrow(3, 2, 3)                       -- the three multimask outputs
+        -- on the model's device (f32): the upsampling and the scores; the kept masks come to the CPU
         local up = proc:post_process_masks(low, inputs.original_sizes, inputs.reshaped_sizes, {binarize = false})[1]
         up = up:reshape{P * 3, ch, cw}
-        local iou = out.iou_pred:narrow(3, 2, 3):reshape{P * 3}
-        local keep = keng.ones({P * 3}, {dtype = "bool"})
+        local iou = out.iou_pred:narrow(3, 2, 3):reshape{P * 3}:float()
+        local keep = keng.ones({P * 3}, {dtype = "bool", device = iou.device})
         if o.pred_iou_thresh > 0 then keep = keep * iou:gt(o.pred_iou_thresh) end
         if o.stability_score_thresh > 0 then
           local st = M.stability_scores(up, o.mask_threshold, o.stability_score_offset)
@@ -191,8 +193,8 @@ function M.generate(m, img, opts)
         local ids = {}
         for i, k in ipairs(keep:tolist()) do if k then ids[#ids + 1] = i - 1 end end
         if #ids > 0 then
-          local idx = keng.tensor(ids, {dtype = "i64"})
-          local masks = up:index_select(1, idx):gt(o.mask_threshold)  -- bool [k, ch, cw]
+          local idx = keng.tensor(ids, {dtype = "i64", device = up.device})
+          local masks = up:index_select(1, idx):gt(o.mask_threshold):to{device = "cpu"}  -- bool [k, ch, cw]
           local scores = iou:index_select(1, idx):tolist()
           local boxes = M.mask_boxes(masks):tolist()
           for i, b in ipairs(boxes) do
