@@ -25,7 +25,7 @@ local M = {}
 M.defaults = {points_per_crop = 32, points_per_batch = 64, pred_iou_thresh = 0.88, stability_score_thresh = 0.95,
   stability_score_offset = 1, mask_threshold = 0, crops_nms_thresh = 0.7, crops_n_layers = 0,
   crop_overlap_ratio = 512 / 1500, crop_n_points_downscale_factor = 1}
-local KEYS = {"processor"}
+local KEYS = {"processor", "progress"}
 for k in pairs(M.defaults) do KEYS[#KEYS + 1] = k end
 table.sort(KEYS)
 
@@ -141,6 +141,7 @@ local function check(opts)
     options.number(who, k, o[k], nil, nil, 3)
   end
   o.processor = opts.processor
+  o.progress = require("keng.progress").check_option(who, opts.progress, 3)
   return o
 end
 
@@ -149,7 +150,8 @@ end
 -- points_per_batch 64, pred_iou_thresh 0.88, stability_score_thresh 0.95 (a threshold ≤ 0 is
 -- off), stability_score_offset 1, mask_threshold 0, crops_nms_thresh 0.7, crops_n_layers 0,
 -- crop_overlap_ratio 512/1500, crop_n_points_downscale_factor 1, processor (default
--- sam_processor.for_model(m)).
+-- sam_processor.for_model(m)), progress (a bar of decode batches on stderr: nil on a terminal,
+-- true / false).
 function M.generate(m, img, opts)
   local o = check(opts)
   if type(img) == "string" then img = image.read(img) end
@@ -162,6 +164,13 @@ function M.generate(m, img, opts)
   local was = m.training
   m:eval()
   local all_masks, all_scores, all_boxes = {}, {}, {}
+  local batches = 0                                                  -- decode batches, for the bar
+  for c = 1, #crops do
+    local n = math.floor(o.points_per_crop / o.crop_n_points_downscale_factor ^ layers[c])
+    batches = batches + math.ceil(n * n / o.points_per_batch)
+  end
+  local bar = require("keng.progress").task("masks", batches, {enabled = o.progress, unit = "batch"})
+  local done = 0
   local ok, err = pcall(keng.no_grad, function()
     for c, crop in ipairs(crops) do
       local x0, y0, x1, y1 = crop[1], crop[2], crop[3], crop[4]
@@ -210,11 +219,14 @@ function M.generate(m, img, opts)
             end
           end
         end
+        done = done + 1
+        bar:update(done, #all_masks .. " kept")
       end
     end
   end)
   if was then m:train() end
   if not ok then error(tostring(err):gsub("^[^:]*:%d+: ", ""), 2) end
+  bar:finish(#all_masks .. " kept")
   local keep = M.nms(all_boxes, all_scores, o.crops_nms_thresh)
   local masks, scores, boxes = {}, {}, {}
   for i, k in ipairs(keep) do masks[i], scores[i], boxes[i] = all_masks[k], all_scores[k], all_boxes[k] end

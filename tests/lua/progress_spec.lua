@@ -106,6 +106,8 @@ describe("progress of models", function()
     local text = stderr_of(function() ids = lm:generate({{2, 5}}, {max_new_tokens = 4, progress = true}) end)
     assert.truthy(text:find("generate 4/4 %[=+%] %- [%d.]+[mu]?s %- %d+[mu]?s/tok %- [%d.]+ tok/s\n$")
       or text:find("generate 4/4 %[=+%] %- %d+s %- %d+[mu]?s/tok %- [%d.]+ tok/s\n$"), text)
+    local beams = stderr_of(function() lm:generate({{2, 5}}, {max_new_tokens = 3, num_beams = 2, progress = true}) end)
+    assert.truthy(beams:find("beam search %d/3 %["), beams)
     local quiet = lm:generate({{2, 5}}, {max_new_tokens = 4, progress = false})
     assert.are.same(ids, quiet)
     H.raises(function() lm:generate({{2, 5}}, {max_new_tokens = 4, progress = "yes"}) end,

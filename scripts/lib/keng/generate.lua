@@ -561,6 +561,7 @@ function G.beam_search(lm, rows, o, budget)
   end
   local lp_pen, es = o.length_penalty, o.early_stopping
   local logits = dec.logits
+  local bar = require("keng.progress").task("beam search", N, {enabled = o.progress, unit = "tok"})
   for s = 1, N do                                                   -- s: the new token's number
     local scores = {}
     for r = 1, R do for k = 1, K do scores[#scores + 1] = {running[r][k].score} end end
@@ -621,6 +622,7 @@ function G.beam_search(lm, rows, o, budget)
     end
     local any = false
     for r = 1, R do any = any or active[r] end
+    bar:update(s)
     if not any or s == N then break end
     local idx_t = keng.tensor(src, dec.i64)
     dec.reorder(idx_t)
@@ -629,6 +631,7 @@ function G.beam_search(lm, rows, o, budget)
     if st.counts then st.counts:scatter_add_(2, dec.feed, st.one) end
     logits = dec.step(dec.P + s)
   end
+  bar:finish()
   for r, row in ipairs(rows) do
     for k = 1, n do
       local t = {table.unpack(row)}
