@@ -61,15 +61,14 @@ local function parse_key(k)
   part, rest = k:match("^(unet)%.(.+)$")
   if not part then part, rest = k:match("^(text_encoder)%.(.+)$") end
   if not part then return nil end
-  for _, p in ipairs{{"%.lora_A%.weight$", "A"}, {"%.lora_B%.weight$", "B"}, {"%.lora%.down%.weight$", "A"},
-                     {"%.lora%.up%.weight$", "B"}, {"%.lora_linear_layer%.down%.weight$", "A"},
-                     {"%.lora_linear_layer%.up%.weight$", "B"}, {"%.alpha$", "alpha"}} do
+  for _, p in ipairs{{"%.lora_A%.weight$", "A"}, {"%.lora_B%.weight$", "B"}, {"%.down%.weight$", "A"},
+                     {"%.up%.weight$", "B"}, {"%.alpha$", "alpha"}} do
     local s = rest:find(p[1])
     if s then
-      local mod = rest:sub(1, s - 1)
-      -- attention processors' names (diffusers before PEFT): attn1.processor.to_q_lora -> attn1.to_q
+      -- the names diffusers wrote before PEFT: <module>.lora.down, <module>.lora_linear_layer.down
+      -- (text encoder), attn1.processor.to_q_lora.down (attention processors) -> <module>
+      local mod = rest:sub(1, s - 1):gsub("%.lora$", ""):gsub("%.lora_linear_layer$", "")
       mod = mod:gsub("%.processor%.to_out_lora$", ".to_out.0"):gsub("%.processor%.(to_[qkv])_lora$", ".%1")
-      mod = mod:gsub("%.(to_[qkv])_lora$", ".%1"):gsub("%.to_out_lora$", ".to_out.0")
       return part, mod, p[2], "diffusers"
     end
   end

@@ -46,6 +46,35 @@ describe("LoRA files against diffusers", function()
     end
   end
 
+  it("reads the older diffusers names (lora.down / lora.up, attention processors, .alpha tensors)", function()
+    -- the PEFT file's matrices renamed to the layouts diffusers wrote before PEFT: same result
+    local t = keng.load(FIX .. "/diffusers.safetensors")
+    local old = {}
+    for k, v in pairs(t) do
+      local mod, which = k:match("^(.-)%.lora_([AB])%.weight$")
+      local down = which == "A" and "down" or "up"
+      local m2 = mod:gsub("%.(to_[qkv])$", ".processor.%1_lora"):gsub("%.to_out%.0$", ".processor.to_out_lora")
+      if m2 ~= mod then
+        old[m2 .. "." .. down .. ".weight"] = v
+        old[m2 .. ".alpha"] = keng.tensor(8.0)
+      elseif mod:match("^text_encoder") then
+        old[mod .. ".lora_linear_layer." .. down .. ".weight"] = v
+        old[mod .. ".alpha"] = keng.tensor(8.0)
+      else
+        old[mod .. ".lora." .. down .. ".weight"] = v
+        old[mod .. ".alpha"] = keng.tensor(8.0)
+      end
+    end
+    local path = os.tmpname() .. ".safetensors"
+    keng.save(path, old)
+    local p = parts()
+    lora_files.load(p, path)
+    os.remove(path)
+    local eps, te, L = outputs(p)
+    H.close(eps, L.diffusers_unet_eps_1, 3e-4, "unet eps")
+    H.close(te, L.diffusers_te_1, 1e-5, "text encoder")
+  end)
+
   it("loads through the pipeline and unloads to the very weights it had", function()
     local p = parts()
     local pipe = sd.Pipeline({unet = p.unet, text_encoder = p.text_encoder, vae = vae_m.from_pretrained("tests/fixtures/sd/vae")})
