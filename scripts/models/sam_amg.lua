@@ -164,10 +164,10 @@ function M.generate(m, img, opts)
   local was = m.training
   m:eval()
   local all_masks, all_scores, all_boxes = {}, {}, {}
-  local batches = 0                                                  -- decode batches, for the bar
+  local side, batches = {}, 0                                        -- grid side per crop; decode batches
   for c = 1, #crops do
-    local n = math.floor(o.points_per_crop / o.crop_n_points_downscale_factor ^ layers[c])
-    batches = batches + math.ceil(n * n / o.points_per_batch)
+    side[c] = math.floor(o.points_per_crop / o.crop_n_points_downscale_factor ^ layers[c])
+    batches = batches + math.ceil(side[c] ^ 2 / o.points_per_batch)
   end
   local bar = require("keng.progress").task("masks", batches, {enabled = o.progress, unit = "batch"})
   local done = 0
@@ -179,8 +179,7 @@ function M.generate(m, img, opts)
       local inputs = proc:preprocess(piece)
       local px = inputs.pixel_values:to{device = m:param_device(), dtype = m:param_dtype()}
       local emb = m.vision_encoder(px, true)                       -- [1, E, h, w]
-      local n = math.floor(o.points_per_crop / o.crop_n_points_downscale_factor ^ layers[c])
-      local grid = M.point_grid(n) * keng.tensor({cw, ch}):view{1, 2}
+      local grid = M.point_grid(side[c]) * keng.tensor({cw, ch}):view{1, 2}   -- crop pixels
       local nh, nw = proc:resized_size(ch, cw)
       local pts = grid * keng.tensor({nw / cw, nh / ch}):view{1, 2}  -- [n², 2] model pixels
       local total = pts.shape[1]
