@@ -89,6 +89,9 @@ end
 -- times (config.diff_repeats)
 function common.time_generate(lm, prompts, gen_opts, ctx, items)
   lm:eval()
+  local o = {progress = false}                     -- the runner draws the row's own progress
+  for k, v in pairs(gen_opts) do o[k] = v end
+  gen_opts = o
   return keng.no_grad(function()
     return bench.run_diff(function(k)
       for _ = 1, k do lm:generate(prompts, gen_opts) end

@@ -36,7 +36,8 @@ function M.run(row, ctx)
       return keng.mse_loss(pred, y)
     end, ctx, B)
   else
-    local gen = {batch_size = B, guidance_scale = size.guidance, height = S, width = S, seed = 0}
+    local gen = {batch_size = B, guidance_scale = size.guidance, height = S, width = S, seed = 0,
+                 progress = false}                 -- the runner draws the row's own progress
     local img
     r = keng.no_grad(function()
       return bench.run_diff(function(k)

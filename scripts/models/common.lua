@@ -94,7 +94,8 @@ end
 -- required here, not at the top, so that the config readers above load in a bare Lua state:
 -- tests/fuzz/fuzz_config.c.)
 function M.load_tensors(path, who, level)
-  local ok, t = pcall(require("keng").load, M.weights_path(path))
+  local file = M.weights_path(path)
+  local ok, t = pcall(require("keng.progress").loading, file, function() return require("keng").load(file) end)
   if not ok then error(who .. ": " .. tostring(t), level + 1) end
   return t
 end

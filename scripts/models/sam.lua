@@ -9,6 +9,9 @@
 --   out.masks     -- f32 [B, 4, 4h, 4w] mask logits (all four mask tokens; the single-mask one first)
 --   out.iou_pred  -- f32 [B, 4]
 --   m.encoder(x)  -- the image encoder alone, [B, 256, h, w] (the benchmark's fit row)
+--   m:predict{pixel_values =, points = [B, P, K, 2]}  -- P prompt sets: masks [B, P, 4, 4h, 4w]
+-- Real photos: models.sam_processor (resize/normalise/pad, post_process_masks); every object
+-- without prompts: models.sam_amg.
 --
 -- Shape letters: B batch, S image side, h = w = S / patch (the grid), C encoder width, E prompt /
 -- decoder width (256), H heads, D head dim, N windows x batch, T tokens, K prompt tokens.
@@ -210,8 +213,9 @@ function VisionEncoder:init(cfg, o)
   self.neck = Neck(cfg, o)
 end
 
--- images [B, 3, S, S] in [0, 1] (f32) or 0..255 (u8) -> image embeddings [B, E, h, w]
-function VisionEncoder:forward(images)
+-- images [B, 3, S, S] in [0, 1] (f32) or 0..255 (u8) -> image embeddings [B, E, h, w];
+-- normalized: the images are HF pixel_values already (models.sam_processor's)
+function VisionEncoder:forward(images, normalized)
   local S = self.cfg.image_size
   if not keng.is_tensor(images) then error("SamVisionEncoder: images must be a tensor [B, 3, S, S]", 2) end
   local s = images.shape
@@ -221,7 +225,7 @@ function VisionEncoder:forward(images)
   local dtype = self.patch_embed.projection.weight.dtype
   local x = images
   if x.dtype == "u8" then x = x:to(dtype) / 255 elseif x.dtype ~= dtype then x = x:to(dtype) end
-  if self.normalize then
+  if self.normalize and not normalized then
     local o = {dtype = dtype, device = x.device}
     x = (x - keng.tensor(MEAN, o):view{1, 3, 1, 1}) / keng.tensor(STD, o):view{1, 3, 1, 1}
   end
@@ -504,14 +508,12 @@ function Sam:prompts(B, args, level)
   local points, labels = as_tensor(args.points, dtype, device), as_tensor(args.labels, dtype, device)
   local boxes, masks = as_tensor(args.boxes, dtype, device), as_tensor(args.masks, dtype, device)
   if points then
-    if points.ndim == 4 and points.shape[2] == 1 then points = points:select(2, 1) end  -- HF [B, 1, K, 2]
     if points.ndim == 2 then points = points:unsqueeze(1):expand{B, points.shape[1], 2} end
     if points.ndim ~= 3 or points.shape[1] ~= B or points.shape[3] ~= 2 then
       error(string.format("sam: points must be [%d, K, 2] or [K, 2] (x, y pixels), got %s", B, shape_str(points)), level)
     end
     local K = points.shape[2]
     if labels == nil then labels = keng.ones({B, K}, {dtype = dtype, device = device}) end
-    if labels.ndim == 3 and labels.shape[2] == 1 then labels = labels:select(2, 1) end
     if labels.ndim == 1 then labels = labels:unsqueeze(1):expand{B, labels.shape[1]} end
     if labels.ndim ~= 2 or labels.shape[1] ~= B or labels.shape[2] ~= K then
       error(string.format("sam: labels must be [%d, %d] or [%d] to match points %s, got %s", B, K, K,
@@ -521,7 +523,6 @@ function Sam:prompts(B, args, level)
     error("sam: labels given without points", level)
   end
   if boxes then
-    if boxes.ndim == 3 and boxes.shape[2] == 1 then boxes = boxes:select(2, 1) end
     if boxes.ndim == 1 then boxes = boxes:unsqueeze(1):expand{B, 4} end
     if boxes.ndim ~= 2 or boxes.shape[1] ~= B or boxes.shape[2] ~= 4 then
       error(string.format("sam: boxes must be [%d, 4] (x1, y1, x2, y2 pixels), got %s", B, shape_str(boxes)), level)
@@ -541,32 +542,80 @@ end
 function Sam:param_dtype() return self.mask_decoder.iou_token.weight.dtype end
 function Sam:param_device() return self.mask_decoder.iou_token.weight.device end
 
--- forward{images = [B, 3, S, S] | image_embeddings = [B, E, h, w], points =, labels =, boxes =,
--- masks =} -> {masks = [B, 4, 4h, 4w] logits, iou_pred = [B, 4], image_embeddings = [B, E, h, w]}
+-- forward{images = [B, 3, S, S] | pixel_values = [B, 3, S, S] (normalised, models.sam_processor)
+-- | image_embeddings = [B, E, h, w], points =, labels =, boxes =, masks =} -> {masks = [B, 4, 4h,
+-- 4w] logits, iou_pred = [B, 4], image_embeddings = [B, E, h, w]}; with P prompt sets per image
+-- (points [B, P, K, 2], boxes [B, P, 4]) masks [B, P, 4, 4h, 4w] and iou_pred [B, P, 4]
 function Sam:forward(args, level)
   level = level or 2
   if type(args) ~= "table" or keng.is_tensor(args) then
     error("sam: forward/predict take a table {images =, points =, labels =, boxes =, masks =}", level)
   end
-  options.check("sam", args, {"images", "image_embeddings", "points", "labels", "boxes", "masks"}, level, "input")
+  options.check("sam", args, {"images", "pixel_values", "image_embeddings", "points", "labels", "boxes", "masks"},
+    level, "input")
   local emb = args.image_embeddings
   if emb == nil then
-    if args.images == nil then error("sam: images (or image_embeddings) missing", level) end
-    local ok, e = pcall(self.vision_encoder.forward, self.vision_encoder, args.images)
+    local px = args.pixel_values
+    if args.images == nil and px == nil then error("sam: images (or pixel_values, image_embeddings) missing", level) end
+    if args.images ~= nil and px ~= nil then error("sam: give images or pixel_values, not both", level) end
+    local ok, e = pcall(self.vision_encoder.forward, self.vision_encoder, px or args.images, px ~= nil)
     if not ok then error(tostring(e):gsub("^[^:]*:%d+: ", ""), level) end
     emb = e
   end
   local B = emb.shape[1]
+  local P, folded = self:fold_point_batch(B, args, emb, level + 1)
+  if P then                                                         -- decode B·P prompt sets
+    local out = self:forward(folded, level + 1)
+    local M, H4, W4 = out.masks.shape[2], out.masks.shape[3], out.masks.shape[4]
+    return {masks = out.masks:view{B, P, M, H4, W4}, iou_pred = out.iou_pred:view{B, P, M}, image_embeddings = emb}
+  end
   local points, labels, boxes, masks = self:prompts(B, args, level + 1)
   local sparse, dense = self.prompt_encoder(B, points, labels, boxes, masks)
   local out_masks, iou = self.mask_decoder(emb, self.prompt_encoder:image_pe(), sparse, dense)
   return {masks = out_masks, iou_pred = iou, image_embeddings = emb}
 end
 
+-- Several prompt sets per image (HF's point_batch_size P): points [B, P, K, 2], labels [B, P, K],
+-- boxes [B, P, 4]. Each set is decoded on its own (HF folds P into the decoder's batch), so they
+-- become a batch of B·P prompts over the image embeddings repeated P times (a mask input [B, 1,
+-- 4h, 4w] too). -> P and the folded forward arguments, or nil when the prompts have no P dim.
+function Sam:fold_point_batch(B, args, emb, level)
+  local dtype, device = self:param_dtype(), self:param_device()
+  local points, boxes = as_tensor(args.points, dtype, device), as_tensor(args.boxes, dtype, device)
+  local P = points and points.ndim == 4 and points.shape[2] or boxes and boxes.ndim == 3 and boxes.shape[2]
+  if not P then return nil end
+  local K = points and points.shape[3] or "K"
+  local function fold(t, name, want)                                -- want: sizes; "K" any
+    if t == nil then return nil end
+    local ok = t.ndim == #want
+    for i = 1, #want do ok = ok and (want[i] == "K" or t.shape[i] == want[i]) end
+    if not ok then
+      error(string.format("sam: %s must be [%s] (%d images x %d prompt sets), got %s", name,
+        table.concat(want, ", "), B, P, shape_str(t)), level + 1)
+    end
+    local s = {B * P}
+    for i = 3, t.ndim do s[#s + 1] = t.shape[i] end
+    return t:reshape(s)
+  end
+  local f = {points = fold(points, "points", {B, P, "K", 2}), boxes = fold(boxes, "boxes", {B, P, 4})}
+  f.labels = fold(as_tensor(args.labels, dtype, device), "labels", {B, P, K})
+  if f.labels and not f.points then error("sam: labels given without points", level + 1) end
+  local function rep(t)                                             -- [B, ...] -> [B·P, ...]
+    local s = {table.unpack(t.shape, 2)}
+    return t:unsqueeze(2):expand{B, P, table.unpack(s)}:reshape{B * P, table.unpack(s)}
+  end
+  f.image_embeddings = rep(emb)
+  if args.masks ~= nil then
+    local _, _, _, masks = self:prompts(B, {masks = args.masks}, level + 1)
+    f.masks = rep(masks)
+  end
+  return P, f
+end
+
 -- predict{...}: forward in eval mode without a tape. Anything else (e.g. a dataset for
 -- keng.train) goes to the generic Module:predict.
 function Sam:predict(args, opts)
-  if type(args) ~= "table" or keng.is_tensor(args) or (args.images == nil and args.image_embeddings == nil) then
+  if type(args) ~= "table" or keng.is_tensor(args) or (args.images == nil and args.pixel_values == nil and args.image_embeddings == nil) then
     return nn.Module.predict(self, args, opts)
   end
   options.check("sam:predict", opts, {}, 2)   -- a prompt table takes no options

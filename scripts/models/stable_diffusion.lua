@@ -23,6 +23,7 @@ local common = require "models.common"
 local U = require "models.unet"
 local V = require "models.vae"
 local options = require "keng.options"
+local progress = require "keng.progress"
 
 local M = {}
 local function shape_str(t) return require("keng.util").shape_str(t, ",") end
@@ -269,6 +270,8 @@ function Pipeline:denoise(latents, cond, uncond, opts)
   local g = opts.guidance_scale or 7.5
   local sched = opts.scheduler or self.scheduler
   local ts = opts.timesteps or sched:set_timesteps(opts.num_steps or 50)
+  -- progress = nil: a sampling bar on stderr when it is a terminal; true / false: on / off
+  local bar = progress.task("sampling", #ts, {enabled = progress.check_option("denoise", opts.progress, 3)})
   return keng.no_grad(function()
     for i, t in ipairs(ts) do
       local xin = sched:scale_model_input(latents, t)
@@ -289,7 +292,9 @@ function Pipeline:denoise(latents, cond, uncond, opts)
       latents = sched:step(eps, t, latents)
       if opts.after_step then latents = opts.after_step(i, latents) end
       if opts.callback then opts.callback(i, t, latents) end
+      bar:update(i)
     end
+    bar:finish()
     return latents
   end)
 end
@@ -354,15 +359,17 @@ function Pipeline:_text(prompt, opts, who)
 end
 
 -- text_to_image(prompt or list, {batch_size=, num_steps=50, guidance_scale=7.5, seed=, height=,
--- width=, negative_prompt="", latents=, scheduler=, randn=}) -> u8 [B, H, W, 3]. A list of P
+-- width=, negative_prompt="", latents=, scheduler=, randn=, progress=}) -> u8 [B, H, W, 3]; progress: a
+-- sampling bar on stderr (nil: only when stderr is a terminal, true: always, false: never). A list of P
 -- prompts with batch_size B (a multiple of P) makes B/P images per prompt; latents [B, L, h, w]
 -- replace the seeded noise; scheduler a name ("euler", "dpmpp_2m_karras", ...) or an object.
 local T2I_OPTS = {"batch_size", "num_steps", "num_inference_steps", "guidance_scale", "seed", "height", "width",
-  "negative_prompt", "latents", "callback", "scheduler", "randn"}
+  "negative_prompt", "latents", "callback", "scheduler", "randn", "progress"}
 
 function Pipeline:text_to_image(prompt, opts)
   -- image-to-image is img2img, inpainting inpaint: image =, strength =, mask = are refused here
   opts = options.check("text_to_image", opts, T2I_OPTS, nn.Module.user_level(2))
+  progress.check_option("text_to_image", opts.progress, 2)
   if self.inpainting then
     error("text_to_image: this UNet reads latents + mask + masked image (an inpainting UNet): use inpaint", 2)
   end
@@ -392,7 +399,7 @@ function Pipeline:text_to_image(prompt, opts)
   sched:set_timesteps(n)                                        -- init_noise_sigma may depend on it
   latents = latents * sched.init_noise_sigma
   latents = self:denoise(latents, cond, uncond, {num_steps = n, guidance_scale = g, callback = opts.callback,
-    scheduler = sched})
+    scheduler = sched, progress = opts.progress})
   return self:decode_latents(latents)
 end
 
@@ -458,10 +465,11 @@ end
 -- diffusers' StableDiffusionImg2ImgPipeline: the image's latents noised to the timestep
 -- `strength` of the way up, then the last int(num_steps·strength) steps. image: see _image.
 local I2I_OPTS = {"strength", "batch_size", "num_steps", "num_inference_steps", "guidance_scale", "seed",
-  "negative_prompt", "callback", "scheduler", "randn"}
+  "negative_prompt", "callback", "scheduler", "randn", "progress"}
 
 function Pipeline:img2img(prompt, image, opts)
   opts = options.check("img2img", opts, I2I_OPTS, nn.Module.user_level(2))
+  progress.check_option("img2img", opts.progress, 2)
   if self.inpainting then error("img2img: this is an inpainting UNet: use inpaint", 2) end
   local strength = options.number("img2img", "strength", opts.strength or 0.8, 0, 1)
   local sched = self:_scheduler(opts.scheduler, "img2img")
@@ -474,7 +482,7 @@ function Pipeline:img2img(prompt, image, opts)
   if x0.shape[1] ~= B then x0 = x0:expand{B, x0.shape[2], x0.shape[3], x0.shape[4]}:contiguous() end
   local latents = sched:add_noise(x0, randn(x0.shape), run[1])
   latents = self:denoise(latents, cond, uncond, {guidance_scale = g, callback = opts.callback, scheduler = sched,
-    timesteps = run})
+    timesteps = run, progress = opts.progress})
   return self:decode_latents(latents)
 end
 
@@ -517,6 +525,7 @@ local INP_OPTS = I2I_OPTS
 
 function Pipeline:inpaint(prompt, image, mask, opts)
   opts = options.check("inpaint", opts, INP_OPTS, nn.Module.user_level(2))
+  progress.check_option("inpaint", opts.progress, 2)
   local strength = options.number("inpaint", "strength", opts.strength or 1.0, 0, 1)
   local sched = self:_scheduler(opts.scheduler, "inpaint")
   local B, cond, uncond, g = self:_text(prompt, opts, "inpaint")
@@ -538,7 +547,8 @@ function Pipeline:inpaint(prompt, image, mask, opts)
   -- the mask at latent size: nearest (F.interpolate's default) with an integer factor f = every f-th pixel
   local ml = m:view{m.shape[1], 1, h, f, w, f}:narrow(4, 1, 1):narrow(6, 1, 1):contiguous():view{m.shape[1], 1, h, w}
   ml, masked = batch(ml, B), batch(masked, B)
-  local dopts = {guidance_scale = g, callback = opts.callback, scheduler = sched, timesteps = run}
+  local dopts = {guidance_scale = g, callback = opts.callback, scheduler = sched, timesteps = run,
+    progress = opts.progress}
   if self.inpainting then
     dopts.condition = keng.cat({ml, masked}, 2)                  -- [B, 1 + L, h, w]
   else
@@ -554,6 +564,15 @@ end
 
 -- forward(prompt, opts) = text_to_image
 function Pipeline:forward(prompt, opts) return self:text_to_image(prompt, opts) end
+
+-- LoRA files (diffusers/PEFT or kohya layout) merged into the UNet and text encoder weights:
+-- pipe:load_lora(path, {scale = 1}), pipe:unload_lora() (models/lora_files.lua)
+function Pipeline:load_lora(path, opts)
+  local ok, e = pcall(require("models.lora_files").load, self, path, opts)
+  if not ok then error(tostring(e):gsub("^[^:]*:%d+: ", ""), 2) end
+  return self
+end
+function Pipeline:unload_lora() return require("models.lora_files").unload(self) end
 
 ---------------------------------------------------------------------------------------------
 -- construction and loading

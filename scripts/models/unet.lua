@@ -425,7 +425,7 @@ function M.load_weights(m, dir, who, level)
     idx:close()
     path = dir .. "/diffusion_pytorch_model.safetensors.index.json"  -- the shards it names
   end
-  local ok, sd = pcall(keng.load, path)
+  local ok, sd = pcall(require("keng.progress").loading, path, function() return keng.load(path) end)
   if not ok then error(string.format("%s: %s: %s", who, path, tostring(sd)), level + 1) end
   local ok2, err = pcall(m.load_state_dict, m, sd, {strict = true})
   if not ok2 then error(string.format("%s: %s: %s", who, path, tostring(err)), level + 1) end

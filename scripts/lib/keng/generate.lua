@@ -29,7 +29,7 @@ local G = {}
 
 -- the options generate takes (docs/lua_api.md), sorted for the error message
 G.OPTIONS = {"decode", "early_stopping", "graph", "length_penalty", "max_length", "max_new_tokens",
-  "min_new_tokens", "min_p", "num_beams", "num_return_sequences", "on_token", "repetition_penalty",
+  "min_new_tokens", "min_p", "num_beams", "num_return_sequences", "on_token", "progress", "repetition_penalty",
   "sampler", "seed", "stop_strings", "stop_token_ids", "sync_every", "temperature", "top_k", "top_p"}
 local KNOWN = {}
 for _, k in ipairs(G.OPTIONS) do KNOWN[k] = true end
@@ -107,6 +107,10 @@ function G.check(lm, opts, level)
   end
   if opts.decode ~= nil and type(opts.decode) ~= "boolean" then fail(level, "decode must be true or false") end
   o.on_token, o.decode = opts.on_token, opts.decode
+  if opts.progress ~= nil and type(opts.progress) ~= "boolean" then
+    fail(level, "progress must be true, false or nil (on when stderr is a terminal), got %s", type(opts.progress))
+  end
+  o.progress = opts.progress
   if opts.graph ~= nil and type(opts.graph) ~= "boolean" then fail(level, "graph must be true or false") end
   o.graph = opts.graph
   if o.graph and not tostring(lm.param_device and lm:param_device() or ""):find("^cuda") then
@@ -502,13 +506,18 @@ local function loop(lm, rows, o, budget)
     read = upto
   end
   local every = o.on_token and 1 or o.sync_every
+  -- a token bar on stderr (a terminal only, unless progress = true), drawn at each read-back
+  local bar = require("keng.progress").task("generate", N, {enabled = o.progress, unit = "tok"})
+  local function rate(s) return string.format("%.1f tok/s", B * s / math.max(keng.time() - bar.start, 1e-9)) end
   for s = 1, N do
     if s - read >= every or s == N then
       take(s)
+      bar:update(s, rate(s))
       if left == 0 then break end
     end
     if s < N then step(s) end
   end
+  bar:finish(rate(read))
   return out
 end
 
@@ -551,6 +560,7 @@ function G.beam_search(lm, rows, o, budget)
   end
   local lp_pen, es = o.length_penalty, o.early_stopping
   local logits = dec.logits
+  local bar = require("keng.progress").task("beam search", N, {enabled = o.progress, unit = "tok"})
   for s = 1, N do                                                   -- s: the new token's number
     local scores = {}
     for r = 1, R do for k = 1, K do scores[#scores + 1] = {running[r][k].score} end end
@@ -611,6 +621,7 @@ function G.beam_search(lm, rows, o, budget)
     end
     local any = false
     for r = 1, R do any = any or active[r] end
+    bar:update(s)
     if not any or s == N then break end
     local idx_t = keng.tensor(src, dec.i64)
     dec.reorder(idx_t)
@@ -619,6 +630,7 @@ function G.beam_search(lm, rows, o, budget)
     if st.counts then st.counts:scatter_add_(2, dec.feed, st.one) end
     logits = dec.step(dec.P + s)
   end
+  bar:finish()
   for r, row in ipairs(rows) do
     for k = 1, n do
       local t = {table.unpack(row)}

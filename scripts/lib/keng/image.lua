@@ -76,11 +76,67 @@ local function layout(who, t)
   error(string.format("%s: expected u8 [H, W, C] or float [C, H, W], got dtype %s", who, t.dtype), 3)
 end
 
+-- torch's uint8 antialiased bilinear resize, one axis (what torchvision's Resize and HF's image
+-- processors run on u8 pixels): PIL's triangle filter over `support` = max(scale, 1) input pixels
+-- about each output centre, normalised in f64, then rounded to int16 at the largest precision p
+-- that keeps the biggest weight below 2^15. -> taps: K lists {i64 [n_out] input ids, f64 [n_out]
+-- integer weights} (tap k of every output; 0 weights pad the short ones), p
+local function u8_bilinear_axis(n_in, n_out)
+  local scale = n_in / n_out
+  local support = scale >= 1 and scale or 1.0
+  local invscale = scale >= 1 and 1 / scale or 1.0
+  local rows, wt_max, K = {}, 0, 0
+  for i = 0, n_out - 1 do
+    local center = scale * (i + 0.5)
+    local xmin = math.max(math.tointeger(math.modf(center - support + 0.5)) or 0, 0)   -- C casts truncate
+    local xsize = math.min(math.tointeger(math.modf(center + support + 0.5)) or 0, n_in) - xmin
+    local ws, total = {}, 0.0
+    for j = 0, xsize - 1 do
+      local w = math.max(0.0, 1.0 - math.abs((j + xmin - center + 0.5) * invscale))
+      ws[j + 1], total = w, total + w
+    end
+    if total ~= 0 then
+      for j = 1, xsize do ws[j] = ws[j] / total; wt_max = math.max(wt_max, ws[j]) end
+    end
+    rows[i + 1] = {xmin, ws}
+    K = math.max(K, xsize)
+  end
+  local p = 0
+  while p < 22 and math.floor(0.5 + wt_max * (1 << (p + 1))) < (1 << 15) do p = p + 1 end
+  local taps = {}
+  for k = 1, K do
+    local ids, ws = {}, {}
+    for i = 1, n_out do
+      local xmin, w = rows[i][1], rows[i][2][k]
+      ids[i] = math.min(xmin + k - 1, n_in - 1)
+      local v = (w or 0) * (1 << p)
+      ws[i] = v < 0 and -math.floor(0.5 - v) or math.floor(0.5 + v)
+    end
+    taps[k] = {keng.tensor(ids, {dtype = "i64"}), keng.tensor(ws, {dtype = "i32"})}
+  end
+  return taps, p
+end
+
+-- x i32 [..., n_in] of 0..255 -> i32 [..., n_out]: Σ w·x + 2^(p-1), shifted down by p and
+-- clamped to 0..255, in i32 as torch (Σw ≈ 2^p ≤ 2^22, so 255·Σw fits); one gather per tap, so
+-- the cost is K (about 2·scale + 1) passes over the output
+local function u8_bilinear_pass(x, n_out)
+  local d = x.ndim
+  local n_in = x.shape[d]
+  if n_in == n_out then return x end
+  local taps, p = u8_bilinear_axis(n_in, n_out)
+  local s = x:index_select(d, taps[1][1]) * taps[1][2]
+  for k = 2, #taps do s = s + x:index_select(d, taps[k][1]) * taps[k][2] end
+  s = (s + (1 << (p - 1))):to("f64") * (2.0 ^ -p)                   -- exact: a power of two
+  return s:to("i32"):clamp(0, 255)                                  -- s >= 0: truncation is the shift
+end
+
 -- image.resize(t, {size = {h, w} | longest_side = n, mode = "bilinear", antialias = true,
 -- align_corners}) through keng.interpolate; longest_side scales the longer side to n and the
 -- other to floor(side * n / longest + 0.5) (SAM's ResizeLongestSide). antialias defaults to
--- true (as torchvision's Resize) for bilinear/bicubic. u8 is resized in f32 and rounded half up
--- and clamped to 0..255.
+-- true (as torchvision's Resize) for bilinear/bicubic. u8 in bilinear antialias (the default) is
+-- torch's integer uint8 resize exactly (u8_bilinear_axis); other u8 modes run in f32, rounded
+-- half up and clamped to 0..255.
 function image.resize(t, opts)
   opts = options.check("image.resize", opts, {"size", "longest_side", "mode", "antialias", "align_corners"})
   local kind, h, w = layout("image.resize", t)
@@ -99,6 +155,13 @@ function image.resize(t, opts)
     error("image.resize: give size= or longest_side=", 2)
   end
   local mode = opts.mode or "bilinear"
+  if kind == "hwc" and mode == "bilinear" and opts.antialias ~= false and not opts.align_corners then
+    -- torch's u8 path exactly: the width pass first, rounded to u8, then the height pass
+    local x = t:to("i32"):permute({1, 3, 2}):contiguous()           -- [h, C, w]
+    x = u8_bilinear_pass(x, ow):permute({3, 2, 1}):contiguous()     -- [ow, C, h]
+    x = u8_bilinear_pass(x, oh)                                     -- [ow, C, oh]
+    return x:permute({3, 1, 2}):to("u8"):contiguous()               -- [oh, ow, C]
+  end
   local io = {size = {oh, ow}, mode = mode, align_corners = opts.align_corners}
   if mode ~= "nearest" then io.antialias = opts.antialias ~= false end
   if mode == "nearest" and opts.antialias then io.antialias = true end    -- let interpolate refuse it

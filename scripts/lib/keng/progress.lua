@@ -116,4 +116,166 @@ function Bar:finish(names, values, prefix)
   self.out:flush()
 end
 
+-- ---- progress of long work (SD sampling, generate, loading, benchmark rows) ----------------
+-- A tqdm-style line on stderr, so that a program's own output (an image path, streamed text) on
+-- stdout stays clean:
+--   sampling  12/50 [=======>......................] - ETA: 3s - 120ms/step
+-- Shown by default only when stderr is a terminal (KENG_PROGRESS=0/1 overrides the probe), where
+-- it redraws one line with "\r". `enabled = true` forces it on: not on a terminal it is then
+-- plain lines (each tenth of the work and the last step), never "\r". `enabled = false` is off.
+
+local err_tty_cache
+-- True when stderr is a terminal (KENG_PROGRESS=0/1 overrides, as for is_terminal)
+function progress.stderr_is_terminal()
+  local env = os.getenv("KENG_PROGRESS")
+  if env == "0" then return false elseif env == "1" then return true end
+  if err_tty_cache == nil then
+    io.stderr:flush()
+    local ok = os.execute("test -t 2")
+    err_tty_cache = ok == true or ok == 0
+  end
+  return err_tty_cache
+end
+
+local Task = {}
+Task.__index = Task
+progress.Task = Task
+
+-- the value of a `progress =` option: nil (on a terminal), true or false; anything else raises
+function progress.check_option(who, v, level)
+  if v ~= nil and type(v) ~= "boolean" then
+    error(string.format("%s: progress must be true, false or nil (on when stderr is a terminal), got %s", who,
+      type(v)), (level or 1) + 1)
+  end
+  return v
+end
+
+-- progress.task(label, total, {enabled = nil|true|false, tty =, out = io.stderr, width = 30,
+-- unit = "step"}) -> a Task; `task.active` is false when it prints nothing
+function progress.task(label, total, opts)
+  opts = opts or {}
+  local tty = opts.tty
+  if tty == nil then tty = progress.stderr_is_terminal() end
+  local active
+  if opts.enabled == nil then active = tty else active = opts.enabled end
+  return setmetatable({label = label, total = total, tty = tty, active = active, out = opts.out or io.stderr,
+    width = opts.width or 30, unit = opts.unit or "step", start = keng.time(), last_len = 0, step = 0,
+    tenth = 0}, Task)
+end
+
+function Task:line(step, extra, final)
+  local elapsed = keng.time() - self.start
+  local per = elapsed / math.max(step, 1)
+  local head = self.label .. " "
+  if self.total then
+    local bar = Bar.bar({total = self.total, width = self.width}, step)
+    head = head .. bar
+  else
+    head = head .. step
+  end
+  local line = head
+  if self.total and step < self.total and not final then
+    line = line .. " - ETA: " .. fmt_time(per * (self.total - step))
+  else
+    line = line .. " - " .. fmt_time(elapsed)
+  end
+  local per_s = fmt_per_step(per):gsub("/step$", "/" .. self.unit)
+  line = line .. " - " .. per_s
+  if extra and extra ~= "" then line = line .. " - " .. extra end
+  return line
+end
+
+-- after step `step` (1-based) of the work; extra: a short text ("12.3 tok/s")
+function Task:update(step, extra)
+  self.step = step
+  if not self.active then return end
+  if self.tty then
+    local now = keng.time()
+    if self.drawn and now - self.drawn < 0.05 and step ~= self.total then return end   -- 20 redraws/s at most
+    self.drawn = now
+    local line = self:line(step, extra)
+    self.out:write("\r", line, string.rep(" ", math.max(self.last_len - #line, 0)))
+    self.out:flush()
+    self.last_len = #line
+  elseif self.total then                                            -- plain lines: each tenth
+    local tenth = math.floor(10 * step / self.total)
+    if tenth > self.tenth and step < self.total then
+      self.tenth = tenth
+      self.out:write(self:line(step, extra), "\n")
+      self.out:flush()
+    end
+  end
+end
+
+-- the work is done (or stopped early at self.step): the final line
+function Task:finish(extra)
+  if not self.active or self.finished then return end
+  self.finished = true
+  local line = self:line(self.step, extra, true)
+  if self.tty then
+    self.out:write("\r", line, string.rep(" ", math.max(self.last_len - #line, 0)), "\n")
+  else
+    self.out:write(line, "\n")
+  end
+  self.out:flush()
+end
+
+local function file_size(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+local function fmt_bytes(n)
+  if n >= 2^30 then return string.format("%.2f GB", n / 2^30) end
+  if n >= 2^20 then return string.format("%.1f MB", n / 2^20) end
+  return string.format("%.1f kB", n / 2^10)
+end
+progress.fmt_bytes = fmt_bytes
+
+-- the bytes a checkpoint file holds: the file, or for a sharded index the shards it names
+function progress.checkpoint_bytes(path)
+  if not path:match("%.json$") then return file_size(path) or 0 end
+  local f = io.open(path, "rb")
+  if not f then return 0 end
+  local text = f:read("a")
+  f:close()
+  local dir = path:match("^(.*)/[^/]*$") or "."
+  local seen, total = {}, 0
+  for shard in text:gmatch('"[^"]*"%s*:%s*"([^"]+%.safetensors)"') do
+    if not seen[shard] then
+      seen[shard] = true
+      total = total + (file_size(dir .. "/" .. shard) or 0)
+    end
+  end
+  return total
+end
+
+-- progress.loading(path, fn, {enabled =, out =, tty =, min_bytes = 32 MB}) -> fn()'s result:
+-- one line for a checkpoint load ("loading <file> (1.2 GB)" while it reads, then "loaded <file>:
+-- 291 tensors, 1.2 GB in 3.4s (350 MB/s)"), on stderr when it is a terminal and the checkpoint
+-- holds at least min_bytes (enabled = true: always; false: never)
+function progress.loading(path, fn, opts)
+  opts = opts or {}
+  local t = progress.task("loading", nil, opts)
+  if not t.active then return fn() end
+  local bytes = progress.checkpoint_bytes(path)
+  if opts.enabled == nil and bytes < (opts.min_bytes or 32 * 2^20) then return fn() end
+  local name = path:match("[^/]*$")
+  if t.tty then
+    t.out:write("\rloading ", name, " (", fmt_bytes(bytes), ")")
+    t.out:flush()
+  end
+  local r = fn()
+  local dt = keng.time() - t.start
+  local n = 0
+  if type(r) == "table" then for _ in pairs(r) do n = n + 1 end end
+  t.out:write(t.tty and "\r" or "", string.format("loaded %s: %d tensors, %s in %s (%s/s)    \n", name, n,
+    fmt_bytes(bytes), dt < 10 and string.format("%.1fs", dt) or fmt_time(dt), fmt_bytes(bytes / math.max(dt, 1e-9))))
+  t.out:flush()
+  return r
+end
+
 return progress
