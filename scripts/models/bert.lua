@@ -258,7 +258,8 @@ end
 
 -- from_pretrained(dir, {num_classes=, dtype=, device=}) -> backbone (or classifier) with the
 -- weights of a Hugging Face BertModel / BertForSequenceClassification directory:
--- config.json + model.safetensors (or a sharded index); vocab.txt is for tokenizers.bert
+-- config.json + model.safetensors (or a sharded index); m.tokenizer is the directory's
+-- tokenizer.json (keng.tokenizers.from_dir), else its vocab.txt (tokenizers.bert), else nil
 function M.from_pretrained(dir, opts)
   opts = options.check("bert.from_pretrained", opts, {"num_classes", "dtype", "device"})
   local j = common.read_config(dir, "bert.from_pretrained", 2)
@@ -281,6 +282,9 @@ function M.from_pretrained(dir, opts)
   load_weights(m, sd, dir)
   if opts.device and opts.device ~= "cpu" and opts.device ~= "meta" then m:to(opts.device) end
   m.vocab_path = dir .. "/vocab.txt"
+  -- the directory's tokenizer, as transformers' AutoTokenizer picks it: tokenizer.json (all
+  -- transformers 5 writes) before vocab.txt; nil when there is neither
+  rawset(m, "tokenizer", require("keng.tokenizers").find(dir))
   return m
 end
 

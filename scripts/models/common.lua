@@ -40,8 +40,11 @@ function M.preset(who, presets, name, level)
 end
 
 -- read_json(path, who, level) -> the object (or array) in the JSON file at path, nil when the
--- file cannot be opened. JSON null reads as absent (a config's "sliding_window": null is no key, so defaults
--- apply); malformed JSON, or a value that is not an object, raises "who: path: why".
+-- file cannot be opened, and the set of its top-level keys whose value is null. JSON null reads
+-- as absent (a config's "head_dim": null is no key, so defaults apply); the second value tells
+-- the few keys whose null differs from absent (Mistral's "sliding_window": null is no window,
+-- absent is transformers' default 4096). Malformed JSON, or a value that is not an object,
+-- raises "who: path: why".
 function M.read_json(path, who, level)
   local f = io.open(path, "rb")
   if not f then return nil end
@@ -53,12 +56,20 @@ function M.read_json(path, who, level)
   local ok, j = pcall(json.decode, text, {null_as_nil = true})
   if ok and type(j) ~= "table" then ok, j = false, "not a JSON object" end
   if not ok then error(string.format("%s: %s: %s", who, path, tostring(j)), level + 1) end
-  return j
+  local nulls = {}
+  if text:find("null", 1, true) then                               -- rare: decode once more, nulls kept
+    for k, v in pairs(json.decode(text)) do
+      if v == json.null then nulls[k] = true end
+    end
+  end
+  return j, nulls
 end
 
 -- read_config(dir, who, level) -> the object decoded from dir/config.json (read_json)
 function M.read_config(dir, who, level)
-  return M.read_json(dir .. "/config.json", who, level + 1) or error(who .. ": no config.json in " .. dir, level + 1)
+  local j, nulls = M.read_json(dir .. "/config.json", who, level + 1)
+  if not j then error(who .. ": no config.json in " .. dir, level + 1) end
+  return j, nulls
 end
 
 -- the weight files a model directory may hold, in the order they are looked for: transformers'

@@ -30,7 +30,7 @@ local function read(p)
   return s
 end
 
-local golden_tok = json.decode(read(FIX .. "/tokenizer.json"))
+local golden_tok = json.decode(read(FIX .. "/tokenizer_golden.json"))
 
 local function list(t)  -- a JSON array (possibly empty) as a plain list
   local out = {}
