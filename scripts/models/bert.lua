@@ -272,11 +272,12 @@ function M.from_pretrained(dir, opts)
     for _ in pairs(j.id2label) do n = n + 1 end
     opts = setmetatable({num_classes = n}, {__index = opts})
   end
-  local m = build(cfg, {num_classes = opts.num_classes, dtype = opts.dtype, device = "meta"})
-  local sd = keng.load(dir)
+  local sd = common.load_tensors(dir, "bert.from_pretrained", 2)
+  local dtype = common.model_dtype(opts, j, sd, "bert.from_pretrained", 2)   -- "auto": the checkpoint's
+  local m = build(cfg, {num_classes = opts.num_classes, dtype = dtype, device = "meta"})
   if opts.num_classes and sd["classifier.weight"] == nil then
     -- a backbone checkpoint under a new head: the head keeps fresh weights
-    local head = nn.Linear(cfg.hidden, opts.num_classes, {dtype = opts.dtype, weight_init = "truncated_normal", std = 0.02})
+    local head = nn.Linear(cfg.hidden, opts.num_classes, {dtype = dtype, weight_init = "truncated_normal", std = 0.02})
     sd["classifier.weight"], sd["classifier.bias"] = head.weight, head.bias
   end
   load_weights(m, sd, dir)

@@ -660,8 +660,8 @@ function M.config_from_hf(j)
   return cfg
 end
 
--- from_pretrained(dir, {dtype =, device =, normalize =}) -> Sam with dir's config.json and
--- model.safetensors (or a sharded index)
+-- from_pretrained(dir, {dtype = "auto", device =, normalize =}) -> Sam with dir's config.json and
+-- model.safetensors (or a sharded index); "auto" keeps the checkpoint's dtype (common.model_dtype)
 function M.from_pretrained(dir, opts)
   opts = options.check("sam.from_pretrained", opts, {"dtype", "device", "normalize"})
   local j = common.read_json(dir .. "/config.json", "sam.from_pretrained", 2)   -- nulls read as absent
@@ -670,8 +670,11 @@ function M.from_pretrained(dir, opts)
   options.config("sam.from_pretrained: vision_config", j.vision_config or {}, {hidden_act = "gelu"}, 2)
   options.config("sam.from_pretrained: prompt_encoder_config", j.prompt_encoder_config or {}, {hidden_act = "gelu"}, 2)
   options.config("sam.from_pretrained: mask_decoder_config", j.mask_decoder_config or {}, {hidden_act = "relu"}, 2)
-  local m = M.build(M.config_from_hf(j), opts)
-  return M.load_hf(m, common.load_tensors(dir, "sam.from_pretrained", 2), 3)
+  local tensors = common.load_tensors(dir, "sam.from_pretrained", 2)
+  local m = M.build(M.config_from_hf(j), {dtype = common.model_dtype(opts, j, tensors, "sam.from_pretrained", 2),
+    device = opts.device, normalize = opts.normalize})
+  rawset(m, "hf_config", j)                                        -- save_pretrained writes it back
+  return M.load_hf(m, tensors, 3)
 end
 
 return M
