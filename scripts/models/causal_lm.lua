@@ -441,14 +441,13 @@ end
 -- keng.tokenizers.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else
 -- nil; with tokenizer_config.json's chat_template and BOS / EOS strings (keng.chat_template)
 function M.load_tokenizer(dir)
-  local tj = io.open(dir .. "/tokenizer.json", "rb")
-  if tj then tj:close() return require("keng.chat_template").attach(require("keng.tokenizers").from_dir(dir), dir) end
-  local path = dir .. "/tokenizer.model"
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  f:close()
-  if not keng.sentencepiece then return nil end
-  return require("keng.chat_template").attach(require("keng.tokenizers").sentencepiece(path), dir)
+  local T = require "keng.tokenizers"
+  local files = T.dir_files(dir, "from_pretrained", 2)             -- a symlink out of dir is refused
+  if files["tokenizer.json"] then return require("keng.chat_template").attach(T.from_dir(dir), dir) end
+  if not files["tokenizer.model"] or not keng.sentencepiece then return nil end
+  local tok = T.sentencepiece(files["tokenizer.model"])
+  tok.files = files                                                -- what save_pretrained copies
+  return require("keng.chat_template").attach(tok, dir)
 end
 
 ---------------------------------------------------------------------------------------------

@@ -118,16 +118,16 @@ function M.load(path, merges, opts)
   if type(merges) == "table" then merges, opts = nil, merges end
   opts = check_opts(opts, {max_length = true, pad_id = true}, "clip_tokenize.load")
   local vocab, pad_name, max_len, dir = path, nil, nil, nil
+  local files = {["vocab.json"] = path, ["merges.txt"] = merges}
   if not merges then
     dir = path
+    files = require("keng.tokenizers").dir_files(dir, "clip_tokenize.load", 2)  -- no symlink out of dir
     vocab, merges = path .. "/vocab.json", path .. "/merges.txt"
     pad_name, max_len = pad_token(path)
   end
   local ok, raw
-  local tj = dir and io.open(dir .. "/tokenizer.json", "rb")
-  if tj then   -- transformers 5 saves only tokenizer.json
-    tj:close()
-    ok, raw = pcall(json_raw, dir .. "/tokenizer.json")
+  if files["tokenizer.json"] then   -- transformers 5 saves only tokenizer.json
+    ok, raw = pcall(json_raw, files["tokenizer.json"])
   else
     ok, raw = pcall(keng.clip_tokenizer, vocab, merges)
   end
@@ -139,7 +139,7 @@ function M.load(path, merges, opts)
   end
   if max_len and max_len > 1e6 then max_len = nil end  -- transformers' "no limit" sentinel
   return setmetatable({raw = raw, bos_id = raw.bos_id, eos_id = raw.eos_id, pad_id = pad_id or raw.eos_id,
-                       max_length = opts.max_length or max_len or 77}, Tokenizer)
+                       max_length = opts.max_length or max_len or 77, files = files}, Tokenizer)
 end
 
 return M

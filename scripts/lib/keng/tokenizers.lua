@@ -47,7 +47,9 @@ function tokenizers.bert(vocab_path, opts)
   if type(vocab_path) ~= "string" then error("tokenizers.bert: vocab_path must be a string", 2) end
   local ok, wp = pcall(keng.wordpiece, vocab_path, opts)
   if not ok then error(tostring(wp), 2) end
-  local self = setmetatable({wordpiece = wp, max_length = opts.max_length or 512}, Bert)
+  local self = setmetatable({wordpiece = wp, max_length = opts.max_length or 512, files = {["vocab.txt"] = vocab_path},
+    lowercase = opts.lowercase == true, strip_accents = opts.strip_accents,
+    tokenize_chinese_chars = opts.tokenize_chinese_chars ~= false}, Bert)
   for _, s in ipairs{"[CLS]", "[SEP]", "[PAD]"} do
     if not wp:token_to_id(s) then error(string.format("tokenizers.bert: %s has no %s token", vocab_path, s), 2) end
   end
@@ -144,7 +146,7 @@ function tokenizers.sentencepiece(model_path)
   if type(model_path) ~= "string" then error("tokenizers.sentencepiece: model_path must be a string", 2) end
   local ok, sp = pcall(keng.sentencepiece, model_path)
   if not ok then error(tostring(sp), 2) end
-  return setmetatable({sp = sp, bos_id = sp.bos_id, eos_id = sp.eos_id,
+  return setmetatable({sp = sp, bos_id = sp.bos_id, eos_id = sp.eos_id, files = {["tokenizer.model"] = model_path},
                        pad_id = (sp.pad_id and sp.pad_id >= 0) and sp.pad_id or 0}, SentencePiece)
 end
 
@@ -246,7 +248,8 @@ function tokenizers.from_file(path, opts)
   if type(path) ~= "string" then error("tokenizers.from_file: path must be a string", 2) end
   local ok, raw = pcall(keng.tokenizer_json, path)
   if not ok then error(tostring(raw), 2) end
-  local self = setmetatable({raw = raw, path = path, max_length = opts.max_length, model_type = raw.model_type}, Json)
+  local self = setmetatable({raw = raw, path = path, max_length = opts.max_length, model_type = raw.model_type,
+    files = {["tokenizer.json"] = path}}, Json)
   for _, k in ipairs{"bos", "eos", "pad"} do
     local name = opts[k .. "_token"]
     local id = name and raw:token_to_id(name)
@@ -379,6 +382,30 @@ local function exists(path)
   return f ~= nil
 end
 
+-- the files of a Hugging Face tokenizer directory (what from_dir reads and save_pretrained
+-- copies): transformers 5 writes the first two, transformers 4 and older checkpoints the others
+tokenizers.FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+  "chat_template.jinja", "chat_template.json", "vocab.txt", "tokenizer.model", "vocab.json", "merges.txt"}
+
+-- dir_files(dir, who, level) -> {name = path} of the FILES present in dir. A file that is a
+-- symlink resolving outside dir (or, in a Hugging Face cache snapshot, outside the repository's
+-- folder) is refused, as the shards of a sharded index are (docs/security.md).
+function tokenizers.dir_files(dir, who, level)
+  local files = {}
+  for _, name in ipairs(tokenizers.FILES) do
+    local path = dir .. "/" .. name
+    if exists(path) then
+      local real, root = keng.path_escapes(dir, path)
+      if real then
+        error(string.format("%s: %s resolves to '%s', outside the model directory '%s' (a symlink leaving it is refused)",
+          who, path, real, root), level + 1)
+      end
+      files[name] = path
+    end
+  end
+  return files
+end
+
 -- tokenizers.from_dir(dir, opts) -> the tokenizer of a Hugging Face directory: tokenizer.json when
 -- present (bos/eos/pad tokens and model_max_length from tokenizer_config.json), else vocab.txt
 -- (tokenizers.bert, do_lower_case from the config), tokenizer.model (tokenizers.sentencepiece),
@@ -386,8 +413,9 @@ end
 function tokenizers.from_dir(dir, opts)
   opts = check_opts(opts, {max_length = true}, "tokenizers.from_dir", 2)
   if type(dir) ~= "string" then error("tokenizers.from_dir: dir must be a string", 2) end
+  local files = tokenizers.dir_files(dir, "tokenizers.from_dir", 2)
   local cfg = {}
-  local text = read_file(dir .. "/tokenizer_config.json")
+  local text = files["tokenizer_config.json"] and read_file(files["tokenizer_config.json"])
   if text then
     local ok, j = pcall(require("keng.json").decode, text)
     if not ok or type(j) ~= "table" then error("tokenizers.from_dir: " .. dir .. "/tokenizer_config.json is not JSON", 2) end
@@ -396,19 +424,20 @@ function tokenizers.from_dir(dir, opts)
   local maxlen = opts.max_length
   if not maxlen and math.type(cfg.model_max_length) == "integer" and cfg.model_max_length < 1e6 then maxlen = cfg.model_max_length end
   local ok, tok
-  if exists(dir .. "/tokenizer.json") then
-    ok, tok = pcall(tokenizers.from_file, dir .. "/tokenizer.json", {bos_token = token_name(cfg.bos_token),
+  if files["tokenizer.json"] then
+    ok, tok = pcall(tokenizers.from_file, files["tokenizer.json"], {bos_token = token_name(cfg.bos_token),
       eos_token = token_name(cfg.eos_token), pad_token = token_name(cfg.pad_token), max_length = maxlen})
-  elseif exists(dir .. "/vocab.txt") then
-    ok, tok = pcall(tokenizers.bert, dir .. "/vocab.txt", {lowercase = cfg.do_lower_case == true, max_length = maxlen})
-  elseif exists(dir .. "/tokenizer.model") then
-    ok, tok = pcall(tokenizers.sentencepiece, dir .. "/tokenizer.model")
-  elseif exists(dir .. "/vocab.json") and exists(dir .. "/merges.txt") then
+  elseif files["vocab.txt"] then
+    ok, tok = pcall(tokenizers.bert, files["vocab.txt"], {lowercase = cfg.do_lower_case == true, max_length = maxlen})
+  elseif files["tokenizer.model"] then
+    ok, tok = pcall(tokenizers.sentencepiece, files["tokenizer.model"])
+  elseif files["vocab.json"] and files["merges.txt"] then
     ok, tok = pcall(require("keng.clip_tokenize").load, dir, maxlen and {max_length = maxlen} or nil)
   else
     error("tokenizers.from_dir: " .. dir .. " has no tokenizer.json, vocab.txt, tokenizer.model or vocab.json + merges.txt", 2)
   end
   if not ok then error(tostring(tok), 2) end
+  tok.files = files                                               -- what save_pretrained copies
   return tok
 end
 
