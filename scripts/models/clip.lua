@@ -106,6 +106,10 @@ function TextModel:init(cfg, opts)
   self.text_model = TextTransformer(c, opts)
 end
 
+-- m:save_pretrained(dir, {max_shard_size = "5GB"}): a transformers CLIPTextModel directory
+-- (config.json + safetensors, models.hf_save)
+function TextModel:save_pretrained(dir, opts) return require("models.hf_save").clip(self, dir, opts, 2) end
+
 -- forward(ids): ids i64 [B, T] (0-based, T <= max_positions) -> last_hidden_state [B, T, C]
 function TextModel:forward(ids)
   local c = self.config

@@ -497,6 +497,10 @@ end
 local Sam = nn.Module:extend("SamModel")
 M.Sam = Sam
 
+-- m:save_pretrained(dir, {max_shard_size = "5GB"}): a transformers SamModel directory
+-- (config.json + safetensors, models.hf_save)
+function Sam:save_pretrained(dir, opts) return require("models.hf_save").sam(self, dir, opts, 2) end
+
 -- Sam(cfg, {dtype = "f32", device = "cpu", normalize = true})
 function Sam:init(cfg, opts)
   opts = options.check("SamModel", opts, {"dtype", "device", "normalize"}, nn.Module.user_level(3))

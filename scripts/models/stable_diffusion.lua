@@ -555,6 +555,11 @@ end
 -- forward(prompt, opts) = text_to_image
 function Pipeline:forward(prompt, opts) return self:text_to_image(prompt, opts) end
 
+-- save_pretrained(dir, {max_shard_size = "5GB"}): the diffusers layout (model_index.json, unet/,
+-- vae/, text_encoder/, tokenizer/, scheduler/) that from_pretrained here and diffusers'
+-- StableDiffusionPipeline.from_pretrained read (models.hf_save)
+function Pipeline:save_pretrained(dir, opts) return require("models.hf_save").pipeline(self, dir, opts, 2) end
+
 ---------------------------------------------------------------------------------------------
 -- construction and loading
 
