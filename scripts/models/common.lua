@@ -65,9 +65,21 @@ function M.read_json(path, who, level)
   return j, nulls
 end
 
+-- inside(dir, path, who, level) -> path, refused when it is a symlink resolving outside the
+-- model directory dir (in a Hugging Face cache snapshot: outside the repository's folder), the
+-- rule of the shards of an index and the tokenizer files (docs/security.md)
+function M.inside(dir, path, who, level)
+  local real, root = require("keng").path_escapes(dir, path)
+  if real then
+    error(string.format("%s: %s resolves to '%s', outside the model directory '%s' (a symlink leaving it is refused)",
+      who, path, real, root), level + 1)
+  end
+  return path
+end
+
 -- read_config(dir, who, level) -> the object decoded from dir/config.json (read_json)
 function M.read_config(dir, who, level)
-  local j, nulls = M.read_json(dir .. "/config.json", who, level + 1)
+  local j, nulls = M.read_json(M.inside(dir, dir .. "/config.json", who, level + 1), who, level + 1)
   if not j then error(who .. ": no config.json in " .. dir, level + 1) end
   return j, nulls
 end
@@ -105,7 +117,9 @@ end
 -- required here, not at the top, so that the config readers above load in a bare Lua state:
 -- tests/fuzz/fuzz_config.c.)
 function M.load_tensors(path, who, level)
-  local ok, t = pcall(require("keng").load, M.weights_path(path))
+  local file = M.weights_path(path)
+  if file ~= path then M.inside(path, file, who, level + 1) end     -- a file found in the directory path
+  local ok, t = pcall(require("keng").load, file)
   if not ok then error(who .. ": " .. tostring(t), level + 1) end
   return t
 end

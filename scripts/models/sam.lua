@@ -668,7 +668,8 @@ end
 -- model.safetensors (or a sharded index); "auto" keeps the checkpoint's dtype (common.model_dtype)
 function M.from_pretrained(dir, opts)
   opts = options.check("sam.from_pretrained", opts, {"dtype", "device", "normalize"})
-  local j = common.read_json(dir .. "/config.json", "sam.from_pretrained", 2)   -- nulls read as absent
+  local j = common.read_json(common.inside(dir, dir .. "/config.json", "sam.from_pretrained", 2),
+    "sam.from_pretrained", 2)                                        -- nulls read as absent
   if not j then error("sam.from_pretrained: cannot read " .. dir .. "/config.json", 2) end
   -- activations keng implements: exact GELU in the image and prompt encoders, ReLU in the decoder
   options.config("sam.from_pretrained: vision_config", j.vision_config or {}, {hidden_act = "gelu"}, 2)

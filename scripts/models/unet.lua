@@ -436,7 +436,7 @@ end
 
 -- reads dir/config.json (or dir/name) -> table, nulls read as absent (errors name the file)
 function M.read_config(dir, who, level, name)
-  local path = dir .. "/" .. (name or "config.json")
+  local path = common.inside(dir, dir .. "/" .. (name or "config.json"), who, level + 1)
   return common.read_json(path, who, level + 1) or error(string.format("%s: missing %s", who, path), level + 1)
 end
 
@@ -451,6 +451,7 @@ function M.weights(dir, who, level)
     idx:close()
     path = dir .. "/diffusion_pytorch_model.safetensors.index.json"  -- the shards it names
   end
+  common.inside(dir, path, who, level + 1)
   local ok, sd = pcall(keng.load, path)
   if not ok then error(string.format("%s: %s: %s", who, path, tostring(sd)), level + 1) end
   return sd, path

@@ -42,6 +42,25 @@ describe("symlinks in model directories", function()
     H.raises(function() require("keng.clip_tokenize").load(c) end, "clip_tokenize.load: " .. c .. "/merges.txt resolves to")
   end)
 
+  it("so are config.json and a whole weights file linking out (every family's from_pretrained)", function()
+    local d = tmp .. "/model"
+    sh("mkdir -p " .. q(d) .. " && cp " .. FIX .. "bert/model.safetensors " .. q(d))
+    sh("ln -s " .. q(root .. "/" .. FIX .. "bert/config.json") .. " " .. q(d .. "/config.json"))
+    H.raises(function() require("models.bert").from_pretrained(d) end,
+      "bert.from_pretrained: " .. d .. "/config.json resolves to '" .. root .. "/" .. FIX .. "bert/config.json', outside")
+    sh("rm " .. q(d .. "/config.json") .. " " .. q(d .. "/model.safetensors") .. " && cp " .. FIX .. "bert/config.json " .. q(d))
+    sh("ln -s " .. q(root .. "/" .. FIX .. "bert/model.safetensors") .. " " .. q(d .. "/model.safetensors"))
+    H.raises(function() require("models.bert").from_pretrained(d) end, "/model.safetensors resolves to '")
+    for _, case in ipairs{{"mistral", "model.safetensors"}, {"sam", "model.safetensors"},
+                          {"sd/unet", "diffusion_pytorch_model.safetensors"}, {"sd/vae", "config.json"}} do
+      local m = tmp .. "/" .. case[1]:gsub("/", "_")
+      sh("mkdir -p " .. q(m) .. " && cp " .. FIX .. case[1] .. "/* " .. q(m) .. " && rm " .. q(m .. "/" .. case[2]))
+      sh("ln -s " .. q(root .. "/" .. FIX .. case[1] .. "/" .. case[2]) .. " " .. q(m .. "/" .. case[2]))
+      local mod = require("models." .. case[1]:gsub("^sd/", ""))
+      H.raises(function() mod.from_pretrained(m) end, "/" .. case[2] .. " resolves to '")
+    end
+  end)
+
   it("a link that stays inside, a linked directory, and a cache snapshot's links into blobs/ are followed", function()
     local d = tmp .. "/model"
     sh("mkdir -p " .. q(d .. "/store") .. " && cp " .. FIX .. "tf5/bert/tokenizer.json " .. q(d .. "/store/"))

@@ -92,6 +92,18 @@ describe("transformers-5 tokenizer directories", function()
     end)
   end
 
+  it("mistral: the chat template transformers 5 saves as chat_template.jinja is the tokenizer's", function()
+    local T = FIX .. "tf5/mistral_chat"
+    local g = golden(T)
+    local d = tf5_model_dir(FIX .. "mistral", T)
+    assert(os.execute("cp " .. T .. "/chat_template.jinja " .. d .. "/"))
+    local lm = require("models.mistral").from_pretrained(d)
+    local msgs = {}
+    for i, m in ipairs(g.chat.messages) do msgs[i] = {role = m.role, content = m.content} end
+    assert.are.equal(g.chat.text, lm.tokenizer:apply_chat_template(msgs))
+    assert.are.same(list(g.chat.ids), lm.tokenizer:apply_chat_template(msgs, {tokenize = true}))
+  end)
+
   it("stable diffusion: a tokenizer/ with only tokenizer.json pads prompts as CLIPTokenizer", function()
     local sd = require "models.stable_diffusion"
     local T = FIX .. "tf5/clip"

@@ -291,6 +291,18 @@ function Json:decode(ids, opts)
 end
 
 function Json:vocab_size() return self.raw:vocab_size() end
+-- chat prompts in the checkpoint's format (keng.chat_template; tok.chat_template from
+-- tokenizer_config.json or chat_template.jinja, set by from_pretrained). tokenize = true encodes
+-- the rendered prompt whole, without the post-processor, as transformers does: the file's added
+-- tokens (BOS, EOS) split it, and Metaspace's prefix goes only at its start.
+function Json:apply_chat_template(messages, opts)
+  local CT = require "keng.chat_template"
+  if type(opts) ~= "table" or not opts.tokenize then return CT.apply(self, messages, opts) end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.tokenize = nil
+  return self:encode(CT.apply(self, messages, o), {add_special_tokens = false})
+end
 function Json:token_to_id(s) return self.raw:token_to_id(s) end
 function Json:id_to_token(id) return self.raw:id_to_token(id) end
 
