@@ -382,6 +382,19 @@ describe("save_pretrained of CLIP, SAM and a Stable Diffusion pipeline", functio
     os.execute("rm -rf '" .. d .. "'")
   end)
 
+  it("stable diffusion: a preset with a tokenizer directory saves, the text encoder's ids from the tokenizer", function()
+    local sd = require "models.stable_diffusion"
+    local pipe = sd.from_preset("sd_tiny", {seed = 3, tokenizer = FIX .. "clip/tokenizer"})
+    local d = tmpdir()
+    pipe:save_pretrained(d)
+    local j = read_json(d .. "/text_encoder/config.json")
+    assert.are.same({766, 767, 767}, {j.bos_token_id, j.eos_token_id, j.pad_token_id})
+    local back = sd.from_pretrained(d)
+    for _, part in ipairs{"unet", "vae", "text_encoder"} do same_state(pipe[part], back[part], part) end
+    assert.are.same(pipe.scheduler.config, back.scheduler.config)
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
   it("stable diffusion: refuses a pipeline whose tokenizer has no files, and unknown options", function()
     local sd = require "models.stable_diffusion"
     local pipe = sd.from_preset("sd_tiny", {seed = 1})
