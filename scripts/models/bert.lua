@@ -232,12 +232,16 @@ end
 
 -- from_preset(name, {num_classes=, dtype=, device=, weights=path.safetensors}) -> the backbone,
 -- or the classifier when num_classes is given. Random weights (truncated normal 0.02) unless
--- `weights` names a checkpoint in our names or Hugging Face's.
+-- `weights` names a checkpoint in our names or Hugging Face's; dtype then defaults to ("auto")
+-- the checkpoint's.
 function M.from_preset(name, opts)
   opts = options.check("bert.from_preset", opts, {"num_classes", "dtype", "device", "weights"})
   local p = common.preset("bert.from_preset", M.presets, name, 2)
-  local m = build(p, opts)
-  if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
+  local sd = opts.weights and common.load_tensors(opts.weights, "bert.from_preset", 2)
+  local dtype = opts.dtype
+  if sd or dtype == "auto" then dtype = sd and common.model_dtype(opts, nil, sd, "bert.from_preset", 2) or nil end
+  local m = build(p, {num_classes = opts.num_classes, dtype = dtype, device = opts.device, weights = opts.weights})
+  if sd then load_weights(m, sd, opts.weights) end
   if opts.weights and opts.device and opts.device ~= "meta" then m:to(opts.device) end
   return m
 end

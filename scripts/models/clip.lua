@@ -148,8 +148,11 @@ function M.from_preset(name, opts)
   local p = common.preset("clip.from_preset", M.presets, name, 2)
   local device = opts.device
   if opts.weights and not device then device = "meta" end
-  local m = TextModel(p, {dtype = opts.dtype, device = device})
-  if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
+  local sd = opts.weights and common.load_tensors(opts.weights, "clip.from_preset", 2)
+  local dtype = opts.dtype                                          -- with weights: "auto" by default
+  if sd or dtype == "auto" then dtype = sd and common.model_dtype(opts, nil, sd, "clip.from_preset", 2) or nil end
+  local m = TextModel(p, {dtype = dtype, device = device})
+  if sd then load_weights(m, sd, opts.weights) end
   return m
 end
 

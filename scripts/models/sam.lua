@@ -638,8 +638,11 @@ end
 -- from_preset(name, {dtype = "f32", device = "cpu", weights = path, normalize = true}) -> Sam
 function M.from_preset(name, opts)
   opts = options.check("sam.from_preset", opts, {"dtype", "device", "weights", "normalize"})
-  local m = M.build(M.config(name, 2), opts)
-  if opts.weights then M.load_hf(m, common.load_tensors(opts.weights, "sam.from_preset", 2), 3) end
+  local sd = opts.weights and common.load_tensors(opts.weights, "sam.from_preset", 2)
+  local dtype = opts.dtype                                          -- with weights: "auto" by default
+  if sd or dtype == "auto" then dtype = sd and common.model_dtype(opts, nil, sd, "sam.from_preset", 2) or nil end
+  local m = M.build(M.config(name, 2), {dtype = dtype, device = opts.device, normalize = opts.normalize})
+  if sd then M.load_hf(m, sd, 3) end
   return m
 end
 

@@ -86,6 +86,24 @@ describe("dtype = \"auto\"", function()
     assert.matches("bert.from_pretrained: config.json dtype 'float8_e4m3fn' is not one keng stores", err, 1, true)
   end)
 
+  it("from_preset with weights keeps their dtype too (bert, clip, sam), as the causal LMs' does", function()
+    for _, c in ipairs{{"bert", "bert_tiny"}, {"clip", "sd_tiny_text"}, {"sam", "sam_tiny"}} do
+      local M = require("models." .. c[1])
+      keng.manual_seed(4)
+      local m = M.from_preset(c[2])
+      local sd = {}
+      for k, t in pairs(m:state_dict()) do sd[k] = t:to("bf16") end
+      local path = tmp .. ".safetensors"
+      keng.save(path, sd)
+      local back = M.from_preset(c[2], {weights = path})
+      assert.are.equal("bf16", dtypes(back), c[1])
+      assert.are.equal("f32", dtypes(M.from_preset(c[2], {weights = path, dtype = "f32"})), c[1])
+      assert.are.equal("f32", dtypes(M.from_preset(c[2], {dtype = "auto"})), c[1])   -- random weights: f32
+      for k, t in pairs(back:state_dict()) do assert.are.equal(0, (t:float() - sd[k]:float()):abs():max():item(), k) end
+      os.remove(path)
+    end
+  end)
+
   it("a Stable Diffusion pipeline keeps each part's dtype", function()
     local sd = require "models.stable_diffusion"
     bf16_copy(FIX .. "sd/unet", tmp .. "/unet", "diffusion_pytorch_model.safetensors")
