@@ -113,9 +113,9 @@ local function tokenizer_config(tok, class)
     c.pad_token = name(sp.pad_id, piece)
     -- keng's prompts start with BOS (lm.add_bos) and end without EOS, as the real checkpoints' configs say
     c.add_bos_token, c.add_eos_token = sp.bos_id >= 0, false
-  elseif mt == T.Json then
-    local t = function(id) return tok:id_to_token(id) end
-    c.bos_token, c.eos_token, c.pad_token = name(tok.bos_id, t), name(tok.eos_id, t), name(tok.pad_id, t)
+  elseif mt == T.Json then                                          -- the tokens it was given by name only
+    local named = tok.named or {}
+    c.bos_token, c.eos_token, c.pad_token = named.bos, named.eos, named.pad
     c.model_max_length = tok.max_length
   elseif tok.raw and tok.bos_id and tok.eos_id then                 -- keng.clip_tokenize
     c.tokenizer_class = "CLIPTokenizer"

@@ -446,6 +446,19 @@ describe("save_pretrained writes the tokenizer", function()
     os.execute("rm -rf '" .. d .. "'")
   end)
 
+  it("a tokenizer.json read alone gets a tokenizer_config.json naming only the tokens it was given", function()
+    local T = require "keng.tokenizers"
+    local tok = T.from_file(FIX .. "tf5/mistral/tokenizer.json", {bos_token = "<s>", eos_token = "</s>"})
+    local d = tmpdir()
+    hf_save.save_tokenizer(tok, d, "LlamaTokenizer", "t", 1)
+    local tc = read_json(d .. "/tokenizer_config.json")
+    assert.are.same({tokenizer_class = "LlamaTokenizer", backend = "tokenizers", bos_token = "<s>", eos_token = "</s>"}, tc)
+    local back = T.from_dir(d)
+    assert.are.same({tok.bos_id, tok.eos_id}, {back.bos_id, back.eos_id})
+    assert.are.same(tok:encode("Hello world"), back:encode("Hello world"))
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
   it("bert: vocab.txt as loaded plus a BertTokenizer tokenizer_config.json with its casing", function()
     local bert = require "models.bert"
     local m = bert.from_pretrained(FIX .. "bert")

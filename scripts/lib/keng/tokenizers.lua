@@ -249,7 +249,8 @@ function tokenizers.from_file(path, opts)
   local ok, raw = pcall(keng.tokenizer_json, path)
   if not ok then error(tostring(raw), 2) end
   local self = setmetatable({raw = raw, path = path, max_length = opts.max_length, model_type = raw.model_type,
-    files = {["tokenizer.json"] = path}}, Json)
+    files = {["tokenizer.json"] = path},
+    named = {bos = opts.bos_token, eos = opts.eos_token, pad = opts.pad_token}}, Json)   -- as given (save_pretrained)
   for _, k in ipairs{"bos", "eos", "pad"} do
     local name = opts[k .. "_token"]
     local id = name and raw:token_to_id(name)
