@@ -104,6 +104,13 @@ describe("transformers-5 tokenizer directories", function()
     assert.are.same(list(g.chat.ids), lm.tokenizer:apply_chat_template(msgs, {tokenize = true}))
   end)
 
+  it("special_tokens_map.json names special tokens and wins over tokenizer_config.json, as in transformers", function()
+    local T = FIX .. "tf5/special_map"
+    local tok = require("keng.tokenizers").from_dir(T)
+    local g = golden(T)
+    assert.are.same({g.special.bos, g.special.eos, g.special.pad}, {tok.bos_id, tok.eos_id, tok.pad_id})
+  end)
+
   it("stable diffusion: a tokenizer/ with only tokenizer.json pads prompts as CLIPTokenizer", function()
     local sd = require "models.stable_diffusion"
     local T = FIX .. "tf5/clip"

@@ -80,20 +80,22 @@ function Tokenizer:encode_batch(texts, opts)
                                           pad_id = opts.pad_id or self.pad_id})
 end
 
--- the pad token of a tokenizer directory: tokenizer_config.json or special_tokens_map.json
+-- the pad token of a tokenizer directory (special_tokens_map.json's, else tokenizer_config.json's:
+-- the map wins, as transformers reads them) and tokenizer_config.json's model_max_length
 local function pad_token(dir)
   local json = require "keng.json"
-  for _, name in ipairs{"/tokenizer_config.json", "/special_tokens_map.json"} do
+  local pad, maxlen
+  for _, name in ipairs{"/special_tokens_map.json", "/tokenizer_config.json"} do
     local text = read_file(dir .. name)
-    if text then
-      local ok, j = pcall(json.decode, text)
-      if ok and type(j) == "table" then
-        local p = j.pad_token
-        if type(p) == "table" then p = p.content end
-        if type(p) == "string" then return p, type(j.model_max_length) == "number" and j.model_max_length or nil end
-      end
+    local ok, j = pcall(json.decode, text or "")
+    if text and ok and type(j) == "table" then
+      local p = j.pad_token
+      if type(p) == "table" then p = p.content end
+      if type(p) == "string" and not pad then pad = p end
+      if type(j.model_max_length) == "number" then maxlen = j.model_max_length end
     end
   end
+  return pad, maxlen
 end
 
 -- the surface of keng.clip_tokenizer over a tokenizer.json (keng.tokenizers.from_file): ids

@@ -434,6 +434,16 @@ function tokenizers.from_dir(dir, opts)
     if not ok or type(j) ~= "table" then error("tokenizers.from_dir: " .. dir .. "/tokenizer_config.json is not JSON", 2) end
     cfg = j
   end
+  -- special_tokens_map.json (transformers 4 wrote it) names the special tokens too, and wins over
+  -- tokenizer_config.json, as transformers reads the two
+  local map = files["special_tokens_map.json"] and read_file(files["special_tokens_map.json"])
+  if map then
+    local ok, j = pcall(require("keng.json").decode, map)
+    if not ok or type(j) ~= "table" then error("tokenizers.from_dir: " .. dir .. "/special_tokens_map.json is not JSON", 2) end
+    for _, k in ipairs{"bos_token", "eos_token", "pad_token", "unk_token"} do
+      if token_name(j[k]) then cfg[k] = j[k] end
+    end
+  end
   local maxlen = opts.max_length
   if not maxlen and math.type(cfg.model_max_length) == "integer" and cfg.model_max_length < 1e6 then maxlen = cfg.model_max_length end
   local ok, tok
