@@ -6,6 +6,7 @@
  * whose __gc frees it, so a Lua error raised halfway leaks nothing. */
 #include "keng_lua.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define DICT_MT "keng.io.dict"
@@ -103,6 +104,20 @@ static int l_load(lua_State *L) {
   return 2;
 }
 
+/* keng.path_escapes(dir, path) -> nil when path (symlinks followed) stays inside the model
+ * directory dir (kg_path_escapes), else the path it resolves to and the directory it had to stay in */
+static int l_path_escapes(lua_State *L) {
+  no_more_args(L, 3, "keng.path_escapes", "a directory and a path");
+  const char *dir = luaL_checkstring(L, 1), *path = luaL_checkstring(L, 2);
+  char *real, *root;
+  if (!kg_path_escapes(dir, path, &real, &root)) return lua_pushnil(L), 1;
+  lua_pushstring(L, real);
+  lua_pushstring(L, root);
+  free(real);
+  free(root);
+  return 2;
+}
+
 void kgl_register_io(lua_State *L, int methods, int keng) {
   (void)methods;
   luaL_newmetatable(L, DICT_MT);
@@ -113,4 +128,6 @@ void kgl_register_io(lua_State *L, int methods, int keng) {
   lua_setfield(L, keng, "save");
   lua_pushcfunction(L, l_load);
   lua_setfield(L, keng, "load");
+  lua_pushcfunction(L, l_path_escapes);
+  lua_setfield(L, keng, "path_escapes");
 }

@@ -467,21 +467,28 @@ static kg_status read_small_file(const char *path, char **out, size_t *len) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* The directory an index's shards must resolve into (symlinks followed): the index's own, or,
- * for a Hugging Face cache snapshot (<repo>/snapshots/<rev>/, whose files are symlinks into
- * <repo>/blobs/), that repository's cache folder. NULL when dir cannot be resolved. */
+/* The directory an index's shards (and a model directory's other files) must resolve into
+ * (symlinks followed): the directory's own, or, for a Hugging Face cache snapshot
+ * (<repo>/snapshots/<rev>/, whose files are symlinks into <repo>/blobs/) or a subfolder of one
+ * (a diffusers pipeline's <rev>/unet/), that repository's cache folder. NULL when dir cannot be
+ * resolved. */
 static char *shard_root(const char *dir) {
   char *real = realpath(dir, NULL);
   if (!real) return NULL;
-  char *rev = strrchr(real, '/');
-  if (rev && rev > real) {
-    *rev = 0;
-    char *snaps = strrchr(real, '/');
-    if (snaps && !strcmp(snaps + 1, "snapshots") && snaps > real) {
+  for (int up = 0; up < 2; up++) { /* dir = <rev> or <rev>/<subfolder> */
+    char *cut[3] = {NULL, NULL, NULL};
+    char *p = real + strlen(real);
+    for (int k = 0; k < up + 2; k++) { /* the last up + 2 separators */
+      while (p > real && *--p != '/') {
+      }
+      if (p == real) break;
+      cut[k] = p;
+    }
+    char *snaps = cut[up + 1];
+    if (snaps && !strncmp(snaps + 1, "snapshots/", 10) && snaps + 10 == cut[up]) {
       *snaps = 0;
       return real;
     }
-    *rev = '/';
   }
   return real;
 }
@@ -618,6 +625,20 @@ static bool ends_with(const char *s, const char *suffix) {
 static bool is_file(const char *path) {
   struct stat st;
   return !stat(path, &st) && S_ISREG(st.st_mode);
+}
+
+bool kg_path_escapes(const char *dir, const char *path, char **real, char **root) {
+  *real = *root = NULL;
+  char *r = realpath(path, NULL);
+  char *top = r ? shard_root(dir) : NULL;
+  if (!r || !top || path_under(top, r)) {
+    free(r);
+    free(top);
+    return false;
+  }
+  *real = r;
+  *root = top;
+  return true;
 }
 
 kg_status kg_safetensors_load(kg_tensor_dict *d, const char *path) {

@@ -232,12 +232,16 @@ end
 
 -- from_preset(name, {num_classes=, dtype=, device=, weights=path.safetensors}) -> the backbone,
 -- or the classifier when num_classes is given. Random weights (truncated normal 0.02) unless
--- `weights` names a checkpoint in our names or Hugging Face's.
+-- `weights` names a checkpoint in our names or Hugging Face's; dtype then defaults to ("auto")
+-- the checkpoint's.
 function M.from_preset(name, opts)
   opts = options.check("bert.from_preset", opts, {"num_classes", "dtype", "device", "weights"})
   local p = common.preset("bert.from_preset", M.presets, name, 2)
-  local m = build(p, opts)
-  if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
+  local sd = opts.weights and common.load_tensors(opts.weights, "bert.from_preset", 2)
+  local dtype = opts.dtype
+  if sd or dtype == "auto" then dtype = sd and common.model_dtype(opts, nil, sd, "bert.from_preset", 2) or nil end
+  local m = build(p, {num_classes = opts.num_classes, dtype = dtype, device = opts.device, weights = opts.weights})
+  if sd then load_weights(m, sd, opts.weights) end
   if opts.weights and opts.device and opts.device ~= "meta" then m:to(opts.device) end
   return m
 end
@@ -258,7 +262,8 @@ end
 
 -- from_pretrained(dir, {num_classes=, dtype=, device=}) -> backbone (or classifier) with the
 -- weights of a Hugging Face BertModel / BertForSequenceClassification directory:
--- config.json + model.safetensors (or a sharded index); vocab.txt is for tokenizers.bert
+-- config.json + model.safetensors (or a sharded index); m.tokenizer is the directory's
+-- tokenizer.json (keng.tokenizers.from_dir), else its vocab.txt (tokenizers.bert), else nil
 function M.from_pretrained(dir, opts)
   opts = options.check("bert.from_pretrained", opts, {"num_classes", "dtype", "device"})
   local j = common.read_config(dir, "bert.from_pretrained", 2)
@@ -271,16 +276,20 @@ function M.from_pretrained(dir, opts)
     for _ in pairs(j.id2label) do n = n + 1 end
     opts = setmetatable({num_classes = n}, {__index = opts})
   end
-  local m = build(cfg, {num_classes = opts.num_classes, dtype = opts.dtype, device = "meta"})
-  local sd = keng.load(dir)
+  local sd = common.load_tensors(dir, "bert.from_pretrained", 2)
+  local dtype = common.model_dtype(opts, j, sd, "bert.from_pretrained", 2)   -- "auto": the checkpoint's
+  local m = build(cfg, {num_classes = opts.num_classes, dtype = dtype, device = "meta"})
   if opts.num_classes and sd["classifier.weight"] == nil then
     -- a backbone checkpoint under a new head: the head keeps fresh weights
-    local head = nn.Linear(cfg.hidden, opts.num_classes, {dtype = opts.dtype, weight_init = "truncated_normal", std = 0.02})
+    local head = nn.Linear(cfg.hidden, opts.num_classes, {dtype = dtype, weight_init = "truncated_normal", std = 0.02})
     sd["classifier.weight"], sd["classifier.bias"] = head.weight, head.bias
   end
   load_weights(m, sd, dir)
   if opts.device and opts.device ~= "cpu" and opts.device ~= "meta" then m:to(opts.device) end
   m.vocab_path = dir .. "/vocab.txt"
+  -- the directory's tokenizer, as transformers' AutoTokenizer picks it: tokenizer.json (all
+  -- transformers 5 writes) before vocab.txt; nil when there is neither
+  rawset(m, "tokenizer", require("keng.tokenizers").find(dir))
   return m
 end
 

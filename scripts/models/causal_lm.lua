@@ -29,6 +29,7 @@
 local keng = require "keng"
 local nn = require "keng.nn"
 local common = require "models.common"
+local json = require "keng.json"
 local rope = require "models.rope"
 
 local M = {}
@@ -445,14 +446,13 @@ end
 -- keng.tokenizers.sentencepiece(dir/tokenizer.model) when the file and the binding exist, else
 -- nil; with tokenizer_config.json's chat_template and BOS / EOS strings (keng.chat_template)
 function M.load_tokenizer(dir)
-  local tj = io.open(dir .. "/tokenizer.json", "rb")
-  if tj then tj:close() return require("keng.chat_template").attach(require("keng.tokenizers").from_dir(dir), dir) end
-  local path = dir .. "/tokenizer.model"
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  f:close()
-  if not keng.sentencepiece then return nil end
-  return require("keng.chat_template").attach(require("keng.tokenizers").sentencepiece(path), dir)
+  local T = require "keng.tokenizers"
+  local files = T.dir_files(dir, "from_pretrained", 2)             -- a symlink out of dir is refused
+  if files["tokenizer.json"] then return require("keng.chat_template").attach(T.from_dir(dir), dir) end
+  if not files["tokenizer.model"] or not keng.sentencepiece then return nil end
+  local tok = T.sentencepiece(files["tokenizer.model"])
+  tok.files = files                                                -- what save_pretrained copies
+  return require("keng.chat_template").attach(tok, dir)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -490,10 +490,11 @@ end
 -- class rewrites it to the tanh form)
 local ACTS = {silu = "silu", swish = "silu", gelu = "gelu", gelu_pytorch_tanh = "gelu_tanh", gelu_new = "gelu_tanh"}
 
--- parse_config(j, spec, who, level) -> cfg from config.json j for the family spec
+-- parse_config(j, spec, who, level, nulls) -> cfg from config.json j for the family spec
+-- (nulls: the set of keys that were null in the file, common.read_config's second value)
 -- (spec.config_keys: the family's own keys -> true; spec.model_types; spec.gelu_tanh: "gelu"
 -- means the tanh form; spec.head_dim: head_dim when absent; spec.qkv_bias: q/k/v biases always)
-function M.parse_config(j, spec, who, level)
+function M.parse_config(j, spec, who, level, nulls)
   level = level + 1
   local own = spec.config_keys or {}
   for k in pairs(j) do
@@ -574,7 +575,11 @@ function M.parse_config(j, spec, who, level)
     error(who .. ": config.json use_bidirectional_attention = true is not implemented (causal attention only)", level)
   end
   -- sliding windows: Mistral's on every layer; Qwen 2's only from layer max_window_layers on
-  if spec.uses_window then cfg.window = size("sliding_window", true) end   -- null or absent: no window
+  -- (transformers' MistralConfig: sliding_window absent is its default 4096 — spec.defaults.window —
+  -- and null is no window; nulls: the set of config.json's null keys, or json.null values in j)
+  if spec.uses_window and (j.sliding_window ~= nil or (nulls and nulls.sliding_window)) then
+    cfg.window = j.sliding_window ~= json.null and size("sliding_window", true) or nil
+  end
   if own.use_sliding_window then
     local slides = {}
     if j.layer_types then
@@ -666,8 +671,8 @@ function M.family(spec)
         error(string.format("%s: unknown option '%s' (valid: dtype, device)", who, tostring(k)), 2)
       end
     end
-    local j = common.read_config(dir, who, 2)                       -- nulls read as absent
-    local cfg = M.parse_config(j, spec, who, 2)
+    local j, nulls = common.read_config(dir, who, 2)                -- nulls read as absent
+    local cfg = M.parse_config(j, spec, who, 2, nulls)
     local tensors = common.load_tensors(dir, who, 2)
     local dtype = common.model_dtype(opts, j, tensors, who, 2)
     local lm = F.build(cfg, {dtype = dtype, device = opts.device})

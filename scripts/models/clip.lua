@@ -103,6 +103,10 @@ function TextModel:init(cfg, opts)
   self.text_model = TextTransformer(c, opts)
 end
 
+-- m:save_pretrained(dir, {max_shard_size = "5GB"}): a transformers CLIPTextModel directory
+-- (config.json + safetensors, models.hf_save)
+function TextModel:save_pretrained(dir, opts) return require("models.hf_save").clip(self, dir, opts, 2) end
+
 -- forward(ids): ids i64 [B, T] (0-based, T <= max_positions) -> last_hidden_state [B, T, C]
 function TextModel:forward(ids)
   local c = self.config
@@ -141,8 +145,11 @@ function M.from_preset(name, opts)
   local p = common.preset("clip.from_preset", M.presets, name, 2)
   local device = opts.device
   if opts.weights and not device then device = "meta" end
-  local m = TextModel(p, {dtype = opts.dtype, device = device})
-  if opts.weights then load_weights(m, keng.load(opts.weights), opts.weights) end
+  local sd = opts.weights and common.load_tensors(opts.weights, "clip.from_preset", 2)
+  local dtype = opts.dtype                                          -- with weights: "auto" by default
+  if sd or dtype == "auto" then dtype = sd and common.model_dtype(opts, nil, sd, "clip.from_preset", 2) or nil end
+  local m = TextModel(p, {dtype = dtype, device = device})
+  if sd then load_weights(m, sd, opts.weights) end
   return m
 end
 
@@ -157,17 +164,21 @@ function M.config_from_hf(j)
           activation = act}
 end
 
--- from_pretrained(dir, {dtype=, device=}) -> TextModel from a transformers / diffusers
--- text_encoder directory (config.json + model.safetensors or a sharded index)
+-- from_pretrained(dir, {dtype = "auto", device=}) -> TextModel from a transformers / diffusers
+-- text_encoder directory (config.json + model.safetensors or a sharded index); "auto" keeps the
+-- checkpoint's dtype (config.json's dtype / torch_dtype, else the weights')
 function M.from_pretrained(dir, opts)
   opts = options.check("clip.from_pretrained", opts, {"dtype", "device"})
-  local j = common.read_config(dir, "clip.from_pretrained", 2)
-  if j.text_config then j = j.text_config end  -- a full CLIPModel config
+  local top = common.read_config(dir, "clip.from_pretrained", 2)
+  local j = top.text_config or top               -- a full CLIPModel config
   for _, key in ipairs{"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"} do
     if type(j[key]) ~= "number" then error("clip.from_pretrained: " .. dir .. "/config.json lacks " .. key, 2) end
   end
-  local m = TextModel(M.config_from_hf(j), {dtype = opts.dtype, device = "meta"})
-  load_weights(m, common.load_tensors(dir, "clip.from_pretrained", 2), dir)
+  local tensors = common.load_tensors(dir, "clip.from_pretrained", 2)
+  local m = TextModel(M.config_from_hf(j),
+    {dtype = common.model_dtype(opts, top, tensors, "clip.from_pretrained", 2), device = "meta"})
+  rawset(m, "hf_config", j)                                        -- save_pretrained writes its ids back
+  load_weights(m, tensors, dir)
   if opts.device and opts.device ~= "cpu" and opts.device ~= "meta" then m:to(opts.device) end
   return m
 end

@@ -40,8 +40,11 @@ function M.preset(who, presets, name, level)
 end
 
 -- read_json(path, who, level) -> the object (or array) in the JSON file at path, nil when the
--- file cannot be opened. JSON null reads as absent (a config's "sliding_window": null is no key, so defaults
--- apply); malformed JSON, or a value that is not an object, raises "who: path: why".
+-- file cannot be opened, and the set of its top-level keys whose value is null. JSON null reads
+-- as absent (a config's "head_dim": null is no key, so defaults apply); the second value tells
+-- the few keys whose null differs from absent (Mistral's "sliding_window": null is no window,
+-- absent is transformers' default 4096). Malformed JSON, or a value that is not an object,
+-- raises "who: path: why".
 function M.read_json(path, who, level)
   local f = io.open(path, "rb")
   if not f then return nil end
@@ -53,12 +56,32 @@ function M.read_json(path, who, level)
   local ok, j = pcall(json.decode, text, {null_as_nil = true})
   if ok and type(j) ~= "table" then ok, j = false, "not a JSON object" end
   if not ok then error(string.format("%s: %s: %s", who, path, tostring(j)), level + 1) end
-  return j
+  local nulls = {}
+  if text:find("null", 1, true) then                               -- rare: decode once more, nulls kept
+    for k, v in pairs(json.decode(text)) do
+      if v == json.null then nulls[k] = true end
+    end
+  end
+  return j, nulls
+end
+
+-- inside(dir, path, who, level) -> path, refused when it is a symlink resolving outside the
+-- model directory dir (in a Hugging Face cache snapshot: outside the repository's folder), the
+-- rule of the shards of an index and the tokenizer files (docs/security.md)
+function M.inside(dir, path, who, level)
+  local real, root = require("keng").path_escapes(dir, path)
+  if real then
+    error(string.format("%s: %s resolves to '%s', outside the model directory '%s' (a symlink leaving it is refused)",
+      who, path, real, root), level + 1)
+  end
+  return path
 end
 
 -- read_config(dir, who, level) -> the object decoded from dir/config.json (read_json)
 function M.read_config(dir, who, level)
-  return M.read_json(dir .. "/config.json", who, level + 1) or error(who .. ": no config.json in " .. dir, level + 1)
+  local j, nulls = M.read_json(M.inside(dir, dir .. "/config.json", who, level + 1), who, level + 1)
+  if not j then error(who .. ": no config.json in " .. dir, level + 1) end
+  return j, nulls
 end
 
 -- the weight files a model directory may hold, in the order they are looked for: transformers'
@@ -95,6 +118,7 @@ end
 -- tests/fuzz/fuzz_config.c.)
 function M.load_tensors(path, who, level)
   local file = M.weights_path(path)
+  if file ~= path then M.inside(path, file, who, level + 1) end     -- a file found in the directory path
   local ok, t = pcall(require("keng.progress").loading, file, function() return require("keng").load(file) end)
   if not ok then error(who .. ": " .. tostring(t), level + 1) end
   return t

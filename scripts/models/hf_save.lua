@@ -26,6 +26,52 @@ end
 
 local function nbytes(t) return t:numel() * (require("keng.util").dtype_size(t.dtype) or 4) end
 
+-- a number as Python's json writes it: integers as digits, floats exactly (the shortest of %.15g
+-- .. %.17g that reads back the same) and always with a fraction or exponent, because
+-- transformers 5 validates config fields by type (initializer_factor = 1 is refused, 1.0 is
+-- not). keng.json's encoder writes floats with 10 digits and 1.0 as 1, so configs are written here.
+local function number_text(v)
+  if math.type(v) == "integer" then return tostring(v) end
+  if v ~= v then return "NaN" end
+  if v == math.huge or v == -math.huge then return v > 0 and "Infinity" or "-Infinity" end
+  local t
+  for digits = 15, 17 do
+    t = string.format("%." .. digits .. "g", v)
+    if tonumber(t) == v then break end
+  end
+  if not t:find("[%.eEn]") then t = t .. ".0" end
+  return t
+end
+
+-- encode_json(v) -> JSON text as transformers writes config.json (json.dumps(indent=2,
+-- sort_keys=True)): objects with sorted keys, arrays for sequences (and json.array tables),
+-- json.null as null
+function M.encode_json(v, depth)
+  depth = depth or 0
+  local pad, inner = string.rep("  ", depth), string.rep("  ", depth + 1)
+  if v == nil or v == json.null then return "null" end
+  local ty = type(v)
+  if ty == "number" then return number_text(v) end
+  if ty == "boolean" then return tostring(v) end
+  if ty == "string" then return json.encode(v) end
+  if ty ~= "table" then error("hf_save: cannot write a " .. ty .. " to JSON", 2) end
+  local n, keys = #v, {}
+  for k in pairs(v) do keys[#keys + 1] = k end
+  local is_array = getmetatable(v) == json.array_mt or (n > 0 and #keys == n)
+  if #keys == 0 then return is_array and "[]" or "{}" end
+  local parts = {}
+  if is_array then
+    for i = 1, n do parts[i] = inner .. M.encode_json(v[i], depth + 1) end
+    return "[\n" .. table.concat(parts, ",\n") .. "\n" .. pad .. "]"
+  end
+  for _, k in ipairs(keys) do
+    if type(k) ~= "string" then error("hf_save: a JSON object key must be a string, got " .. tostring(k), 2) end
+  end
+  table.sort(keys)
+  for i, k in ipairs(keys) do parts[i] = inner .. json.encode(k) .. ": " .. M.encode_json(v[k], depth + 1) end
+  return "{\n" .. table.concat(parts, ",\n") .. "\n" .. pad .. "}"
+end
+
 local function write_text(path, text, who, level)
   local f, err = io.open(path .. ".tmp", "w")
   if not f then error(who .. ": cannot write " .. path .. ": " .. tostring(err), level + 1) end
@@ -33,6 +79,85 @@ local function write_text(path, text, who, level)
   f:close()
   local ok, rerr = os.rename(path .. ".tmp", path)
   if not ok then error(who .. ": cannot rename to " .. path .. ": " .. tostring(rerr), level + 1) end
+end
+
+local function mkdir(dir) os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
+
+local function read_all(path, who, level)
+  local f, err = io.open(path, "rb")
+  if not f then error(who .. ": cannot read " .. path .. ": " .. tostring(err), level + 1) end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- tokenizer_config.json as transformers 5 writes it for the tokenizer class `class`, for a
+-- tokenizer loaded without one (a bare vocab.txt, tokenizer.model, vocab.json + merges.txt or
+-- tokenizer.json): the special tokens by name, and the options keng used
+local function tokenizer_config(tok, class)
+  local T = require "keng.tokenizers"
+  local mt = getmetatable(tok)
+  local c = {tokenizer_class = class, backend = "tokenizers"}
+  local function name(id, lookup) if id and id >= 0 then return lookup(id) end end
+  if mt == T.Bert then
+    c.tokenizer_class = "BertTokenizer"
+    c.do_lower_case, c.tokenize_chinese_chars = tok.lowercase, tok.tokenize_chinese_chars
+    c.strip_accents = tok.strip_accents == nil and json.null or tok.strip_accents
+    c.cls_token, c.sep_token, c.pad_token, c.unk_token, c.mask_token = "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"
+    c.model_max_length = tok.max_length
+  elseif mt == T.SentencePiece then
+    local sp = tok.sp
+    local piece = function(id) return sp:id_to_piece(id) end
+    c.bos_token, c.eos_token, c.unk_token = name(sp.bos_id, piece), name(sp.eos_id, piece), name(sp.unk_id, piece)
+    c.pad_token = name(sp.pad_id, piece)
+    -- keng's prompts start with BOS (lm.add_bos) and end without EOS, as the real checkpoints' configs say
+    c.add_bos_token, c.add_eos_token = sp.bos_id >= 0, false
+  elseif mt == T.Json then                                          -- the tokens it was given by name only
+    local named = tok.named or {}
+    c.bos_token, c.eos_token, c.pad_token = named.bos, named.eos, named.pad
+    c.model_max_length = tok.max_length
+  elseif tok.raw and tok.bos_id and tok.eos_id then                 -- keng.clip_tokenize
+    c.tokenizer_class = "CLIPTokenizer"
+    local t = function(id) return tok:id_to_token(id) end
+    c.bos_token, c.eos_token, c.unk_token = t(tok.bos_id), t(tok.eos_id), t(tok.eos_id)
+    c.pad_token, c.model_max_length = t(tok.pad_id), tok.max_length
+  end
+  return c
+end
+
+-- save_tokenizer(tok, dir, class, who, level): the files tok was loaded from (tok.files, as
+-- loaded: tokenizer.json, vocab.txt, tokenizer.model, vocab.json + merges.txt, and the
+-- tokenizer_config.json / special_tokens_map.json / chat template files beside them), plus a
+-- tokenizer_config.json as transformers writes one when tok had none. Tokenizer files of other
+-- kinds left in dir by an earlier save are removed (a loader would pick a stale tokenizer.json).
+function M.save_tokenizer(tok, dir, class, who, level)
+  level = level + 1
+  local files = type(tok) == "table" and rawget(tok, "files")
+  if type(files) ~= "table" then
+    error(who .. ": the tokenizer has no files to save (not loaded from a file); set it to nil to save the weights alone",
+      level)
+  end
+  mkdir(dir)
+  for _, name in ipairs(require("keng.tokenizers").FILES) do
+    if files[name] then
+      write_text(dir .. "/" .. name, read_all(files[name], who, level), who, level)
+    else
+      os.remove(dir .. "/" .. name)
+    end
+  end
+  if not files["tokenizer_config.json"] then
+    write_text(dir .. "/tokenizer_config.json", M.encode_json(tokenizer_config(tok, class)) .. "\n", who, level)
+  end
+end
+
+-- the model's tokenizer (rawget: a field, not a child module), checked before anything is written
+local function model_tokenizer(model, who, level)
+  local tok = rawget(model, "tokenizer")
+  if tok ~= nil and (type(tok) ~= "table" or type(rawget(tok, "files")) ~= "table") then
+    error(who .. ": the model's tokenizer has no files to save (not loaded from a file); set model.tokenizer = nil " ..
+      "to save the weights alone", level + 1)
+  end
+  return tok
 end
 
 -- write(dir, tensors, config, {max_shard_size =}, who, level): dir/config.json and the weights.
@@ -50,7 +175,7 @@ function M.write(dir, tensors, config, opts, who, level, base)
     total = total + nbytes(t)
   end
   table.sort(names)
-  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+  mkdir(dir)
   local meta = {format = "pt"}
   local index = dir .. "/" .. base .. ".safetensors.index.json"
   if total <= max then
@@ -71,10 +196,10 @@ function M.write(dir, tensors, config, opts, who, level, base)
       for _, k in ipairs(list) do part[k], map[k] = tensors[k], file end
       keng.save(dir .. "/" .. file, part, meta)
     end
-    write_text(index, json.encode({metadata = {total_size = total}, weight_map = map}, {indent = "  "}) .. "\n", who, level)
+    write_text(index, M.encode_json({metadata = {total_size = total}, weight_map = map}) .. "\n", who, level)
     os.remove(dir .. "/" .. base .. ".safetensors")
   end
-  write_text(dir .. "/config.json", json.encode(config, {indent = "  "}) .. "\n", who, level)
+  write_text(dir .. "/config.json", M.encode_json(config) .. "\n", who, level)
   return dir
 end
 
@@ -83,6 +208,8 @@ end
 local ARCH = {llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", mistral = "MistralForCausalLM",
               gemma = "GemmaForCausalLM"}
 local ACT = {silu = "silu", gelu = "gelu", gelu_tanh = "gelu_pytorch_tanh"}
+local TOKENIZER_CLASS = {llama = "LlamaTokenizer", mistral = "LlamaTokenizer", gemma = "GemmaTokenizer",
+                         qwen2 = "Qwen2Tokenizer"}
 
 -- config.json for cfg (the inverse of causal_lm.parse_config)
 local function lm_config(lm, family, dtype)
@@ -127,7 +254,10 @@ function M.causal_lm(lm, dir, opts, level)
     tensors[cm.keng_to_hf(k)] = t
     if k == "model.embed_tokens.weight" then dtype = t.dtype end
   end
-  return M.write(dir, tensors, lm_config(lm, family, dtype), opts, who, level)
+  local tok = model_tokenizer(lm, who, level)
+  M.write(dir, tensors, lm_config(lm, family, dtype), opts, who, level)
+  if tok then M.save_tokenizer(tok, dir, TOKENIZER_CLASS[family], who, level) end
+  return dir
 end
 
 -- diffusers models (UNet, VAE): keng's names are diffusers' and model.config is the config.json
@@ -199,7 +329,146 @@ function M.bert(model, dir, opts, level)
     j.id2label, j.label2id = {}, {}
     for i = 0, model.num_classes - 1 do j.id2label[tostring(i)], j.label2id["LABEL_" .. i] = "LABEL_" .. i, i end
   end
+  local tok = model_tokenizer(model, who, level)
+  M.write(dir, tensors, j, opts, who, level)
+  if tok then M.save_tokenizer(tok, dir, "BertTokenizer", who, level) end
+  return dir
+end
+
+-- CLIP text encoder (models.clip) as transformers 5's CLIPTextModel: names without keng's
+-- "text_model." prefix; config.json from the one it was loaded with (model.hf_config: ids,
+-- projection_dim kept), else CLIPTextConfig's defaults for what keng does not hold --------------
+
+local CLIP_ACT = {quick_gelu = "quick_gelu", gelu = "gelu"}
+
+local function clip_config(model, dtype, ids)
+  local c = model.config
+  local j = {}
+  for k, v in pairs(rawget(model, "hf_config") or {bos_token_id = 49406, eos_token_id = 49407, pad_token_id = 1,
+    projection_dim = 512, initializer_factor = 1.0, initializer_range = 0.02, attention_dropout = 0.0}) do
+    j[k] = v
+  end
+  for k, v in pairs(ids or {}) do if j[k] == nil or not rawget(model, "hf_config") then j[k] = v end end
+  j.transformers_version = nil
+  j.architectures, j.model_type = {"CLIPTextModel"}, "clip_text_model"
+  j.vocab_size, j.hidden_size, j.intermediate_size = c.vocab, c.width, c.mlp
+  j.num_hidden_layers, j.num_attention_heads, j.max_position_embeddings = c.layers, c.heads, c.max_positions
+  j.layer_norm_eps, j.hidden_act, j.dtype = c.eps, CLIP_ACT[c.activation], HF_DTYPE[dtype]
+  return j
+end
+
+local function check_dir(who, dir, level)
+  if type(dir) ~= "string" then error(who .. ": dir must be a string, got " .. type(dir), level + 1) end
+end
+
+-- clip(model, dir, {max_shard_size =}, level, ids) -> dir; ids: {bos_token_id =, ...} of the
+-- pipeline's tokenizer for a model without hf_config
+function M.clip(model, dir, opts, level, ids)
+  level = (level or 1) + 1
+  local who = "CLIPTextModel:save_pretrained"
+  opts = options.check(who, opts, {"max_shard_size"}, level)
+  check_dir(who, dir, level)
+  local tensors, dtype = {}, nil
+  for k, t in pairs(model:state_dict()) do
+    if k:find("%.lora_[ab]$") then error(who .. ": the model has LoRA adapters (" .. k .. "): lora.merge first", level) end
+    tensors[k:gsub("^text_model%.", "")] = t
+    dtype = dtype or (HF_DTYPE[t.dtype] and t.dtype)
+  end
+  return M.write(dir, tensors, clip_config(model, dtype, ids), opts, who, level)
+end
+
+-- SAM (models.sam) as transformers' SamModel: keng's names are its names, except the tied
+-- positional Gaussian, which transformers saves as shared_image_embedding.positional_embedding;
+-- config.json from the one it was loaded with (model.hf_config), else built from the config --
+
+local function sam_config(model)
+  local c = model.cfg
+  local patch_grid = c.image_size // c.patch
+  return {architectures = {"SamModel"}, model_type = "sam", initializer_range = 0.02, tie_word_embeddings = true,
+    vision_config = {model_type = "sam_vision_model", hidden_size = c.width, num_hidden_layers = c.depth,
+      num_attention_heads = c.heads, mlp_dim = c.mlp, image_size = c.image_size, patch_size = c.patch,
+      window_size = c.window, global_attn_indexes = json.array({table.unpack(c.global)}), layer_norm_eps = c.eps,
+      output_channels = c.out_chans, qkv_bias = c.qkv_bias ~= false, use_abs_pos = c.abs_pos ~= false,
+      use_rel_pos = c.rel_pos ~= false, num_pos_feats = c.prompt_dim // 2, hidden_act = "gelu", num_channels = 3,
+      attention_dropout = 0.0, dropout = 0.0, initializer_range = 1e-10, mlp_ratio = c.mlp / c.width},
+    prompt_encoder_config = {model_type = "sam_prompt_encoder", hidden_size = c.prompt_dim, image_size = c.image_size,
+      patch_size = c.patch, image_embedding_size = patch_grid, mask_input_channels = c.mask_in_chans,
+      num_point_embeddings = 4, hidden_act = "gelu", layer_norm_eps = 1e-6},
+    mask_decoder_config = {model_type = "sam_mask_decoder", hidden_size = c.prompt_dim, num_hidden_layers = c.dec_depth,
+      num_attention_heads = c.dec_heads, mlp_dim = c.dec_mlp, attention_downsample_rate = c.dec_downsample,
+      num_multimask_outputs = c.multimask, iou_head_hidden_dim = c.iou_hidden, iou_head_depth = c.iou_depth,
+      hidden_act = "relu", layer_norm_eps = 1e-6}}
+end
+
+function M.sam(model, dir, opts, level)
+  level = (level or 1) + 1
+  local who = "SamModel:save_pretrained"
+  opts = options.check(who, opts, {"max_shard_size"}, level)
+  check_dir(who, dir, level)
+  local tensors, dtype = {}, nil
+  for k, t in pairs(model:state_dict()) do
+    if k:find("%.lora_[ab]$") then error(who .. ": the model has LoRA adapters (" .. k .. "): lora.merge first", level) end
+    if k == "prompt_encoder.shared_embedding.positional_embedding" then k = "shared_image_embedding.positional_embedding" end
+    tensors[k] = t
+    dtype = dtype or (HF_DTYPE[t.dtype] and t.dtype)
+  end
+  local j = {}
+  for k, v in pairs(rawget(model, "hf_config") or sam_config(model)) do j[k] = v end
+  j.transformers_version, j.dtype = nil, HF_DTYPE[dtype]
   return M.write(dir, tensors, j, opts, who, level)
+end
+
+-- a whole Stable Diffusion pipeline (models.stable_diffusion) in diffusers' layout:
+-- model_index.json, unet/, vae/, text_encoder/, tokenizer/, scheduler/ ----------------------
+
+-- the diffusers class and config of a keng scheduler (models.schedulers or SD's DDIM)
+local function scheduler_config(sched, who, level)
+  local S = require "models.schedulers"
+  local class
+  if getmetatable(sched) == require("models.stable_diffusion").DDIM then
+    class = "DDIMScheduler"
+  else
+    for c, name in pairs(S.by_class) do if name == sched.name then class = c end end
+    if sched.name == "dpmpp_2m_karras" then class = "DPMSolverMultistepScheduler" end
+  end
+  if not class or type(sched.config) ~= "table" then
+    error(who .. ": the scheduler has no diffusers class (a models.schedulers scheduler or DDIM expected)", level + 1)
+  end
+  local j = {_class_name = class}
+  for k, v in pairs(sched.config) do if k:sub(1, 1) ~= "_" then j[k] = v end end
+  if sched.name == "dpmpp_2m_karras" then j.use_karras_sigmas = true end
+  return j, class
+end
+
+function M.pipeline(pipe, dir, opts, level)
+  level = (level or 1) + 1
+  local who = "StableDiffusionPipeline:save_pretrained"
+  opts = options.check(who, opts, {"max_shard_size"}, level)
+  check_dir(who, dir, level)
+  local tok = rawget(pipe, "tokenizer")
+  if type(tok) ~= "table" or type(rawget(tok, "files")) ~= "table" then
+    error(who .. ": the pipeline's tokenizer has no files to save (from_preset without {tokenizer = dir} tokenizes " ..
+      "byte by byte): build it with a CLIP tokenizer directory", level)
+  end
+  for _, part in ipairs{"unet", "vae", "text_encoder"} do
+    if not pipe[part] then error(who .. ": the pipeline has no " .. part, level) end
+  end
+  local sched, sched_class = scheduler_config(pipe.scheduler, who, level)
+  pipe.unet:save_pretrained(dir .. "/unet", opts)
+  pipe.vae:save_pretrained(dir .. "/vae", opts)
+  M.clip(pipe.text_encoder, dir .. "/text_encoder", opts, level,
+    {bos_token_id = tok.bos_id, eos_token_id = tok.eos_id, pad_token_id = tok.pad_id})
+  M.save_tokenizer(tok, dir .. "/tokenizer", "CLIPTokenizer", who, level)
+  mkdir(dir .. "/scheduler")
+  write_text(dir .. "/scheduler/scheduler_config.json", M.encode_json(sched) .. "\n", who, level)
+  local none = json.array({json.null, json.null})
+  local index = {_class_name = rawget(pipe, "inpainting") and "StableDiffusionInpaintPipeline" or "StableDiffusionPipeline",
+    feature_extractor = none, image_encoder = none, safety_checker = none, requires_safety_checker = false,
+    scheduler = {"diffusers", sched_class}, text_encoder = {"transformers", "CLIPTextModel"},
+    tokenizer = {"transformers", "CLIPTokenizer"}, unet = {"diffusers", "UNet2DConditionModel"},
+    vae = {"diffusers", "AutoencoderKL"}}
+  write_text(dir .. "/model_index.json", M.encode_json(index) .. "\n", who, level)
+  return dir
 end
 
 return M

@@ -484,6 +484,10 @@ end
 local Sam = nn.Module:extend("SamModel")
 M.Sam = Sam
 
+-- m:save_pretrained(dir, {max_shard_size = "5GB"}): a transformers SamModel directory
+-- (config.json + safetensors, models.hf_save)
+function Sam:save_pretrained(dir, opts) return require("models.hf_save").sam(self, dir, opts, 2) end
+
 -- Sam(cfg, {dtype = "f32", device = "cpu", normalize = true})
 function Sam:init(cfg, opts)
   opts = options.check("SamModel", opts, {"dtype", "device", "normalize"}, nn.Module.user_level(3))
@@ -666,8 +670,11 @@ end
 -- from_preset(name, {dtype = "f32", device = "cpu", weights = path, normalize = true}) -> Sam
 function M.from_preset(name, opts)
   opts = options.check("sam.from_preset", opts, {"dtype", "device", "weights", "normalize"})
-  local m = M.build(M.config(name, 2), opts)
-  if opts.weights then M.load_hf(m, common.load_tensors(opts.weights, "sam.from_preset", 2), 3) end
+  local sd = opts.weights and common.load_tensors(opts.weights, "sam.from_preset", 2)
+  local dtype = opts.dtype                                          -- with weights: "auto" by default
+  if sd or dtype == "auto" then dtype = sd and common.model_dtype(opts, nil, sd, "sam.from_preset", 2) or nil end
+  local m = M.build(M.config(name, 2), {dtype = dtype, device = opts.device, normalize = opts.normalize})
+  if sd then M.load_hf(m, sd, 3) end
   return m
 end
 
@@ -692,18 +699,22 @@ function M.config_from_hf(j)
   return cfg
 end
 
--- from_pretrained(dir, {dtype =, device =, normalize =}) -> Sam with dir's config.json and
--- model.safetensors (or a sharded index)
+-- from_pretrained(dir, {dtype = "auto", device =, normalize =}) -> Sam with dir's config.json and
+-- model.safetensors (or a sharded index); "auto" keeps the checkpoint's dtype (common.model_dtype)
 function M.from_pretrained(dir, opts)
   opts = options.check("sam.from_pretrained", opts, {"dtype", "device", "normalize"})
-  local j = common.read_json(dir .. "/config.json", "sam.from_pretrained", 2)   -- nulls read as absent
+  local j = common.read_json(common.inside(dir, dir .. "/config.json", "sam.from_pretrained", 2),
+    "sam.from_pretrained", 2)                                        -- nulls read as absent
   if not j then error("sam.from_pretrained: cannot read " .. dir .. "/config.json", 2) end
   -- activations keng implements: exact GELU in the image and prompt encoders, ReLU in the decoder
   options.config("sam.from_pretrained: vision_config", j.vision_config or {}, {hidden_act = "gelu"}, 2)
   options.config("sam.from_pretrained: prompt_encoder_config", j.prompt_encoder_config or {}, {hidden_act = "gelu"}, 2)
   options.config("sam.from_pretrained: mask_decoder_config", j.mask_decoder_config or {}, {hidden_act = "relu"}, 2)
-  local m = M.build(M.config_from_hf(j), opts)
-  return M.load_hf(m, common.load_tensors(dir, "sam.from_pretrained", 2), 3)
+  local tensors = common.load_tensors(dir, "sam.from_pretrained", 2)
+  local m = M.build(M.config_from_hf(j), {dtype = common.model_dtype(opts, j, tensors, "sam.from_pretrained", 2),
+    device = opts.device, normalize = opts.normalize})
+  rawset(m, "hf_config", j)                                        -- save_pretrained writes it back
+  return M.load_hf(m, tensors, 3)
 end
 
 return M

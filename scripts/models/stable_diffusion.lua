@@ -574,6 +574,11 @@ function Pipeline:load_lora(path, opts)
 end
 function Pipeline:unload_lora() return require("models.lora_files").unload(self) end
 
+-- save_pretrained(dir, {max_shard_size = "5GB"}): the diffusers layout (model_index.json, unet/,
+-- vae/, text_encoder/, tokenizer/, scheduler/) that from_pretrained here and diffusers'
+-- StableDiffusionPipeline.from_pretrained read (models.hf_save)
+function Pipeline:save_pretrained(dir, opts) return require("models.hf_save").pipeline(self, dir, opts, 2) end
+
 ---------------------------------------------------------------------------------------------
 -- construction and loading
 

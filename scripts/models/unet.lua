@@ -411,12 +411,13 @@ end
 
 -- reads dir/config.json (or dir/name) -> table, nulls read as absent (errors name the file)
 function M.read_config(dir, who, level, name)
-  local path = dir .. "/" .. (name or "config.json")
+  local path = common.inside(dir, dir .. "/" .. (name or "config.json"), who, level + 1)
   return common.read_json(path, who, level + 1) or error(string.format("%s: missing %s", who, path), level + 1)
 end
 
--- loads dir/diffusion_pytorch_model.safetensors (or any *.safetensors / sharded index) strictly
-function M.load_weights(m, dir, who, level)
+-- weights(dir, who, level) -> the tensors of dir/diffusion_pytorch_model.safetensors (or its
+-- sharded index), and the path read
+function M.weights(dir, who, level)
   local path = dir .. "/diffusion_pytorch_model.safetensors"
   local f = io.open(path, "rb")
   if f then f:close() else
@@ -425,8 +426,15 @@ function M.load_weights(m, dir, who, level)
     idx:close()
     path = dir .. "/diffusion_pytorch_model.safetensors.index.json"  -- the shards it names
   end
+  common.inside(dir, path, who, level + 1)
   local ok, sd = pcall(require("keng.progress").loading, path, function() return keng.load(path) end)
   if not ok then error(string.format("%s: %s: %s", who, path, tostring(sd)), level + 1) end
+  return sd, path
+end
+
+-- loads dir's weights (M.weights) into m strictly; sd, when given, is what M.weights returned
+function M.load_weights(m, dir, who, level, sd, path)
+  if not sd then sd, path = M.weights(dir, who, level + 1) end
   local ok2, err = pcall(m.load_state_dict, m, sd, {strict = true})
   if not ok2 then error(string.format("%s: %s: %s", who, path, tostring(err)), level + 1) end
   return m
@@ -443,6 +451,16 @@ M.CONFIG_RULES = {act_fn = "silu", center_input_sample = false, class_embed_type
   reverse_transformer_layers_per_block = options.ABSENT, addition_time_embed_dim = options.ABSENT, projection_class_embeddings_input_dim = options.ABSENT,
   mid_block_only_cross_attention = false}
 
+-- build_loaded(class, cfg, dir, opts, who, level) -> class(cfg) in opts.dtype ("auto", the
+-- default: the weights' dtype, as transformers' dtype = "auto"; diffusers' own default is f32)
+-- on opts.device, with dir's weights (UNet, VAE)
+function M.build_loaded(class, cfg, dir, opts, who, level)
+  opts = options.check(who, opts, {"dtype", "device"}, level + 1)
+  local sd, path = M.weights(dir, who, level + 1)
+  local dtype = common.model_dtype(opts, nil, sd, who, level + 1)
+  return M.load_weights(class(cfg, {dtype = dtype, device = opts.device}), dir, who, level + 1, sd, path)
+end
+
 function M.from_pretrained(dir, opts)
   local cfg = M.read_config(dir, "unet.from_pretrained", 2)
   options.config("unet.from_pretrained: " .. dir .. "/config.json", cfg, M.CONFIG_RULES, 2)
@@ -452,8 +470,7 @@ function M.from_pretrained(dir, opts)
   cfg.norm_eps = cfg.norm_eps or 1e-5
   cfg.norm_num_groups = cfg.norm_num_groups or 32
   cfg.downsample_padding = cfg.downsample_padding or 1
-  local m = UNet(cfg, opts)
-  return M.load_weights(m, dir, "unet.from_pretrained", 2)
+  return M.build_loaded(UNet, cfg, dir, opts, "unet.from_pretrained", 2)
 end
 
 return M

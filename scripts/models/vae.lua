@@ -228,8 +228,7 @@ function M.from_pretrained(dir, opts)
   cfg.layers_per_block = cfg.layers_per_block or 1
   cfg.latent_channels = cfg.latent_channels or 4
   cfg.in_channels, cfg.out_channels = cfg.in_channels or 3, cfg.out_channels or 3
-  local m = VAE(cfg, opts)
-  return U.load_weights(m, dir, "vae.from_pretrained", 2)
+  return U.build_loaded(VAE, cfg, dir, opts, "vae.from_pretrained", 2)
 end
 
 return M

@@ -77,7 +77,51 @@ static size_t mutate(unsigned char *buf, size_t len, size_t cap, size_t hlen) {
   return len;
 }
 
+/* kg_path_escapes: a file in a model directory must resolve inside it; in a Hugging Face cache
+ * snapshot (<repo>/snapshots/<rev>/ or one subfolder of it) inside <repo>/ */
+static void test_path_escapes(void) {
+  char top[] = "/tmp/keng_st_links_XXXXXX";
+  if (!mkdtemp(top)) {
+    CHECK(0, "mkdtemp");
+    return;
+  }
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "cd %s && mkdir -p repo/blobs repo/snapshots/r1/sub/deep plain other && touch repo/blobs/b other/f && "
+           "ln -s ../../blobs/b repo/snapshots/r1/a && ln -s ../../../blobs/b repo/snapshots/r1/sub/a && "
+           "ln -s ../../../../blobs/b repo/snapshots/r1/sub/deep/a && ln -s ../other/f plain/a && touch plain/b",
+           top);
+  CHECK(system(cmd) == 0, "could not build %s", top);
+  static const struct {
+    const char *dir;
+    bool escapes;
+  } cases[] = {{"repo/snapshots/r1", false},
+               {"repo/snapshots/r1/sub", false},
+               {"repo/snapshots/r1/sub/deep", true},
+               {"plain", true}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char dir[512], file[600];
+    snprintf(dir, sizeof dir, "%s/%s", top, cases[i].dir);
+    snprintf(file, sizeof file, "%s/a", dir);
+    char *real = NULL, *root = NULL;
+    bool out = kg_path_escapes(dir, file, &real, &root);
+    CHECK(out == cases[i].escapes, "%s/a: escapes %d, expected %d", cases[i].dir, out, cases[i].escapes);
+    CHECK(!out == !real && !out == !root, "%s: real/root set only when it escapes", cases[i].dir);
+    free(real);
+    free(root);
+  }
+  char dir[512], file[600], *real = NULL, *root = NULL;
+  snprintf(dir, sizeof dir, "%s/plain", top);
+  snprintf(file, sizeof file, "%s/plain/b", top);
+  CHECK(!kg_path_escapes(dir, file, &real, &root), "a plain file inside escapes");
+  snprintf(file, sizeof file, "%s/plain/missing", top);
+  CHECK(!kg_path_escapes(dir, file, &real, &root) && !real && !root, "a missing file escapes");
+  snprintf(cmd, sizeof cmd, "rm -rf %s", top);
+  CHECK(system(cmd) == 0, "rm");
+}
+
 int main(void) {
+  test_path_escapes();
   char dir[] = "/tmp/keng_st_fuzz_XXXXXX";
   if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
   char path[256], mpath[256];

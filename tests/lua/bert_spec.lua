@@ -18,7 +18,7 @@ local tmp = H.tmpdir()
 local function write(name, s) return H.write(tmp .. "/" .. name, s) end
 local read = H.read
 
-local golden_tok = json.decode(read(FIX .. "/tokenizer.json"))
+local golden_tok = json.decode(read(FIX .. "/tokenizer_golden.json"))
 
 local function list(t)  -- a JSON array (possibly empty) as a plain list
   local out = {}

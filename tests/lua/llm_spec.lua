@@ -164,12 +164,41 @@ describe("config.json with nulls", function()
       end, mistral.from_pretrained)
     end
     local null, absent = load(json.null), load(nil)
+    assert.is_nil(null.cfg.window)                                  -- null: no sliding window
+    assert.are.equal(4096, absent.cfg.window)                       -- absent: MistralConfig's default
+    absent.cfg.window = nil
     assert.are.same(absent.cfg, null.cfg)
-    assert.is_nil(null.cfg.window)                                  -- no sliding window
     assert.are.equal(16, null.cfg.head_dim)                         -- hidden / heads
     assert.are.equal(10000, null.cfg.rope_base)
     local ids = keng.tensor({{2, 5, 9, 11, 3, 7, 20, 30, 40, 50, 60, 70}})  -- longer than the fixture's window 8
     H.close(null:logits(ids), absent:logits(ids), 0, "logits")
+  end)
+end)
+
+describe("Mistral sliding_window", function()
+  -- transformers 5.24 MistralConfig: `sliding_window: int | None = 4096`, so a config.json without
+  -- the key has a 4096 window and one with null has none (checked with MistralConfig.from_pretrained)
+  local json = require "keng.json"
+  local function window(value)
+    return H.with_model_dir(FIX .. "mistral", function(j) j.sliding_window = value end, mistral.from_pretrained).cfg.window
+  end
+  it("absent is 4096, null is no window, a number is that window", function()
+    assert.are.equal(4096, window(nil))
+    assert.is_nil(window(json.null))
+    assert.are.equal(3, window(3))
+    assert.are.equal(4096, mistral.config_from_hf({vocab_size = 8, hidden_size = 8, num_hidden_layers = 1,
+      num_attention_heads = 2, intermediate_size = 8}).window)
+    assert.is_nil(mistral.config_from_hf({vocab_size = 8, hidden_size = 8, num_hidden_layers = 1,
+      num_attention_heads = 2, intermediate_size = 8, sliding_window = json.null}).window)
+  end)
+  it("save_pretrained writes null for no window, which reads back as none", function()
+    local lm = H.with_model_dir(FIX .. "mistral", function(j) j.sliding_window = json.null end, mistral.from_pretrained)
+    local dir = os.tmpname()
+    os.remove(dir)
+    lm:save_pretrained(dir)
+    local back = mistral.from_pretrained(dir)
+    os.execute("rm -r '" .. dir .. "'")
+    assert.is_nil(back.cfg.window)
   end)
 end)
 

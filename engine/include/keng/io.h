@@ -35,5 +35,11 @@ kg_status kg_safetensors_parse(kg_tensor_dict *d, const void *bytes, size_t len,
 /* Writes d to path atomically (tensors of any device, dtype and layout). The environment
  * variable KENG_IO_FAIL_AFTER_BYTES=N makes the write fail after N bytes (for tests). */
 kg_status kg_safetensors_save(const char *path, const kg_tensor_dict *d);
+/* Whether path, a file a loader opens by name in the model directory dir, resolves (symlinks
+ * followed) outside it: outside dir itself, or for a Hugging Face cache snapshot
+ * (<repo>/snapshots/<rev>/, or a subfolder of it) outside <repo>/ — the rule the shards of an
+ * index follow. true sets *real and *root (malloc'd; the caller frees them); false (inside, or
+ * either path unresolvable, e.g. missing) leaves them NULL. */
+bool kg_path_escapes(const char *dir, const char *path, char **real, char **root);
 
 #endif

@@ -139,8 +139,15 @@ end
 
 -- attach(tok, dir) -> tok with chat_template, bos_token and eos_token from dir's
 -- tokenizer_config.json (when present). An unknown template is kept: it raises when used.
+-- transformers 5 saves the template as dir/chat_template.jinja instead; that file wins, as it
+-- does in transformers.
 function CT.attach(tok, dir)
   if type(tok) ~= "table" then return tok end
+  local jinja = io.open(dir .. "/chat_template.jinja", "rb")
+  if jinja then
+    tok.chat_template = jinja:read("a")
+    jinja:close()
+  end
   local f = io.open(dir .. "/tokenizer_config.json", "rb")
   if not f then return tok end
   local s = f:read("a")
@@ -148,7 +155,7 @@ function CT.attach(tok, dir)
   local ok, j = pcall(require("keng.json").decode, s)
   if not ok or type(j) ~= "table" then return tok end
   local function str(v) return type(v) == "string" and v or (type(v) == "table" and type(v.content) == "string" and v.content) or nil end
-  if type(j.chat_template) == "string" then tok.chat_template = j.chat_template end
+  if type(j.chat_template) == "string" and not jinja then tok.chat_template = j.chat_template end
   tok.bos_token, tok.eos_token = str(j.bos_token) or tok.bos_token, str(j.eos_token) or tok.eos_token
   return tok
 end

@@ -74,20 +74,22 @@ function Tokenizer:encode_batch(texts, opts)
                                           pad_id = opts.pad_id or self.pad_id})
 end
 
--- the pad token of a tokenizer directory: tokenizer_config.json or special_tokens_map.json
+-- the pad token of a tokenizer directory (special_tokens_map.json's, else tokenizer_config.json's:
+-- the map wins, as transformers reads them) and tokenizer_config.json's model_max_length
 local function pad_token(dir)
   local json = require "keng.json"
-  for _, name in ipairs{"/tokenizer_config.json", "/special_tokens_map.json"} do
+  local pad, maxlen
+  for _, name in ipairs{"/special_tokens_map.json", "/tokenizer_config.json"} do
     local text = read_file(dir .. name)
-    if text then
-      local ok, j = pcall(json.decode, text)
-      if ok and type(j) == "table" then
-        local p = j.pad_token
-        if type(p) == "table" then p = p.content end
-        if type(p) == "string" then return p, type(j.model_max_length) == "number" and j.model_max_length or nil end
-      end
+    local ok, j = pcall(json.decode, text or "")
+    if text and ok and type(j) == "table" then
+      local p = j.pad_token
+      if type(p) == "table" then p = p.content end
+      if type(p) == "string" and not pad then pad = p end
+      if type(j.model_max_length) == "number" then maxlen = j.model_max_length end
     end
   end
+  return pad, maxlen
 end
 
 -- the surface of keng.clip_tokenizer over a tokenizer.json (keng.tokenizers.from_file): ids
@@ -112,16 +114,16 @@ function M.load(path, merges, opts)
   if type(merges) == "table" then merges, opts = nil, merges end
   opts = check_opts(opts, {max_length = true, pad_id = true}, "clip_tokenize.load")
   local vocab, pad_name, max_len, dir = path, nil, nil, nil
+  local files = {["vocab.json"] = path, ["merges.txt"] = merges}
   if not merges then
     dir = path
+    files = require("keng.tokenizers").dir_files(dir, "clip_tokenize.load", 2)  -- no symlink out of dir
     vocab, merges = path .. "/vocab.json", path .. "/merges.txt"
     pad_name, max_len = pad_token(path)
   end
   local ok, raw
-  local tj = dir and io.open(dir .. "/tokenizer.json", "rb")
-  if tj then   -- transformers 5 saves only tokenizer.json
-    tj:close()
-    ok, raw = pcall(json_raw, dir .. "/tokenizer.json")
+  if files["tokenizer.json"] then   -- transformers 5 saves only tokenizer.json
+    ok, raw = pcall(json_raw, files["tokenizer.json"])
   else
     ok, raw = pcall(keng.clip_tokenizer, vocab, merges)
   end
@@ -133,7 +135,7 @@ function M.load(path, merges, opts)
   end
   if max_len and max_len > 1e6 then max_len = nil end  -- transformers' "no limit" sentinel
   return setmetatable({raw = raw, bos_id = raw.bos_id, eos_id = raw.eos_id, pad_id = pad_id or raw.eos_id,
-                       max_length = opts.max_length or max_len or 77}, Tokenizer)
+                       max_length = opts.max_length or max_len or 77, files = files}, Tokenizer)
 end
 
 return M

@@ -47,7 +47,9 @@ function tokenizers.bert(vocab_path, opts)
   if type(vocab_path) ~= "string" then error("tokenizers.bert: vocab_path must be a string", 2) end
   local ok, wp = pcall(keng.wordpiece, vocab_path, opts)
   if not ok then error(tostring(wp), 2) end
-  local self = setmetatable({wordpiece = wp, max_length = opts.max_length or 512}, Bert)
+  local self = setmetatable({wordpiece = wp, max_length = opts.max_length or 512, files = {["vocab.txt"] = vocab_path},
+    lowercase = opts.lowercase == true, strip_accents = opts.strip_accents,
+    tokenize_chinese_chars = opts.tokenize_chinese_chars ~= false}, Bert)
   for _, s in ipairs{"[CLS]", "[SEP]", "[PAD]"} do
     if not wp:token_to_id(s) then error(string.format("tokenizers.bert: %s has no %s token", vocab_path, s), 2) end
   end
@@ -144,7 +146,7 @@ function tokenizers.sentencepiece(model_path)
   if type(model_path) ~= "string" then error("tokenizers.sentencepiece: model_path must be a string", 2) end
   local ok, sp = pcall(keng.sentencepiece, model_path)
   if not ok then error(tostring(sp), 2) end
-  return setmetatable({sp = sp, bos_id = sp.bos_id, eos_id = sp.eos_id,
+  return setmetatable({sp = sp, bos_id = sp.bos_id, eos_id = sp.eos_id, files = {["tokenizer.model"] = model_path},
                        pad_id = (sp.pad_id and sp.pad_id >= 0) and sp.pad_id or 0}, SentencePiece)
 end
 
@@ -240,7 +242,9 @@ function tokenizers.from_file(path, opts)
   if type(path) ~= "string" then error("tokenizers.from_file: path must be a string", 2) end
   local ok, raw = pcall(keng.tokenizer_json, path)
   if not ok then error(tostring(raw), 2) end
-  local self = setmetatable({raw = raw, path = path, max_length = opts.max_length, model_type = raw.model_type}, Json)
+  local self = setmetatable({raw = raw, path = path, max_length = opts.max_length, model_type = raw.model_type,
+    files = {["tokenizer.json"] = path},
+    named = {bos = opts.bos_token, eos = opts.eos_token, pad = opts.pad_token}}, Json)   -- as given (save_pretrained)
   for _, k in ipairs{"bos", "eos", "pad"} do
     local name = opts[k .. "_token"]
     local id = name and raw:token_to_id(name)
@@ -282,6 +286,18 @@ function Json:decode(ids, opts)
 end
 
 function Json:vocab_size() return self.raw:vocab_size() end
+-- chat prompts in the checkpoint's format (keng.chat_template; tok.chat_template from
+-- tokenizer_config.json or chat_template.jinja, set by from_pretrained). tokenize = true encodes
+-- the rendered prompt whole, without the post-processor, as transformers does: the file's added
+-- tokens (BOS, EOS) split it, and Metaspace's prefix goes only at its start.
+function Json:apply_chat_template(messages, opts)
+  local CT = require "keng.chat_template"
+  if type(opts) ~= "table" or not opts.tokenize then return CT.apply(self, messages, opts) end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.tokenize = nil
+  return self:encode(CT.apply(self, messages, o), {add_special_tokens = false})
+end
 function Json:token_to_id(s) return self.raw:token_to_id(s) end
 function Json:id_to_token(id) return self.raw:id_to_token(id) end
 
@@ -373,6 +389,30 @@ local function exists(path)
   return f ~= nil
 end
 
+-- the files of a Hugging Face tokenizer directory (what from_dir reads and save_pretrained
+-- copies): transformers 5 writes the first two, transformers 4 and older checkpoints the others
+tokenizers.FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+  "chat_template.jinja", "chat_template.json", "vocab.txt", "tokenizer.model", "vocab.json", "merges.txt"}
+
+-- dir_files(dir, who, level) -> {name = path} of the FILES present in dir. A file that is a
+-- symlink resolving outside dir (or, in a Hugging Face cache snapshot, outside the repository's
+-- folder) is refused, as the shards of a sharded index are (docs/security.md).
+function tokenizers.dir_files(dir, who, level)
+  local files = {}
+  for _, name in ipairs(tokenizers.FILES) do
+    local path = dir .. "/" .. name
+    if exists(path) then
+      local real, root = keng.path_escapes(dir, path)
+      if real then
+        error(string.format("%s: %s resolves to '%s', outside the model directory '%s' (a symlink leaving it is refused)",
+          who, path, real, root), level + 1)
+      end
+      files[name] = path
+    end
+  end
+  return files
+end
+
 -- tokenizers.from_dir(dir, opts) -> the tokenizer of a Hugging Face directory: tokenizer.json when
 -- present (bos/eos/pad tokens and model_max_length from tokenizer_config.json), else vocab.txt
 -- (tokenizers.bert, do_lower_case from the config), tokenizer.model (tokenizers.sentencepiece),
@@ -380,8 +420,9 @@ end
 function tokenizers.from_dir(dir, opts)
   opts = check_opts(opts, {max_length = true}, "tokenizers.from_dir", 2)
   if type(dir) ~= "string" then error("tokenizers.from_dir: dir must be a string", 2) end
+  local files = tokenizers.dir_files(dir, "tokenizers.from_dir", 2)
   local cfg = {}
-  local text = read_file(dir .. "/tokenizer_config.json")
+  local text = files["tokenizer_config.json"] and read_file(files["tokenizer_config.json"])
   if text then
     local ok, j = pcall(require("keng.json").decode, text)
     if not ok or type(j) ~= "table" then
@@ -389,22 +430,33 @@ function tokenizers.from_dir(dir, opts)
     end
     cfg = j
   end
+  -- special_tokens_map.json (transformers 4 wrote it) names the special tokens too, and wins over
+  -- tokenizer_config.json, as transformers reads the two
+  local map = files["special_tokens_map.json"] and read_file(files["special_tokens_map.json"])
+  if map then
+    local ok, j = pcall(require("keng.json").decode, map)
+    if not ok or type(j) ~= "table" then error("tokenizers.from_dir: " .. dir .. "/special_tokens_map.json is not JSON", 2) end
+    for _, k in ipairs{"bos_token", "eos_token", "pad_token", "unk_token"} do
+      if token_name(j[k]) then cfg[k] = j[k] end
+    end
+  end
   local maxlen = opts.max_length
   if not maxlen and math.type(cfg.model_max_length) == "integer" and cfg.model_max_length < 1e6 then maxlen = cfg.model_max_length end
   local ok, tok
-  if exists(dir .. "/tokenizer.json") then
-    ok, tok = pcall(tokenizers.from_file, dir .. "/tokenizer.json", {bos_token = token_name(cfg.bos_token),
+  if files["tokenizer.json"] then
+    ok, tok = pcall(tokenizers.from_file, files["tokenizer.json"], {bos_token = token_name(cfg.bos_token),
       eos_token = token_name(cfg.eos_token), pad_token = token_name(cfg.pad_token), max_length = maxlen})
-  elseif exists(dir .. "/vocab.txt") then
-    ok, tok = pcall(tokenizers.bert, dir .. "/vocab.txt", {lowercase = cfg.do_lower_case == true, max_length = maxlen})
-  elseif exists(dir .. "/tokenizer.model") then
-    ok, tok = pcall(tokenizers.sentencepiece, dir .. "/tokenizer.model")
-  elseif exists(dir .. "/vocab.json") and exists(dir .. "/merges.txt") then
+  elseif files["vocab.txt"] then
+    ok, tok = pcall(tokenizers.bert, files["vocab.txt"], {lowercase = cfg.do_lower_case == true, max_length = maxlen})
+  elseif files["tokenizer.model"] then
+    ok, tok = pcall(tokenizers.sentencepiece, files["tokenizer.model"])
+  elseif files["vocab.json"] and files["merges.txt"] then
     ok, tok = pcall(require("keng.clip_tokenize").load, dir, maxlen and {max_length = maxlen} or nil)
   else
     error("tokenizers.from_dir: " .. dir .. " has no tokenizer.json, vocab.txt, tokenizer.model or vocab.json + merges.txt", 2)
   end
   if not ok then error(tostring(tok), 2) end
+  tok.files = files                                               -- what save_pretrained copies
   return tok
 end
 
