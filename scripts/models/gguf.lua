@@ -1,0 +1,275 @@
+-- models.gguf — llama.cpp's GGUF files as keng causal LMs (docs/gguf.md).
+--
+--   local gguf = require "models.gguf"
+--   local lm = gguf.from_gguf("model-Q4_K_M.gguf", {dtype = "auto", device = "cpu"})
+--   local lm = require("models.mistral").from_gguf(path)         -- the same, checking the family
+--   lm:generate({"The capital of France is"}, {max_length = 32})  -- lm.tokenizer from tokenizer.ggml.*
+--   local cfg, family = gguf.config(metadata, tensor_info)        -- the keng config alone
+--
+-- The file is read by keng.gguf.load (engine/io/gguf.c, validated). Metadata of the "llama" and
+-- "gemma" architectures (Mistral's GGUFs use "llama") becomes keng's config: every key under
+-- "<arch>." is either read or known not to change the numbers, anything else raises naming it.
+-- Tensors: F32/F16/BF16 as stored; Q4_0 as keng int4 layers (the same codes and scales, exactly);
+-- Q8_0, Q4_K, Q6_K dequantized at load into the model's dtype (no integer kernel for them yet).
+-- Conventions of llama.cpp's convert_hf_to_gguf.py that are undone here:
+--   * llama: q_proj / k_proj rows are permuted (pairs (i, i + D/2) made adjacent for ggml's
+--     interleaved RoPE); the inverse permutation restores Hugging Face's row order;
+--   * gemma: RMSNorm weights are stored as 1 + w, so the model is built with unit_offset = false
+--     and multiplies by them as stored (the same f32 value Gemma's 1 + w gives).
+local keng = require "keng"
+local options = require "keng.options"
+
+local M = {}
+
+local FAMILY = {llama = "llama", gemma = "gemma"}   -- general.architecture -> keng family
+
+-- keys under "<arch>." and what they set; HARMLESS ones do not change the forward pass
+local SIZE_KEYS = {{"block_count", "layers"}, {"embedding_length", "hidden"}, {"feed_forward_length", "ffn"},
+                   {"attention.head_count", "heads"}, {"attention.head_count_kv", "kv_heads"},
+                   {"attention.key_length", "head_dim"}}
+local SIZES = {}
+for _, e in ipairs(SIZE_KEYS) do SIZES[e[1]] = e[2] end
+local HARMLESS = {context_length = true, vocab_size = true, ["rope.dimension_count"] = true,
+                  ["attention.value_length"] = true, ["attention.layer_norm_rms_epsilon"] = true,
+                  ["rope.freq_base"] = true}
+
+local function fail(who, level, fmt, ...) error(who .. ": " .. string.format(fmt, ...), level + 1) end
+
+-- load(path, {dtype =, q4_0 =}) -> tensors, metadata, info: keng.gguf.load, errors at the caller
+function M.load(path, opts, who, level)
+  local ok, t, meta, info = pcall(keng.gguf.load, path, opts)
+  if not ok then error((who and who .. ": " or "") .. tostring(t):gsub("^[^:]*:%d+: ", ""), (level or 1) + 1) end
+  return t, meta, info
+end
+
+-- config(meta, info) -> cfg, family: keng's causal-LM config from GGUF metadata
+function M.config(meta, info, who, level)
+  who, level = who or "gguf.config", (level or 1) + 1
+  local arch = meta["general.architecture"]
+  local family = FAMILY[arch]
+  if not family then
+    fail(who, level, "general.architecture '%s' is not supported (keng reads: llama, gemma; Mistral files use llama)",
+      tostring(arch))
+  end
+  local cfg = {}
+  local prefix = arch .. "."
+  local keys = {}
+  for k in pairs(meta) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    if k:sub(1, #prefix) == prefix then
+      local key = k:sub(#prefix + 1)
+      if not (SIZES[key] or HARMLESS[key]) then
+        fail(who, level, "metadata '%s' is not implemented by keng's %s (it reads: %s)", k, family,
+          "block_count, embedding_length, feed_forward_length, attention.head_count(_kv), attention.key_length, " ..
+          "attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count, " ..
+          "context_length, vocab_size")
+      end
+    end
+  end
+  local function size(key, optional)
+    local v = meta[prefix .. key]
+    if v == nil and optional then return nil end
+    if math.type(v) ~= "integer" or v < 1 then
+      fail(who, level, "metadata '%s%s' must be a positive integer, got %s", prefix, key, tostring(v))
+    end
+    return v
+  end
+  for _, e in ipairs(SIZE_KEYS) do
+    cfg[e[2]] = size(e[1], e[1] == "attention.head_count_kv" or e[1] == "attention.key_length")
+  end
+  cfg.kv_heads = cfg.kv_heads or cfg.heads
+  cfg.head_dim = cfg.head_dim or cfg.hidden // cfg.heads
+  local vlen, rdim = size("attention.value_length", true), size("rope.dimension_count", true)
+  if vlen and vlen ~= cfg.head_dim then
+    fail(who, level, "attention.value_length %d differs from the key length %d (not implemented)", vlen, cfg.head_dim)
+  end
+  if rdim and rdim ~= cfg.head_dim then
+    fail(who, level, "rope.dimension_count %d is not the head dim %d (partial rotary is not implemented)", rdim, cfg.head_dim)
+  end
+  if cfg.heads % cfg.kv_heads ~= 0 then
+    fail(who, level, "attention.head_count %d is not a multiple of attention.head_count_kv %d", cfg.heads, cfg.kv_heads)
+  end
+  local eps = meta[prefix .. "attention.layer_norm_rms_epsilon"]
+  if type(eps) ~= "number" or not (eps >= 0) then
+    fail(who, level, "metadata '%sattention.layer_norm_rms_epsilon' must be a number >= 0, got %s", prefix, tostring(eps))
+  end
+  cfg.eps = eps
+  cfg.rope_base = meta[prefix .. "rope.freq_base"] or 10000
+  local embd = info["token_embd.weight"]
+  if not embd then fail(who, level, "the file has no token_embd.weight") end
+  cfg.vocab = embd.shape[1]
+  cfg.tie = info["output.weight"] == nil
+  cfg.act, cfg.unit_offset, cfg.embed_scale = "silu", false, false
+  if family == "gemma" then cfg.act, cfg.embed_scale = "gelu_tanh", true end
+  cfg.qkv_bias = info["blk.0.attn_q.bias"] ~= nil or nil
+  cfg.o_bias = info["blk.0.attn_output.bias"] ~= nil or nil
+  cfg.mlp_bias = info["blk.0.ffn_up.bias"] ~= nil or nil
+  cfg.bos_id = meta["tokenizer.ggml.bos_token_id"]
+  cfg.eos_id = meta["tokenizer.ggml.eos_token_id"]
+  cfg.pad_id = meta["tokenizer.ggml.padding_token_id"]
+  return cfg, family
+end
+
+-- GGUF tensor name -> keng's (nil for an unknown one)
+local BLOCK = {attn_norm = "input_layernorm", ffn_norm = "post_attention_layernorm",
+               attn_q = "self_attn.query", attn_k = "self_attn.key", attn_v = "self_attn.value",
+               attn_output = "self_attn.output", ffn_gate = "mlp.gate_proj", ffn_up = "mlp.up_proj",
+               ffn_down = "mlp.down_proj"}
+local TOP = {["token_embd.weight"] = "model.embed_tokens.weight", ["output_norm.weight"] = "model.norm.weight",
+             ["output.weight"] = "lm_head.weight"}
+function M.keng_name(name)
+  if TOP[name] then return TOP[name] end
+  local n, part, field = name:match("^blk%.(%d+)%.([%w_]+)%.(%w+)$")
+  if n and BLOCK[part] and (field == "weight" or field == "bias") then
+    return string.format("model.layers.%d.%s.%s", tonumber(n) + 1, BLOCK[part], field)
+  end
+end
+
+-- the inverse of convert_hf_to_gguf.py's LlamaModel.permute on the rows of w (any dtype; Q4_0
+-- codes and scales alike, whose rows are whole)
+local function unpermute(w, n_head)
+  local shape = w.shape
+  local rest = {n_head, shape[1] // n_head // 2, 2}
+  for i = 2, #shape do rest[#rest + 1] = shape[i] end
+  return w:reshape(rest):transpose(2, 3):contiguous():reshape(shape)
+end
+
+-- tensors (keng.gguf.load's) -> a keng state dict for cfg
+function M.state_dict(tensors, info, cfg, family, dtype, who, level)
+  local sd = {}
+  for name in pairs(info) do
+    local k = M.keng_name(name)
+    if not k then
+      fail(who, level, "tensor '%s' (%s) is not part of a %s model keng builds", name, info[name].type, family)
+    end
+    local w, s = tensors[name], tensors[name .. "_scale"]
+    if family == "llama" then
+      local heads = name:find("%.attn_q%.") and cfg.heads or name:find("%.attn_k%.") and cfg.kv_heads
+      if heads then
+        w = unpermute(w, heads)
+        if s then s = unpermute(s, heads) end
+      end
+    end
+    if s and not k:find("^lm_head") and not k:find("self_attn") and not k:find("mlp") then
+      w, s = keng.dequantize_q4(w, s, dtype), nil       -- int4 only for Linear layers: the rest is float
+    end
+    sd[k] = w
+    if s then sd[k .. "_scale"] = s end
+  end
+  return sd
+end
+
+-- a serialized SentencePiece ModelProto (the protobuf keng.sentencepiece reads) from the
+-- "llama" tokenizer's metadata, as llama.cpp's SPM tokenizer uses it: BPE over the pieces' scores,
+-- byte fallback when <0xNN> pieces exist, " " escaped to U+2581, add_space_prefix
+local function varint(n)
+  local b = {}
+  repeat
+    local x = n & 0x7f
+    n = n >> 7
+    b[#b + 1] = string.char(n ~= 0 and (x | 0x80) or x)
+  until n == 0
+  return table.concat(b)
+end
+local function field(num, wire, payload)
+  if wire == 0 then return varint(num << 3) .. varint(payload) end
+  if wire == 5 then return varint(num << 3 | 5) .. payload end
+  return varint(num << 3 | 2) .. varint(#payload) .. payload
+end
+
+local function sentencepiece_proto(meta, who, level)
+  local tokens, scores, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"],
+    meta["tokenizer.ggml.token_type"]
+  if type(tokens) ~= "table" or #tokens == 0 then fail(who, level, "tokenizer.ggml.tokens must be a list of strings") end
+  if type(scores) ~= "table" or #scores ~= #tokens then
+    fail(who, level, "tokenizer.ggml.scores must list one score per token (%d)", #tokens)
+  end
+  if types ~= nil and (type(types) ~= "table" or #types ~= #tokens) then
+    fail(who, level, "tokenizer.ggml.token_type must list one type per token (%d)", #tokens)
+  end
+  local out, has_bytes = {}, false
+  for i, tok in ipairs(tokens) do
+    local ty = types and types[i] or 1
+    if type(tok) ~= "string" or type(scores[i]) ~= "number" or math.type(ty) ~= "integer" or ty < 1 or ty > 6 then
+      fail(who, level, "tokenizer token %d: a string, a score and a type 1..6 expected", i - 1)
+    end
+    if ty == 6 then has_bytes = true end
+    out[i] = field(1, 2, field(1, 2, tok) .. field(2, 5, string.pack("<f", scores[i])) .. field(3, 0, ty))
+  end
+  local function piece(key)
+    local id = meta[key]
+    if math.type(id) == "integer" and id >= 0 and id < #tokens then return tokens[id + 1] end
+  end
+  local trainer = field(3, 0, 2) .. field(35, 0, has_bytes and 1 or 0)
+  for num, key in pairs{[45] = "unknown_token_id", [46] = "bos_token_id", [47] = "eos_token_id",
+                        [48] = "padding_token_id"} do
+    local p = piece("tokenizer.ggml." .. key)
+    if p then trainer = trainer .. field(num, 2, p) end
+  end
+  local prefix, extra = meta["tokenizer.ggml.add_space_prefix"], meta["tokenizer.ggml.remove_extra_whitespaces"]
+  local normalizer = field(1, 2, "identity") .. field(3, 0, prefix == false and 0 or 1) ..
+    field(4, 0, extra == true and 1 or 0) .. field(5, 0, 1)
+  out[#out + 1] = field(2, 2, trainer)
+  out[#out + 1] = field(3, 2, normalizer)
+  return table.concat(out)
+end
+
+-- keng tokenizer from tokenizer.ggml.* (nil when the file has none)
+function M.tokenizer(meta, who, level)
+  who, level = who or "gguf.tokenizer", (level or 1) + 1
+  local model = meta["tokenizer.ggml.model"]
+  if model == nil then return nil end
+  if model ~= "llama" then
+    fail(who, level, "tokenizer.ggml.model '%s' is not supported (keng builds: llama, the SentencePiece kind); " ..
+      "load the model with {tokenizer = false} and tokenize elsewhere", tostring(model))
+  end
+  if meta["tokenizer.ggml.precompiled_charsmap"] ~= nil then
+    fail(who, level, "tokenizer.ggml.precompiled_charsmap (a normalizer) is not supported")
+  end
+  local proto = sentencepiece_proto(meta, who, level)
+  -- keng.sentencepiece reads a file: hand it one, removed at once
+  local tmp = os.tmpname()
+  local f = assert(io.open(tmp, "wb"))
+  f:write(proto)
+  f:close()
+  local ok, tok = pcall(require("keng.tokenizers").sentencepiece, tmp)
+  os.remove(tmp)
+  if not ok then fail(who, level, "%s", tostring(tok)) end
+  if meta["tokenizer.ggml.add_bos_token"] == false then tok.add_bos = false end
+  return tok
+end
+
+-- from_gguf(path, {dtype = "auto", device =, tokenizer = true}, family) -> CausalLM.
+-- dtype "auto": the file's float weight dtype (f32, f16, bf16), bf16 when every matrix is quantized.
+function M.from_gguf(path, opts, want_family, level)
+  level = (level or 1) + 1
+  local who = (want_family or "gguf") .. ".from_gguf"
+  options.check(who, opts, {"dtype", "device", "tokenizer"}, level)
+  opts = opts or {}
+  if type(path) ~= "string" then fail(who, level, "path must be a string, got %s", type(path)) end
+  local dtype = opts.dtype or "auto"
+  local _, meta, info = M.load(path, {tensors = false}, who, level)   -- metadata and shapes first
+  local cfg, family = M.config(meta, info, who, level)
+  if want_family and want_family ~= family and not (want_family == "mistral" and family == "llama") then
+    fail(who, level, "the file's general.architecture '%s' is not a %s model", meta["general.architecture"], want_family)
+  end
+  if dtype == "auto" then
+    dtype = "bf16"
+    local kinds = {F32 = "f32", F16 = "f16", BF16 = "bf16"}
+    local e = info["token_embd.weight"]
+    if kinds[e.type] then dtype = kinds[e.type] end
+  end
+  local tensors = M.load(path, {dtype = (dtype == "f64") and "f32" or dtype}, who, level)
+  local tok = opts.tokenizer ~= false and M.tokenizer(meta, who, level) or nil   -- refused before the weights load
+  local sd = M.state_dict(tensors, info, cfg, family, dtype, who, level)
+  local F = require("models." .. (want_family or family))
+  local lm = F.build(cfg, {dtype = dtype, device = opts.device})
+  require("keng.quantize").prepare(lm, sd)
+  local ok, e = pcall(lm.load_state_dict, lm, sd)
+  if not ok then error(who .. ": " .. tostring(e):gsub("^[^:]*:%d+: ", ""), level) end
+  rawset(lm, "tokenizer", tok)
+  return lm
+end
+
+return M
