@@ -31,7 +31,7 @@ local SIZES = {}
 for _, e in ipairs(SIZE_KEYS) do SIZES[e[1]] = e[2] end
 local HARMLESS = {context_length = true, vocab_size = true, ["rope.dimension_count"] = true,
                   ["attention.value_length"] = true, ["attention.layer_norm_rms_epsilon"] = true,
-                  ["rope.freq_base"] = true}
+                  ["rope.freq_base"] = true, ["rope.scaling.type"] = true, ["rope.scaling.factor"] = true}
 
 local function fail(who, level, fmt, ...) error(who .. ": " .. string.format(fmt, ...), level + 1) end
 
@@ -63,7 +63,7 @@ function M.config(meta, info, who, level)
         fail(who, level, "metadata '%s' is not implemented by keng's %s (it reads: %s)", k, family,
           "block_count, embedding_length, feed_forward_length, attention.head_count(_kv), attention.key_length, " ..
           "attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count, " ..
-          "context_length, vocab_size")
+          "rope.scaling.type (none, linear), rope.scaling.factor, context_length, vocab_size")
       end
     end
   end
@@ -96,6 +96,17 @@ function M.config(meta, info, who, level)
   end
   cfg.eps = eps
   cfg.rope_base = meta[prefix .. "rope.freq_base"] or 10000
+  local scaling = meta[prefix .. "rope.scaling.type"]
+  if scaling == "linear" then
+    local f = meta[prefix .. "rope.scaling.factor"]
+    if type(f) ~= "number" or not (f > 0) then
+      fail(who, level, "metadata '%srope.scaling.factor' must be a positive number, got %s", prefix, tostring(f))
+    end
+    cfg.rope = {type = "linear", base = cfg.rope_base, factor = f}
+  elseif scaling ~= nil and scaling ~= "none" then
+    fail(who, level, "metadata '%srope.scaling.type' '%s' is not implemented (keng reads: none, linear)", prefix,
+      tostring(scaling))
+  end
   local embd = info["token_embd.weight"]
   if not embd then fail(who, level, "the file has no token_embd.weight") end
   cfg.vocab = embd.shape[1]
@@ -135,11 +146,27 @@ local function unpermute(w, n_head)
   return w:reshape(rest):transpose(2, 3):contiguous():reshape(shape)
 end
 
+-- rope_freqs.weight (llama.cpp's per-frequency divisors: Llama 3.1's band-wise RoPE, written
+-- by convert_hf_to_gguf.py) -> cfg.rope: each inverse frequency base^(-2i/D) divided by its
+-- factor, as ggml's rope with freq_factors does; models.rope's "longrope" computes exactly that
+-- when both factor lists are these and no attention scale applies
+function M.rope_factors(t, cfg, who, level)
+  if cfg.rope then fail(who, level, "rope_freqs.weight and rope.scaling.type both set the RoPE frequencies") end
+  if t.ndim ~= 1 or t.shape[1] ~= cfg.head_dim // 2 then
+    fail(who, level, "rope_freqs.weight has shape [%s], expected [%d] (head dim / 2)",
+      table.concat(t.shape, ","), cfg.head_dim // 2)
+  end
+  local f = t:to("f64"):tolist()
+  cfg.rope = {type = "longrope", base = cfg.rope_base, short_factor = f, long_factor = f, factor = 1,
+              attention_factor = 1, original_max_position_embeddings = math.maxinteger}
+end
+
 -- tensors (keng.gguf.load's) -> a keng state dict for cfg
 function M.state_dict(tensors, info, cfg, family, dtype, who, level)
   local sd = {}
   for name in pairs(info) do
     local k = M.keng_name(name)
+    if name == "rope_freqs.weight" then goto continue end   -- read into cfg.rope by from_gguf
     if not k then
       fail(who, level, "tensor '%s' (%s) is not part of a %s model keng builds", name, info[name].type, family)
     end
@@ -156,6 +183,7 @@ function M.state_dict(tensors, info, cfg, family, dtype, who, level)
     end
     sd[k] = w
     if s then sd[k .. "_scale"] = s end
+    ::continue::
   end
   return sd
 end
@@ -215,26 +243,104 @@ local function sentencepiece_proto(meta, who, level)
   return table.concat(out)
 end
 
+-- llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) -> the split regex and whether merges
+-- are skipped for whole words found in the vocabulary (llama.cpp's ignore_merges)
+local PRE = {
+  ["llama-bpe"] = {regex = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+                   ignore_merges = true},
+  gpt2 = {regex = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
+}
+PRE.default = PRE.gpt2
+
+-- a tokenizer.json (Hugging Face tokenizers' byte-level BPE) from the "gpt2" tokenizer's
+-- metadata: tokens, token_type (3 control -> special added tokens, 4 user-defined -> added
+-- tokens), merges "a b", tokenizer.ggml.pre naming the split regex; BOS by a template when
+-- add_bos_token is set (llama.cpp's default for llama-bpe)
+local function bpe_json(meta, who, level)
+  local tokens, types, merges = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"],
+    meta["tokenizer.ggml.merges"]
+  local pre_name = meta["tokenizer.ggml.pre"] or "default"
+  local pre = PRE[pre_name]
+  if not pre then
+    fail(who, level, "tokenizer.ggml.pre '%s' is not supported (keng knows: default, gpt2, llama-bpe)", tostring(pre_name))
+  end
+  if type(tokens) ~= "table" or #tokens == 0 then fail(who, level, "tokenizer.ggml.tokens must be a list of strings") end
+  if type(merges) ~= "table" then fail(who, level, "tokenizer.ggml.merges must be a list of \"a b\" strings") end
+  local json = require "keng.json"
+  local vocab, added = {}, {}
+  for i, tok in ipairs(tokens) do
+    if type(tok) ~= "string" then fail(who, level, "tokenizer token %d is not a string", i - 1) end
+    vocab[tok] = i - 1
+    local ty = types and types[i] or 1
+    if ty == 3 or ty == 4 then
+      added[#added + 1] = {id = i - 1, content = tok, single_word = false, lstrip = false, rstrip = false,
+                           normalized = false, special = ty == 3}
+    end
+  end
+  local pairs_ = {}
+  for i, m in ipairs(merges) do
+    local a, b
+    if type(m) == "string" then a, b = m:match("^(%S+) (%S+)$") end
+    if not a then fail(who, level, "tokenizer.ggml.merges[%d] '%s' is not \"a b\"", i, tostring(m)) end
+    pairs_[i] = json.array{a, b}
+  end
+  local post
+  local bos = meta["tokenizer.ggml.bos_token_id"]
+  if meta["tokenizer.ggml.add_bos_token"] ~= false and math.type(bos) == "integer" and tokens[bos + 1] then
+    local b = tokens[bos + 1]
+    post = {type = "TemplateProcessing",
+            single = json.array{{SpecialToken = {id = b, type_id = 0}}, {Sequence = {id = "A", type_id = 0}}},
+            pair = json.array{{SpecialToken = {id = b, type_id = 0}}, {Sequence = {id = "A", type_id = 0}},
+                              {SpecialToken = {id = b, type_id = 0}}, {Sequence = {id = "B", type_id = 1}}},
+            special_tokens = {[b] = {id = b, ids = json.array{bos}, tokens = json.array{b}}}}
+  end
+  return json.encode{
+    version = "1.0", added_tokens = json.array(added),
+    pre_tokenizer = {type = "Sequence", pretokenizers = json.array{
+      {type = "Split", pattern = {Regex = pre.regex}, behavior = "Isolated", invert = false},
+      {type = "ByteLevel", add_prefix_space = false, trim_offsets = true, use_regex = false}}},
+    post_processor = post,
+    decoder = {type = "ByteLevel", add_prefix_space = true, trim_offsets = true, use_regex = true},
+    model = {type = "BPE", byte_fallback = false, fuse_unk = false, ignore_merges = pre.ignore_merges or false,
+             vocab = vocab, merges = json.array(pairs_)},
+  }
+end
+
+-- hands `bytes` to a keng loader that reads a file, through a temp file removed at once
+local function via_file(bytes, load)
+  local tmp = os.tmpname()
+  local f = assert(io.open(tmp, "wb"))
+  f:write(bytes)
+  f:close()
+  local ok, r = pcall(load, tmp)
+  os.remove(tmp)
+  return ok, r
+end
+
 -- keng tokenizer from tokenizer.ggml.* (nil when the file has none)
 function M.tokenizer(meta, who, level)
   who, level = who or "gguf.tokenizer", (level or 1) + 1
   local model = meta["tokenizer.ggml.model"]
   if model == nil then return nil end
+  if model == "gpt2" then
+    local ok, tok = via_file(bpe_json(meta, who, level + 1), require("keng.tokenizers").from_file)
+    if not ok then fail(who, level, "%s", tostring(tok)) end
+    local function id(key)
+      local v = meta["tokenizer.ggml." .. key]
+      return math.type(v) == "integer" and v or -1
+    end
+    tok.bos_id, tok.eos_id = id("bos_token_id"), id("eos_token_id")
+    tok.pad_id = id("padding_token_id") >= 0 and id("padding_token_id") or (tok.eos_id >= 0 and tok.eos_id or 0)
+    return tok
+  end
   if model ~= "llama" then
-    fail(who, level, "tokenizer.ggml.model '%s' is not supported (keng builds: llama, the SentencePiece kind); " ..
-      "load the model with {tokenizer = false} and tokenize elsewhere", tostring(model))
+    fail(who, level, "tokenizer.ggml.model '%s' is not supported (keng builds: llama, the SentencePiece kind, and " ..
+      "gpt2, byte-level BPE); load the model with {tokenizer = false} and tokenize elsewhere", tostring(model))
   end
   if meta["tokenizer.ggml.precompiled_charsmap"] ~= nil then
     fail(who, level, "tokenizer.ggml.precompiled_charsmap (a normalizer) is not supported")
   end
-  local proto = sentencepiece_proto(meta, who, level)
-  -- keng.sentencepiece reads a file: hand it one, removed at once
-  local tmp = os.tmpname()
-  local f = assert(io.open(tmp, "wb"))
-  f:write(proto)
-  f:close()
-  local ok, tok = pcall(require("keng.tokenizers").sentencepiece, tmp)
-  os.remove(tmp)
+  local ok, tok = via_file(sentencepiece_proto(meta, who, level + 1), require("keng.tokenizers").sentencepiece)
   if not ok then fail(who, level, "%s", tostring(tok)) end
   if meta["tokenizer.ggml.add_bos_token"] == false then tok.add_bos = false end
   return tok
@@ -262,7 +368,8 @@ function M.from_gguf(path, opts, want_family, level)
   end
   local tensors = M.load(path, {dtype = (dtype == "f64") and "f32" or dtype}, who, level)
   local tok = opts.tokenizer ~= false and M.tokenizer(meta, who, level) or nil   -- refused before the weights load
-  local sd = M.state_dict(tensors, info, cfg, family, dtype, who, level)
+  if tensors["rope_freqs.weight"] then M.rope_factors(tensors["rope_freqs.weight"], cfg, who, level + 1) end
+  local sd = M.state_dict(tensors, info, cfg, family, dtype, who, level + 1)
   local F = require("models." .. (want_family or family))
   local lm = F.build(cfg, {dtype = dtype, device = opts.device})
   require("keng.quantize").prepare(lm, sd)

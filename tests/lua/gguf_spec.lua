@@ -121,7 +121,7 @@ describe("from_gguf", function()
     assert.are.equal("bf16", lm.model.embed_tokens.weight.dtype)  -- "auto": bf16 when every matrix is quantized
   end)
 
-  it("Q4_K + Q6_K (a Q4_K_M-like mix) give transformers' logits of the dequantized weights", function()
+  it("Q4_K + Q6_K (a Q4_K_M-like mix) and Llama 3.1's RoPE as rope_freqs give transformers' logits", function()
     local g = keng.load(G .. "llama-kq.golden.safetensors")
     local lm = require("models.llama").from_gguf(G .. "llama-kq.gguf", {dtype = "f32"})
     local err = maxdiff(lm:logits(g.input_ids), g.logits) / g.logits:abs():max():item()
@@ -191,13 +191,17 @@ describe("GGUF metadata -> config", function()
   end)
 
   local bad = {
-    {"an unknown key that changes the math", {{"llama.rope.scaling.type", "yarn"}},
-      "metadata 'llama.rope.scaling.type' is not implemented by keng's llama"},
+    {"an unknown key that changes the math", {{"llama.expert_count", 8}},
+      "metadata 'llama.expert_count' is not implemented by keng's llama"},
+    {"a RoPE scaling keng does not implement", {{"llama.rope.scaling.type", "yarn"}},
+      "metadata 'llama.rope.scaling.type' 'yarn' is not implemented (keng reads: none, linear)"},
     {"a partial rotary", {{"llama.rope.dimension_count", 8}}, "rope.dimension_count 8 is not the head dim 16"},
     {"a kv head count that does not divide", {{"llama.attention.head_count_kv", 3}},
       "attention.head_count 2 is not a multiple of attention.head_count_kv 3"},
-    {"a tokenizer keng does not build", {{"tokenizer.ggml.model", "gpt2"}},
-      "tokenizer.ggml.model 'gpt2' is not supported"},
+    {"a tokenizer keng does not build", {{"tokenizer.ggml.model", "t5"}},
+      "tokenizer.ggml.model 't5' is not supported"},
+    {"a BPE pre-tokenizer keng does not know", {{"tokenizer.ggml.model", "gpt2"}, {"tokenizer.ggml.pre", "qwen2"}},
+      "tokenizer.ggml.pre 'qwen2' is not supported"},
   }
   for _, case in ipairs(bad) do
     it("refuses " .. case[1], function()
@@ -217,14 +221,15 @@ describe("GGUF metadata -> config", function()
   end)
 
   it("refuses a tensor that is not part of the model", function()
-    local path = write_gguf(with{}, {{"token_embd.weight", 10, 32}, {"rope_freqs.weight", 1, 8}})
+    local path = write_gguf(with{}, {{"token_embd.weight", 10, 32}, {"blk.0.attn_q_norm.weight", 1, 16}})
     local ok, err = pcall(gguf.from_gguf, path)
     os.remove(path)
-    assert.truthy(tostring(err):find("tensor 'rope_freqs.weight' (F32) is not part of a llama model", 1, true), err)
+    assert.truthy(tostring(err):find("tensor 'blk.0.attn_q_norm.weight' (F32) is not part of a llama model", 1, true),
+      err)
   end)
 end)
 
-describe("GGUF tokenizer (tokenizer.ggml.model = llama)", function()
+describe("GGUF tokenizers", function()
   it("encodes and decodes as sentencepiece does with the original tokenizer.model", function()
     local _, meta = keng.gguf.load(G .. "spm.gguf")
     local tok = gguf.tokenizer(meta)
@@ -236,5 +241,18 @@ describe("GGUF tokenizer (tokenizer.ggml.model = llama)", function()
       assert.are.equal(g.text, tok:decode(g.ids))
     end
     assert.are.same({1, 2}, {tok.bos_id, tok.eos_id})
+  end)
+
+  it("gpt2 (byte-level BPE, pre llama-bpe) encodes as tokenizers does with the original tokenizer.json", function()
+    local _, meta = keng.gguf.load(G .. "bpe.gguf")
+    local tok = gguf.tokenizer(meta)
+    local f = assert(io.open(G .. "bpe.golden.json"))
+    local golden = require("keng.json").decode(f:read("a"))
+    f:close()
+    for _, g in ipairs(golden) do
+      assert.are.same(g.ids, tok:encode(g.text), g.text)
+      assert.are.equal(g.text, tok:decode(g.ids, {skip_special_tokens = false}):gsub("^<|begin_of_text|>", ""))
+    end
+    assert.are.same({0, 1, 1}, {tok.bos_id, tok.eos_id, tok.pad_id})
   end)
 end)
