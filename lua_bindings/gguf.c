@@ -7,6 +7,9 @@
  *     metadata  {key = value}: integers, numbers, booleans, strings; arrays as Lua lists
  *     info      {name = {type = "Q4_K", shape = {..}}}: each tensor's ggml type and keng shape
  *   tensors = false: only the metadata and info (an empty tensors table), nothing converted
+ *   keng.gguf.open(path) -> file   the header alone (validated); tensors converted one at a time:
+ *     file:metadata(), file:info(), file:tensor(name, {dtype =, q4_0 =}) -> tensor[, scale],
+ *     file:close() (also __close / __gc; tensors already made stay valid)
  * Shapes are row-major (ggml's ne reversed): a ggml [ne0 = in, ne1 = out] weight is [out, in].
  * The parsed file lives in a userdata box whose __gc frees it, so an error halfway leaks nothing. */
 #include "keng_lua.h"
@@ -47,58 +50,63 @@ static void push_value(lua_State *L, const kg_gguf_value *v) {
   }
 }
 
-static int l_load(lua_State *L) {
+/* the options {dtype =, q4_0 =, tensors =} at idx (extra: also accept "tensors") */
+typedef struct {
+  kg_dtype dt;
+  bool keep_q4, want;
+} load_opts;
+
+static load_opts check_opts(lua_State *L, int idx, const char *who, bool with_tensors) {
   static const char *const valid[] = {"dtype", "q4_0", "tensors", NULL};
-  const char *path = luaL_checkstring(L, 1);
-  kgl_check_options(L, 2, "keng.gguf.load", valid);
-  kg_dtype dt = KG_F32;
-  bool keep_q4 = true, want = true;
-  if (lua_istable(L, 2)) {
-    lua_getfield(L, 2, "tensors");
-    if (!lua_isnil(L, -1)) {
-      if (!lua_isboolean(L, -1)) luaL_error(L, "keng.gguf.load: tensors must be true or false, got %s", luaL_typename(L, -1));
-      want = lua_toboolean(L, -1);
-    }
-    lua_pop(L, 1);
-    lua_getfield(L, 2, "dtype");
-    if (!lua_isnil(L, -1)) dt = kgl_dtype(L, -1);
-    lua_pop(L, 1);
-    if (dt != KG_F32 && dt != KG_BF16 && dt != KG_F16)
-      luaL_error(L, "keng.gguf.load: dtype must be f32, bf16 or f16 (what quantized tensors dequantize to), got %s",
-                 kg_dtype_info[dt].name);
-    lua_getfield(L, 2, "q4_0");
-    if (!lua_isnil(L, -1)) {
-      const char *m = lua_tostring(L, -1);
-      if (!m || (strcmp(m, "int4") && strcmp(m, "dequantize")))
-        luaL_error(L, "keng.gguf.load: q4_0 must be \"int4\" or \"dequantize\", got %s",
-                   m ? m : luaL_typename(L, -1));
-      keep_q4 = !strcmp(m, "int4");
-    }
-    lua_pop(L, 1);
+  static const char *const valid1[] = {"dtype", "q4_0", NULL};
+  kgl_check_options(L, idx, who, with_tensors ? valid : valid1);
+  load_opts o = {KG_F32, true, true};
+  if (!lua_istable(L, idx)) return o;
+  lua_getfield(L, idx, "tensors");
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isboolean(L, -1)) luaL_error(L, "%s: tensors must be true or false, got %s", who, luaL_typename(L, -1));
+    o.want = lua_toboolean(L, -1);
   }
-  lua_settop(L, 2);
-  kg_gguf **box = lua_newuserdatauv(L, sizeof *box, 0); /* index 3 */
-  *box = NULL;
-  luaL_setmetatable(L, GGUF_MT);
-  KGL_CALL(L, kg_gguf_open(box, path));
-  kg_gguf *g = *box;
-  int64_t nt = kg_gguf_n_tensors(g), nkv = kg_gguf_n_kv(g);
-  lua_createtable(L, 0, nt < (1 << 26) ? (int)nt : 0);   /* 4 tensors */
-  lua_createtable(L, 0, nkv < (1 << 26) ? (int)nkv : 0); /* 5 metadata */
-  lua_createtable(L, 0, nt < (1 << 26) ? (int)nt : 0);   /* 6 info */
+  lua_pop(L, 1);
+  lua_getfield(L, idx, "dtype");
+  if (!lua_isnil(L, -1)) o.dt = kgl_dtype(L, -1);
+  lua_pop(L, 1);
+  if (o.dt != KG_F32 && o.dt != KG_BF16 && o.dt != KG_F16)
+    luaL_error(L, "%s: dtype must be f32, bf16 or f16 (what quantized tensors dequantize to), got %s", who,
+               kg_dtype_info[o.dt].name);
+  lua_getfield(L, idx, "q4_0");
+  if (!lua_isnil(L, -1)) {
+    const char *m = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (!m || (strcmp(m, "int4") && strcmp(m, "dequantize")))
+      luaL_error(L, "%s: q4_0 must be \"int4\" or \"dequantize\", got %s", who, m ? m : luaL_typename(L, -1));
+    o.keep_q4 = !strcmp(m, "int4");
+  }
+  lua_pop(L, 1);
+  return o;
+}
+
+static kg_gguf *check_file(lua_State *L) {
+  kg_gguf **b = luaL_checkudata(L, 1, GGUF_MT);
+  if (!*b) luaL_error(L, "gguf: the file was closed");
+  return *b;
+}
+
+/* pushes the metadata table */
+static void push_metadata(lua_State *L, const kg_gguf *g) {
+  int64_t nkv = kg_gguf_n_kv(g);
+  lua_createtable(L, 0, nkv < (1 << 26) ? (int)nkv : 0);
+  for (int64_t i = 0; i < nkv; i++) {
+    push_value(L, kg_gguf_value_at(g, i));
+    lua_setfield(L, -2, kg_gguf_key(g, i));
+  }
+}
+
+/* pushes the info table {name = {type =, shape =}} */
+static void push_info(lua_State *L, const kg_gguf *g) {
+  int64_t nt = kg_gguf_n_tensors(g);
+  lua_createtable(L, 0, nt < (1 << 26) ? (int)nt : 0);
   for (int64_t i = 0; i < nt; i++) {
     const kg_gguf_tensor_info *ti = kg_gguf_tensor_info_at(g, i);
-    kg_tensor *t = NULL, *s = NULL;
-    if (want) KGL_CALL(L, kg_gguf_tensor(g, i, dt, keep_q4, &t, &s));
-    if (t) {
-      kgl_push(L, t);
-      lua_setfield(L, 4, ti->name);
-    }
-    if (s) {
-      lua_pushfstring(L, "%s_scale", ti->name);
-      kgl_push(L, s);
-      lua_settable(L, 4);
-    }
     lua_createtable(L, 0, 2);
     lua_pushstring(L, kg_gguf_type_name(ti->type));
     lua_setfield(L, -2, "type");
@@ -108,23 +116,104 @@ static int l_load(lua_State *L) {
       lua_rawseti(L, -2, d + 1);
     }
     lua_setfield(L, -2, "shape");
-    lua_setfield(L, 6, ti->name);
+    lua_setfield(L, -2, ti->name);
   }
-  for (int64_t i = 0; i < nkv; i++) {
-    push_value(L, kg_gguf_value_at(g, i));
-    lua_setfield(L, 5, kg_gguf_key(g, i));
+}
+
+/* converts tensor i and pushes it (and its scale, or nil): 2 values */
+static void push_tensor(lua_State *L, const kg_gguf *g, int64_t i, load_opts o) {
+  kg_tensor *t = NULL, *s = NULL;
+  KGL_CALL(L, kg_gguf_tensor(g, i, o.dt, o.keep_q4, &t, &s));
+  kgl_push(L, t);
+  if (s)
+    kgl_push(L, s);
+  else
+    lua_pushnil(L);
+}
+
+/* keng.gguf.open(path) -> file: the validated header, tensors converted on demand */
+static int l_open(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (!lua_isnoneornil(L, 2)) luaL_error(L, "keng.gguf.open takes a path only");
+  kg_gguf **box = lua_newuserdatauv(L, sizeof *box, 0);
+  *box = NULL;
+  luaL_setmetatable(L, GGUF_MT);
+  KGL_CALL(L, kg_gguf_open(box, path));
+  return 1;
+}
+
+/* file:metadata() -> {key = value} */
+static int f_metadata(lua_State *L) {
+  push_metadata(L, check_file(L));
+  return 1;
+}
+
+/* file:info() -> {name = {type =, shape =}} */
+static int f_info(lua_State *L) {
+  push_info(L, check_file(L));
+  return 1;
+}
+
+/* file:tensor(name, {dtype =, q4_0 =}) -> tensor[, scale] (a Q4_0 kept as int4 returns both) */
+static int f_tensor(lua_State *L) {
+  kg_gguf *g = check_file(L);
+  const char *name = luaL_checkstring(L, 2);
+  load_opts o = check_opts(L, 3, "gguf file:tensor", false);
+  int64_t nt = kg_gguf_n_tensors(g);
+  for (int64_t i = 0; i < nt; i++)
+    if (!strcmp(kg_gguf_tensor_info_at(g, i)->name, name)) {
+      push_tensor(L, g, i, o);
+      return lua_isnil(L, -1) ? (lua_pop(L, 1), 1) : 2;
+    }
+  return luaL_error(L, "gguf file:tensor: the file has no tensor '%s'", name);
+}
+
+/* file:close(): frees the header now (tensors already made stay valid) */
+static int f_close(lua_State *L) { return box_gc(L); }
+
+static int l_load(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  load_opts o = check_opts(L, 2, "keng.gguf.load", true);
+  lua_settop(L, 2);
+  kg_gguf **box = lua_newuserdatauv(L, sizeof *box, 0); /* index 3 */
+  *box = NULL;
+  luaL_setmetatable(L, GGUF_MT);
+  KGL_CALL(L, kg_gguf_open(box, path));
+  kg_gguf *g = *box;
+  int64_t nt = kg_gguf_n_tensors(g);
+  lua_createtable(L, 0, nt < (1 << 26) ? (int)nt : 0); /* 4 tensors */
+  for (int64_t i = 0; i < nt && o.want; i++) {
+    const char *name = kg_gguf_tensor_info_at(g, i)->name;
+    push_tensor(L, g, i, o);
+    if (!lua_isnil(L, -1)) {
+      lua_pushfstring(L, "%s_scale", name);
+      lua_insert(L, -2);
+      lua_settable(L, 4);
+    } else
+      lua_pop(L, 1);
+    lua_setfield(L, 4, name);
   }
+  push_metadata(L, g);
+  push_info(L, g);
   return 3;
 }
 
 void kgl_register_gguf(lua_State *L, int methods, int keng) {
   (void)methods;
+  static const luaL_Reg file_methods[] = {
+      {"metadata", f_metadata}, {"info", f_info}, {"tensor", f_tensor}, {"close", f_close}, {NULL, NULL}};
   luaL_newmetatable(L, GGUF_MT);
   lua_pushcfunction(L, box_gc);
   lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, box_gc);
+  lua_setfield(L, -2, "__close");
+  luaL_newlib(L, file_methods);
+  lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
-  lua_createtable(L, 0, 1);
+  lua_createtable(L, 0, 2);
   lua_pushcfunction(L, l_load);
   lua_setfield(L, -2, "load");
+  lua_pushcfunction(L, l_open);
+  lua_setfield(L, -2, "open");
   lua_setfield(L, keng, "gguf");
 }

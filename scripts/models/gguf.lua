@@ -161,31 +161,24 @@ function M.rope_factors(t, cfg, who, level)
               attention_factor = 1, original_max_position_embeddings = math.maxinteger}
 end
 
--- tensors (keng.gguf.load's) -> a keng state dict for cfg
-function M.state_dict(tensors, info, cfg, family, dtype, who, level)
-  local sd = {}
-  for name in pairs(info) do
-    local k = M.keng_name(name)
-    if name == "rope_freqs.weight" then goto continue end   -- read into cfg.rope by from_gguf
-    if not k then
-      fail(who, level, "tensor '%s' (%s) is not part of a %s model keng builds", name, info[name].type, family)
+-- one GGUF tensor as keng state-dict entries {name = tensor} (w, and a Q4_0 Linear's scale):
+-- renamed, llama's q/k rows unpermuted, a Q4_0 tensor outside the Linear layers dequantized
+function M.convert(name, w, s, cfg, family, dtype, type_name, who, level)
+  local k = M.keng_name(name)
+  if not k then fail(who, level, "tensor '%s' (%s) is not part of a %s model keng builds", name, type_name, family) end
+  if family == "llama" then
+    local heads = name:find("%.attn_q%.") and cfg.heads or name:find("%.attn_k%.") and cfg.kv_heads
+    if heads then
+      w = unpermute(w, heads)
+      if s then s = unpermute(s, heads) end
     end
-    local w, s = tensors[name], tensors[name .. "_scale"]
-    if family == "llama" then
-      local heads = name:find("%.attn_q%.") and cfg.heads or name:find("%.attn_k%.") and cfg.kv_heads
-      if heads then
-        w = unpermute(w, heads)
-        if s then s = unpermute(s, heads) end
-      end
-    end
-    if s and not k:find("^lm_head") and not k:find("self_attn") and not k:find("mlp") then
-      w, s = keng.dequantize_q4(w, s, dtype), nil       -- int4 only for Linear layers: the rest is float
-    end
-    sd[k] = w
-    if s then sd[k .. "_scale"] = s end
-    ::continue::
   end
-  return sd
+  if s and not (k:find("^lm_head") or k:find("self_attn") or k:find("mlp")) then
+    w, s = keng.dequantize_q4(w, s, dtype), nil           -- int4 only for Linear layers: the rest is float
+  end
+  local out = {[k] = w}
+  if s then out[k .. "_scale"] = s end
+  return out
 end
 
 -- a serialized SentencePiece ModelProto (the protobuf keng.sentencepiece reads) from the
@@ -347,34 +340,53 @@ function M.tokenizer(meta, who, level)
 end
 
 -- from_gguf(path, {dtype = "auto", device =, tokenizer = true}, family) -> CausalLM.
--- dtype "auto": the file's float weight dtype (f32, f16, bf16), bf16 when every matrix is quantized.
+-- dtype "auto": the file's float weight dtype (f32, f16, bf16), bf16 when the embedding is quantized.
+-- The model is built on the meta device and each tensor is converted and loaded in turn, so the
+-- peak memory is the model plus one tensor (float tensors of the file's dtype are not even copied:
+-- they stay views of the file's mapping, as safetensors checkpoints do).
 function M.from_gguf(path, opts, want_family, level)
   level = (level or 1) + 1
   local who = (want_family or "gguf") .. ".from_gguf"
   options.check(who, opts, {"dtype", "device", "tokenizer"}, level)
   opts = opts or {}
   if type(path) ~= "string" then fail(who, level, "path must be a string, got %s", type(path)) end
-  local dtype = opts.dtype or "auto"
-  local _, meta, info = M.load(path, {tensors = false}, who, level)   -- metadata and shapes first
+  local ok, file = pcall(keng.gguf.open, path)
+  if not ok then error(who .. ": " .. tostring(file):gsub("^[^:]*:%d+: ", ""), level) end
+  local meta, info = file:metadata(), file:info()
   local cfg, family = M.config(meta, info, who, level)
   if want_family and want_family ~= family and not (want_family == "mistral" and family == "llama") then
     fail(who, level, "the file's general.architecture '%s' is not a %s model", meta["general.architecture"], want_family)
   end
+  local dtype = opts.dtype or "auto"
   if dtype == "auto" then
-    dtype = "bf16"
-    local kinds = {F32 = "f32", F16 = "f16", BF16 = "bf16"}
-    local e = info["token_embd.weight"]
-    if kinds[e.type] then dtype = kinds[e.type] end
+    dtype = ({F32 = "f32", F16 = "f16", BF16 = "bf16"})[info["token_embd.weight"].type] or "bf16"
   end
-  local tensors = M.load(path, {dtype = (dtype == "f64") and "f32" or dtype}, who, level)
   local tok = opts.tokenizer ~= false and M.tokenizer(meta, who, level) or nil   -- refused before the weights load
-  if tensors["rope_freqs.weight"] then M.rope_factors(tensors["rope_freqs.weight"], cfg, who, level + 1) end
-  local sd = M.state_dict(tensors, info, cfg, family, dtype, who, level + 1)
-  local F = require("models." .. (want_family or family))
-  local lm = F.build(cfg, {dtype = dtype, device = opts.device})
-  require("keng.quantize").prepare(lm, sd)
-  local ok, e = pcall(lm.load_state_dict, lm, sd)
-  if not ok then error(who .. ": " .. tostring(e):gsub("^[^:]*:%d+: ", ""), level) end
+  local conv = {dtype = (dtype == "f32" or dtype == "bf16" or dtype == "f16") and dtype or "f32"}
+  if info["rope_freqs.weight"] then M.rope_factors(file:tensor("rope_freqs.weight"), cfg, who, level + 1) end
+  local lm = require("models." .. (want_family or family)).build(cfg, {dtype = dtype, device = "meta"})
+  local names = {}
+  for name in pairs(info) do if name ~= "rope_freqs.weight" then names[#names + 1] = name end end
+  table.sort(names)
+  local quantize, loaded = require "keng.quantize", {}
+  for _, name in ipairs(names) do
+    local w, s = file:tensor(name, conv)
+    local part = M.convert(name, w, s, cfg, family, dtype, info[name].type, who, level + 1)
+    quantize.prepare(lm, part)
+    local okl, e = pcall(lm.load_state_dict, lm, part, {strict = false})
+    if not okl then error(who .. ": " .. tostring(e):gsub("^[^:]*:%d+: ", ""), level) end
+    for k in pairs(part) do
+      if loaded[k] then fail(who, level, "two tensors of the file load into '%s'", k) end
+      if #e.unexpected > 0 then fail(who, level, "tensor '%s' does not fit this model (no '%s' in it)", name, k) end
+      loaded[k] = true
+    end
+  end
+  file:close()
+  local missing = {}
+  for k in pairs(lm:state_dict()) do if not loaded[k] then missing[#missing + 1] = k end end
+  table.sort(missing)
+  if #missing > 0 then fail(who, level, "the file lacks tensors for: %s", table.concat(missing, ", ")) end
+  if opts.device and opts.device ~= "cpu" then lm:to(opts.device) end
   rawset(lm, "tokenizer", tok)
   return lm
 end

@@ -255,7 +255,7 @@ def put_bad_gguf(name, data):
         f.write(data)
 
 
-for name in ["types", "gemma-q8_0", "mistral-q4_0", "spm"]:
+for name in ["types", "gemma-q8_0", "mistral-q4_0", "spm", "bpe"]:
     put("gguf", name, read("gguf", name + ".gguf"))
 u32 = lambda k, v: (k, 4, struct.pack("<I", v))
 f32_4 = ("w", [4], 0, 0)
