@@ -153,8 +153,9 @@ describe("from_gguf", function()
   end)
 end)
 
--- a minimal GGUF writer for metadata the fixtures lack
-local function gguf_bytes(kvs, tensors)
+-- a minimal GGUF writer for metadata the fixtures lack (F32 tensors of zeros unless values given)
+local function gguf_bytes(kvs, tensors, align)
+  align = align or 32
   local function str(s) return string.pack("<I8", #s) .. s end
   local out = {"GGUF", string.pack("<I4I8I8", 3, #tensors, #kvs)}
   for _, kv in ipairs(kvs) do
@@ -167,17 +168,18 @@ local function gguf_bytes(kvs, tensors)
   for _, t in ipairs(tensors) do  -- F32 [rows, cols]
     out[#out + 1] = str(t[1]) .. string.pack("<I4I8I8I4I8", 2, t[3], t[2], 0, off)
     local n = t[2] * t[3] * 4
-    data[#data + 1] = string.rep("\0", n) .. string.rep("\0", -n % 32)
-    off = off + n + (-n % 32)
+    local vals = t[4] and string.pack("<" .. string.rep("f", #t[4]), table.unpack(t[4])) or string.rep("\0", n)
+    data[#data + 1] = vals .. string.rep("\0", -n % align)
+    off = off + n + (-n % align)
   end
   local head = table.concat(out)
-  return head .. string.rep("\0", -#head % 32) .. table.concat(data)
+  return head .. string.rep("\0", -#head % align) .. table.concat(data)
 end
 
-local function write_gguf(kvs, tensors)
+local function write_gguf(kvs, tensors, align)
   local path = os.tmpname()
   local f = assert(io.open(path, "wb"))
-  f:write(gguf_bytes(kvs, tensors))
+  f:write(gguf_bytes(kvs, tensors, align))
   f:close()
   return path
 end
@@ -191,6 +193,21 @@ local function with(extra)
   for _, kv in ipairs(extra) do t[#t + 1] = kv end
   return t
 end
+
+describe("GGUF data layout", function()
+  it("copies a tensor that general.alignment = 1 leaves misaligned for its dtype", function()
+    local kvs = {{"general.alignment", 1}}
+    local path = write_gguf(kvs, {{"a", 1, 1, {7}}, {"b", 2, 3, {1, 2, 3, 4, 5, 6}}}, 1)
+    local f = assert(io.open(path, "rb"))
+    local bytes = f:read("a")
+    f:close()
+    local t = keng.gguf.load(path)
+    os.remove(path)
+    assert.are_not.equal(0, (#bytes - 24) % 4)                           -- b's file offset is not 4-aligned
+    assert.are.same({{7}}, t.a:tolist())
+    assert.are.same({{1, 2, 3}, {4, 5, 6}}, t.b:tolist())
+  end)
+end)
 
 describe("GGUF metadata -> config", function()
   it("reads the llama hyperparameters", function()
