@@ -310,6 +310,19 @@ local function via_file(bytes, load)
   return ok, r
 end
 
+-- tokenizer.chat_template and the BOS / EOS strings, as keng.chat_template.attach takes them
+-- from a tokenizer_config.json (tok:apply_chat_template renders the formats keng knows)
+local function with_chat(tok, meta)
+  local tokens = meta["tokenizer.ggml.tokens"]
+  local function str(key)
+    local id = meta["tokenizer.ggml." .. key]
+    return math.type(id) == "integer" and tokens[id + 1] or nil
+  end
+  if type(meta["tokenizer.chat_template"]) == "string" then tok.chat_template = meta["tokenizer.chat_template"] end
+  tok.bos_token, tok.eos_token = str("bos_token_id") or tok.bos_token, str("eos_token_id") or tok.eos_token
+  return tok
+end
+
 -- keng tokenizer from tokenizer.ggml.* (nil when the file has none)
 function M.tokenizer(meta, who, level)
   who, level = who or "gguf.tokenizer", (level or 1) + 1
@@ -324,7 +337,7 @@ function M.tokenizer(meta, who, level)
     end
     tok.bos_id, tok.eos_id = id("bos_token_id"), id("eos_token_id")
     tok.pad_id = id("padding_token_id") >= 0 and id("padding_token_id") or (tok.eos_id >= 0 and tok.eos_id or 0)
-    return tok
+    return with_chat(tok, meta)
   end
   if model ~= "llama" then
     fail(who, level, "tokenizer.ggml.model '%s' is not supported (keng builds: llama, the SentencePiece kind, and " ..
@@ -336,7 +349,7 @@ function M.tokenizer(meta, who, level)
   local ok, tok = via_file(sentencepiece_proto(meta, who, level + 1), require("keng.tokenizers").sentencepiece)
   if not ok then fail(who, level, "%s", tostring(tok)) end
   if meta["tokenizer.ggml.add_bos_token"] == false then tok.add_bos = false end
-  return tok
+  return with_chat(tok, meta)
 end
 
 -- from_gguf(path, {dtype = "auto", device =, tokenizer = true}, family) -> CausalLM.
@@ -388,6 +401,12 @@ function M.from_gguf(path, opts, want_family, level)
   if #missing > 0 then fail(who, level, "the file lacks tensors for: %s", table.concat(missing, ", ")) end
   if opts.device and opts.device ~= "cpu" then lm:to(opts.device) end
   rawset(lm, "tokenizer", tok)
+  if family == "gemma" then   -- its norms hold 1 + w: a Gemma config.json would add the 1 again
+    rawset(lm, "save_pretrained", function()
+      error("save_pretrained: this Gemma was loaded from a GGUF file, whose RMSNorm weights hold 1 + w " ..
+        "(unit_offset = false); writing them for transformers' Gemma is not supported", 2)
+    end)
+  end
   return lm
 end
 

@@ -144,6 +144,11 @@ describe("from_gguf", function()
     assert.is_true(err < 2e-6, tostring(err))
   end)
 
+  it("refuses save_pretrained of a GGUF Gemma (its norms hold 1 + w)", function()
+    local lm = require("models.gemma").from_gguf(G .. "gemma-q8_0.gguf")
+    H.raises(function() lm:save_pretrained(os.tmpname() .. "_dir") end, "loaded from a GGUF file, whose RMSNorm weights hold 1 + w")
+  end)
+
   it("refuses a file of another family and bad options", function()
     H.raises(function() require("models.gemma").from_gguf(G .. "mistral-q8_0.gguf") end,
       "gemma.from_gguf: the file's general.architecture 'llama' is not a gemma model")
@@ -281,6 +286,8 @@ describe("GGUF tokenizers", function()
       assert.are.equal(g.text, tok:decode(g.ids))
     end
     assert.are.same({1, 2}, {tok.bos_id, tok.eos_id})
+    -- tokenizer.chat_template (Mistral Instruct's) and the BOS / EOS strings
+    assert.are.equal("<s>[INST] Hi [/INST]", tok:apply_chat_template({{role = "user", content = "Hi"}}, {tokenize = false}))
   end)
 
   it("gpt2 (byte-level BPE, pre llama-bpe) encodes as tokenizers does with the original tokenizer.json", function()
