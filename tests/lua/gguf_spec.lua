@@ -106,6 +106,8 @@ describe("from_gguf", function()
     assert.are.equal("f32", lm:param_dtype())
     local ids = ids_of("gemma", 16)
     assert.are.equal(0, maxdiff(lm:logits(ids), ref:logits(ids)))
+    local gen = {max_length = 20, sampler = "greedy"}                  -- the decode path (KV cache) too
+    assert.are.same(ref:generate({{2, 17, 90, 33, 5}}, gen), lm:generate({{2, 17, 90, 33, 5}}, gen))
   end)
 
   it("Mistral BF16 (arch llama, q/k rows permuted) gives the bf16 checkpoint's logits exactly", function()
