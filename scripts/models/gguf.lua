@@ -6,7 +6,7 @@
 --   lm:generate({"The capital of France is"}, {max_length = 32})  -- lm.tokenizer from tokenizer.ggml.*
 --   local cfg, family = gguf.config(metadata, tensor_info)        -- the keng config alone
 --
--- The file is read by keng.gguf.load (engine/io/gguf.c, validated). Metadata of the "llama" and
+-- The file is read by keng.gguf.open (engine/io/gguf.c, validated), one tensor at a time. Metadata of the "llama" and
 -- "gemma" architectures (Mistral's GGUFs use "llama") becomes keng's config: every key under
 -- "<arch>." is either read or known not to change the numbers, anything else raises naming it.
 -- Tensors: F32/F16/BF16 as stored; Q4_0 as keng int4 layers (the same codes and scales, exactly);
@@ -23,24 +23,18 @@ local M = {}
 
 local FAMILY = {llama = "llama", gemma = "gemma"}   -- general.architecture -> keng family
 
--- keys under "<arch>." and what they set; HARMLESS ones do not change the forward pass
+-- keys under "<arch>.": the sizes and what they set, and the OTHER keys config reads itself (or,
+-- context_length and vocab_size, does not need: the vocabulary is token_embd's row count)
 local SIZE_KEYS = {{"block_count", "layers"}, {"embedding_length", "hidden"}, {"feed_forward_length", "ffn"},
                    {"attention.head_count", "heads"}, {"attention.head_count_kv", "kv_heads"},
                    {"attention.key_length", "head_dim"}}
 local SIZES = {}
 for _, e in ipairs(SIZE_KEYS) do SIZES[e[1]] = e[2] end
-local HARMLESS = {context_length = true, vocab_size = true, ["rope.dimension_count"] = true,
-                  ["attention.value_length"] = true, ["attention.layer_norm_rms_epsilon"] = true,
-                  ["rope.freq_base"] = true, ["rope.scaling.type"] = true, ["rope.scaling.factor"] = true}
+local OTHER = {context_length = true, vocab_size = true, ["rope.dimension_count"] = true,
+                ["attention.value_length"] = true, ["attention.layer_norm_rms_epsilon"] = true,
+                ["rope.freq_base"] = true, ["rope.scaling.type"] = true, ["rope.scaling.factor"] = true}
 
 local function fail(who, level, fmt, ...) error(who .. ": " .. string.format(fmt, ...), level + 1) end
-
--- load(path, {dtype =, q4_0 =}) -> tensors, metadata, info: keng.gguf.load, errors at the caller
-function M.load(path, opts, who, level)
-  local ok, t, meta, info = pcall(keng.gguf.load, path, opts)
-  if not ok then error((who and who .. ": " or "") .. tostring(t):gsub("^[^:]*:%d+: ", ""), (level or 1) + 1) end
-  return t, meta, info
-end
 
 -- config(meta, info) -> cfg, family: keng's causal-LM config from GGUF metadata
 function M.config(meta, info, who, level)
@@ -59,7 +53,7 @@ function M.config(meta, info, who, level)
   for _, k in ipairs(keys) do
     if k:sub(1, #prefix) == prefix then
       local key = k:sub(#prefix + 1)
-      if not (SIZES[key] or HARMLESS[key]) then
+      if not (SIZES[key] or OTHER[key]) then
         fail(who, level, "metadata '%s' is not implemented by keng's %s (it reads: %s)", k, family,
           "block_count, embedding_length, feed_forward_length, attention.head_count(_kv), attention.key_length, " ..
           "attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count, " ..
