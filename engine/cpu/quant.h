@@ -47,7 +47,7 @@ void kg_cpu_quantize_q4_row(uint8_t *q, uint16_t *scale, const double *w, int64_
 /* out[k] = (q - 8) · d for one row of K values */
 void kg_cpu_dequantize_q4_row(float *out, const uint8_t *q, const uint16_t *scale, int64_t K);
 /* as kg_cpu_gemm_q8 with a Q4 weight (rows of K / 2 bytes at stride ldw bytes, scales at stride
- * lds); v: AUTO, SCALAR, AVX512 or BLOCKED (AVX2 runs the scalar code) */
+ * lds); v: AUTO, SCALAR, AVX2, AVX512 or BLOCKED */
 kg_status kg_cpu_gemm_q4(float *out, int64_t ldo, const float *a, int64_t lda, const uint8_t *w, int64_t ldw,
                          const uint16_t *scale, int64_t lds, const float *bias, int64_t N, int64_t M, int64_t K,
                          kg_q8_variant v, int threads);

@@ -2,7 +2,7 @@
 --
 --   keng scripts/bench/all.lua [--tier cpu|gpu] [--only bert,gemma_fit] [--steps N]
 --        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
---        [--profile N] [--tf32 | --no-tf32]
+--        [--profile N] [--tf32 | --no-tf32] [--quantize int8|int4]
 --
 -- Rows come from scripts/bench/config.lua and run through the bench file config.runners names for
 -- their family. A row whose model or bench file is not there prints "not implemented"; a row that
@@ -25,14 +25,18 @@ local json = require "keng.json"
 
 local usage = [[usage: keng scripts/bench/all.lua [--tier cpu|gpu] [--only a,b] [--steps N]
        [--dtype f32|bf16|keras] [--format md|csv|json] [--out DIR] [--compare FILE.json]
-       [--profile N] [--tf32 | --no-tf32]
+       [--profile N] [--tf32 | --no-tf32] [--quantize int8|int4]
   --only takes families (bert, gemma, mistral, sam, stable_diffusion/sd) or row ids (bert_fit, ...)
   --profile N prints each row's N costliest ops and op shapes per timed step (keng.profile; the
               JSON keeps them under "profile")
   --tf32 / --no-tf32 set keng.backends.allow_tf32 for the run (TF32 tensor cores for f32 matmul,
               conv and the attention math route on cuda; default on for --tier gpu, as Keras ran
               its f32 rows on the A100, off for --tier cpu, where it changes nothing); the JSON
-              records it as "tf32" and the header line prints it]]
+              records it as "tf32" and the header line prints it
+  --quantize int8|int4 adds, after each generate row, the same row with keng.quantize(lm, fmt)
+              weights (row "<name> int8", id "<id>_int8"); generate rows show ms and weight
+              bytes read per decoded token side by side (JSON: quantize, ms_per_token,
+              weight_bytes_per_token)]]
 
 local function die(msg)
   io.stderr:write("all.lua: ", msg, "\n", usage, "\n")
@@ -58,7 +62,8 @@ local function parse(argv)
     end
     if key == "tf32" then
       if a ~= "--tf32" and a ~= "--no-tf32" then die("--tf32 and --no-tf32 take no value") end
-    elseif key == "tier" or key == "dtype" or key == "format" or key == "out" or key == "compare" or key == "only" then
+    elseif key == "tier" or key == "dtype" or key == "format" or key == "out" or key == "compare" or key == "only"
+        or key == "quantize" then
       o[key] = val
     elseif key == "profile" then
       o.profile = tonumber(val)
@@ -76,6 +81,7 @@ local function parse(argv)
   if o.tier == "gpu" and not keng.cuda.is_available() then die("--tier gpu needs a CUDA device (none found)") end
   if o.dtype ~= "keras" and o.dtype ~= "f32" and o.dtype ~= "bf16" then die("--dtype must be f32, bf16 or keras") end
   if o.format ~= "md" and o.format ~= "csv" and o.format ~= "json" then die("--format must be md, csv or json") end
+  if o.quantize and o.quantize ~= "int8" and o.quantize ~= "int4" then die("--quantize must be int8 or int4") end
   o.steps = o.steps or config.default_steps[o.tier]
   if o.tf32 == nil then o.tf32 = o.tier == "gpu" end
   return o
@@ -176,7 +182,16 @@ end
 
 local tty = progress.is_terminal()
 local rows = {}
-for _, row in ipairs(config.rows) do if selected(row) then rows[#rows + 1] = row end end
+for _, row in ipairs(config.rows) do
+  if selected(row) then
+    rows[#rows + 1] = row
+    if opts.quantize and row.task == "generate" then         -- the quantized twin, right after it
+      local q = setmetatable({id = row.id .. "_" .. opts.quantize, name = row.name .. " " .. opts.quantize,
+                              quantize = opts.quantize}, {__index = row})
+      rows[#rows + 1] = q
+    end
+  end
+end
 if #rows == 0 then die("--only '" .. tostring(opts.only) .. "' matches no row") end
 
 local tf32_note = "TF32 " .. (opts.tf32 and "on" or "off")
@@ -192,7 +207,7 @@ for i, row in ipairs(rows) do
   local label = string.format("[%2d/%d] %-24s batch %-3d %-4s %s", i, #rows, row.name, row.batch, dtype, size.preset)
   io.write(label, " ... ")
   io.flush()
-  local res = {id = row.id, row = row.name, family = row.family, task = row.task, batch = row.batch,
+  local res = {id = row.id, row = row.name, family = row.family, task = row.task, batch = row.batch, quantize = row.quantize,
                dtype = dtype, tier = opts.tier, device = device_name, threads = threads,
                preset = size.preset, keras = row.keras, framework = "keng", keng_version = keng.version,
                commit = commit}
@@ -231,10 +246,12 @@ for i, row in ipairs(rows) do
       res.peak_memory_bytes = keng.memory_stats(device).peak
       local pk = peak_tflops(dtype)
       if pk and res.tflops then res.peak_tflops, res.pct_peak = pk, 100 * res.tflops / pk end
-      print(string.format("%.2f ms/step (median %.2f, min %.2f, sd %.2f)%s  %.3f TFLOP/s%s", res.mean_ms,
+      print(string.format("%.2f ms/step (median %.2f, min %.2f, sd %.2f)%s  %.3f TFLOP/s%s%s", res.mean_ms,
         res.median_ms, res.min_ms, res.stddev_ms,
         res.items_per_s and string.format("  %.1f items/s", res.items_per_s) or "", res.tflops or 0,
-        res.pct_peak and string.format(" (%.1f%% of peak)", res.pct_peak) or ""))
+        res.pct_peak and string.format(" (%.1f%% of peak)", res.pct_peak) or "",
+        res.ms_per_token and string.format("  %.3f ms/token, %.2f MB of weights/token", res.ms_per_token,
+          res.weight_bytes_per_token / 1e6) or ""))
       if prof then print(profile.report(prof, {top = opts.profile})) end
     else
       any_failed = true
@@ -276,8 +293,13 @@ local function f2(x) return x and string.format("%.2f", x) or "NA" end
 local function cells(r)
   local ms = r.status == "ok" and string.format("%.2f", r.mean_ms) or
              (r.status == "failed" and ("failed: " .. r.reason) or "not implemented")
-  local c = {r.row, tostring(r.batch), r.dtype, ms, f2(r.keras.best), f2(r.keras.k2),
-             r.tflops and string.format("%.3f", r.tflops) or "", r.pct_peak and string.format("%.1f", r.pct_peak) or ""}
+  local c = {r.row, tostring(r.batch), r.dtype .. (r.quantize and " + " .. r.quantize or ""), ms, f2(r.keras.best),
+             f2(r.keras.k2), r.tflops and string.format("%.3f", r.tflops) or "",
+             r.pct_peak and string.format("%.1f", r.pct_peak) or ""}
+  if opts.quantize then
+    c[#c + 1] = r.ms_per_token and string.format("%.3f", r.ms_per_token) or ""
+    c[#c + 1] = r.weight_bytes_per_token and string.format("%.2f", r.weight_bytes_per_token / 1e6) or ""
+  end
   if other then
     local o = other[r.id]
     c[#c + 1] = o and string.format("%.2f", o.mean_ms) or ""
@@ -287,6 +309,10 @@ local function cells(r)
 end
 
 local header = {"row", "batch", "dtype", "keng ms/step", "Keras 3 best", "Keras 2 TF", "TFLOP/s", "% of peak"}
+if opts.quantize then
+  header[#header + 1] = "ms/token"
+  header[#header + 1] = "MB weights/token"
+end
 if other then
   header[#header + 1] = other_name .. " ms/step"
   header[#header + 1] = "keng/" .. other_name
@@ -315,7 +341,7 @@ end
 
 local doc = {schema = "keng-bench/1", framework = "keng", keng_version = keng.version, commit = commit,
              date = date, tier = opts.tier, device = device_name, threads = threads, steps = opts.steps,
-             dtype = opts.dtype, tf32 = opts.tf32, rows = json.array(results)}
+             dtype = opts.dtype, tf32 = opts.tf32, quantize = opts.quantize, rows = json.array(results)}
 local note = opts.tier == "cpu" and
   "Keras figures are the published A100 40GB numbers at the GPU-tier sizes, for reference only; " ..
   "CPU-tier rows run the scaled-down presets of docs/benchmarks.md." or

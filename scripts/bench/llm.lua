@@ -5,6 +5,8 @@
 --   generate: lm:generate(prompts [B, 6], {max_length = 50, sampler = "greedy"}); prompts are BOS
 --             + the n-th 5-word tuple. EOS does not stop a row (stop_token_ids = {}), so every
 --             call decodes exactly max_length - 6 tokens whatever the random weights predict.
+--             A row with `quantize` (all.lua --quantize) runs keng.quantize(lm, "int8" | "int4")
+--             first; generate rows report ms_per_token and weight_bytes_per_token.
 -- Shape letters: B batch, T tokens, V vocab.
 local keng = require "keng"
 local optim = require "keng.optim"
@@ -41,11 +43,24 @@ function M.run(row, ctx)
     end
     r = common.time_fit(lm, input, y, opt, common.lm_loss, ctx, B * T)
   else
+    if row.quantize then keng.quantize(lm, row.quantize) end          -- --quantize: int8 / int4 weights
     local prompts = common.lm_prompts(row.family, B, size.prompt_words, vocab):to(ctx.device)  -- [B, 6]
     local gen = {max_length = size.max_length, sampler = "greedy", stop_token_ids = {}}
     info.shapes = {prompts = prompts.shape, output = {B, size.max_length}}
     info.max_length = size.max_length
     r = common.time_generate(lm, prompts, gen, ctx, B * (size.max_length - prompts.shape[2]))
+    -- per decoded token: ms, and the weight bytes a decode step reads (every state-dict tensor
+    -- once, the embedding only as a tied head), shared by the B rows of the batch
+    local steps = size.max_length - prompts.shape[2]
+    r.ms_per_token = r.mean_ms / (B * steps)
+    local SIZE = {f64 = 8, i64 = 8, f32 = 4, i32 = 4, bf16 = 2, f16 = 2, i8 = 1, u8 = 1, bool = 1}
+    local bytes, tied = 0, lm.cfg.tie
+    for name, t in pairs(lm:state_dict()) do
+      if tied or name ~= "model.embed_tokens.weight" then bytes = bytes + t:numel() * SIZE[t.dtype] end
+    end
+    r.weight_bytes_per_token = bytes / B
+    r.quantize = row.quantize
+    if row.quantize then r.tflops = nil end  -- the FLOP counter does not count linear_q8 / linear_q4
   end
   info.params, info.trainable = lm:num_params(), lm:num_params{trainable = true}
   for k, v in pairs(info) do r[k] = v end

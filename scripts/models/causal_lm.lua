@@ -681,6 +681,10 @@ function M.family(spec)
     return lm
   end
 
+  -- from_gguf(path, {dtype = "auto", device =, tokenizer = true}) -> CausalLM from a llama.cpp
+  -- GGUF file of this family (models/gguf.lua, docs/gguf.md)
+  function F.from_gguf(path, opts) return require("models.gguf").from_gguf(path, opts, spec.name, 2) end
+
   return F
 end
 

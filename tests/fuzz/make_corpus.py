@@ -235,3 +235,60 @@ put("tokenizer_json", "deep_regex", tj(bpe, pre_tokenizer={"type": "Split", "pat
     "behavior": "Removed", "invert": False}) + b"\0" + b"a" * 3000)
 put("tokenizer_json", "precompiled_bad", tj(bpe, normalizer={"type": "Precompiled", "precompiled_charsmap": "CAAAAP////8AAAAA"}))
 put("tokenizer_json", "not_object", b"[1, 2]\0x")
+
+# ---- GGUF (engine/io/gguf.c): fixtures small enough, and malformed files, also kept as
+# tests/fixtures/bad/gguf_*.gguf (tests/lua/bad_files_spec.lua) -----------------------------------
+def gstr(s):
+    b = s if isinstance(s, bytes) else s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf(kvs=(), tensors=(), data=b"", version=3, nt=None, nkv=None, align=32):
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if nt is None else nt, len(kvs) if nkv is None else nkv)
+    for key, typ, payload in kvs:
+        out += gstr(key) + struct.pack("<I", typ) + payload
+    for name, dims, typ, off in tensors:
+        out += gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", typ, off)
+    out += bytes(-len(out) % align)
+    return out + data
+
+
+def put_bad_gguf(name, data):
+    put("gguf", name, data)
+    with open(os.path.join(FIX, "bad", "gguf_" + name + ".gguf"), "wb") as f:
+        f.write(data)
+
+
+for name in ["types", "gemma-q8_0", "mistral-q4_0", "spm", "bpe"]:
+    put("gguf", name, read("gguf", name + ".gguf"))
+u32 = lambda k, v: (k, 4, struct.pack("<I", v))
+f32_4 = ("w", [4], 0, 0)
+okg = gguf([u32("a.b", 7), ("s", 8, gstr("hi")), ("arr", 9, struct.pack("<IQ", 8, 2) + gstr("x") + gstr("yz"))],
+           [f32_4, ("h", [2, 2], 1, 32)], bytes(range(40)))
+put("gguf", "ok", okg)
+put("gguf", "q4_0", gguf([], [("q", [32, 2], 2, 0)], bytes(range(36))))
+put("gguf", "q4_k", gguf([], [("k", [256], 12, 0), ("s", [256], 14, 160)], bytes(range(144)) + bytes(16) + bytes(range(210))))
+put("gguf", "nested", gguf([("n", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 5, 1) + struct.pack("<i", -3))]))
+put("gguf", "align_1", gguf([u32("general.alignment", 1)], [("w", [3], 1, 1), ("v", [1], 0, 7)], bytes(11), align=1))
+put_bad_gguf("truncated", okg[:-60])
+put_bad_gguf("huge_tensor_count", gguf(nt=2**62))
+put_bad_gguf("huge_kv_count", gguf(nkv=2**63))
+put_bad_gguf("huge_string", gguf([("k", 8, struct.pack("<Q", 2**63) + b"x")]))
+put_bad_gguf("huge_array", gguf([("k", 9, struct.pack("<IQ", 6, 2**60) + bytes(8))]))
+put_bad_gguf("offset_past_end", gguf([], [("w", [4], 0, 64)], bytes(16)))
+put_bad_gguf("misaligned", gguf([], [("w", [2], 0, 4)], bytes(16)))
+put_bad_gguf("bad_alignment", gguf([u32("general.alignment", 3)], [f32_4], bytes(16)))
+put_bad_gguf("unknown_type", gguf([], [("w", [4], 99, 0)], bytes(16)))
+put_bad_gguf("unsupported_type", gguf([], [("w", [256], 13, 0)], bytes(176)))
+put_bad_gguf("overlap", gguf([], [("a", [8], 0, 0), ("b", [8], 0, 0)], bytes(32)))
+put_bad_gguf("dims_overflow", gguf([], [("w", [2**32, 2**32, 2**32], 0, 0)], bytes(16)))
+put_bad_gguf("block_row", gguf([], [("w", [33], 2, 0)], bytes(36)))
+put_bad_gguf("too_many_dims", gguf([], [("w", [1, 1, 1, 1, 1], 0, 0)], bytes(16)))
+put_bad_gguf("version_1", gguf(version=1))
+put_bad_gguf("big_endian", b"GGUF" + struct.pack(">IQQ", 3, 0, 0))
+put_bad_gguf("bad_bool", gguf([("b", 7, b"\x02")]))
+put_bad_gguf("dup_key", gguf([u32("k", 1), u32("k", 2)]))
+put_bad_gguf("dup_tensor", gguf([], [("w", [4], 0, 0), ("w", [4], 0, 32)], bytes(48)))
+put_bad_gguf("deep_array", gguf([("d", 9, struct.pack("<IQ", 9, 1) * 9 + struct.pack("<IQ", 0, 0))]))
+put_bad_gguf("not_gguf", b"GGML" + bytes(20))

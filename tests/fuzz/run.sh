@@ -11,7 +11,7 @@ build=${1:-build-fuzz}
 shift || true
 case "$build" in /*) ;; *) build="$top/$build" ;; esac
 targets=("$@")
-[ ${#targets[@]} = 0 ] && targets=(safetensors safetensors_index json sentencepiece wordpiece clip_bpe png jpeg config tokenizer_json)
+[ ${#targets[@]} = 0 ] && targets=(safetensors safetensors_index json sentencepiece wordpiece clip_bpe png jpeg config tokenizer_json gguf)
 secs=${FUZZ_SECONDS:-60}
 CC=${FUZZ_CC:-$(command -v clang-14 || command -v clang)}
 [ -n "$CC" ] || { echo "fuzz: clang not found (apt-get install clang libclang-rt-14-dev)"; echo "0 passed, 1 failed"; exit 1; }

@@ -9,7 +9,7 @@
  *   lab_quant           times a decode GEMV, x [1, 4096] against a [16384, 4096] weight: int8
  *                       and int4 (each variant) vs the bf16 kernel (engine/cpu/gemm_bf16.c), in
  *                       GB/s of weight bytes read; --check also covers the int4 (Q4_0 layout)
- *                       kernels (scalar, AVX-512, blocked) and quantize_q4_row
+ *                       kernels (scalar, AVX2, AVX-512, blocked) and quantize_q4_row
  */
 #include "lab.h"
 #include "cpu/gemm_bf16.h"
@@ -179,7 +179,7 @@ static int run_check(variant *vars, int nv) {
     printf(" %s", vars[i].name);
     fflush(stdout);
     check_variant(&vars[i]);
-    if (vars[i].v != KG_Q8_AVX2) check_q4_variant(&vars[i]); /* int4: scalar, AVX-512, blocked */
+    check_q4_variant(&vars[i]); /* int4: scalar, AVX2, AVX-512, blocked */
   }
   check_quantize();
   check_quantize_q4();
@@ -248,7 +248,6 @@ static void run_timing(variant *vars, int nv) {
     b.v = vars[i].v;
     t = best_of(5, run_q8, &b);
     printf("  int8 %-8s %4.2f ms  %6.2f GB/s of weight\n", vars[i].name, t * 1e3, 1.0 * b.M * b.K / t / 1e9);
-    if (vars[i].v == KG_Q8_AVX2) continue;
     t = best_of(5, run_q4, &b);
     printf("  int4 %-8s %4.2f ms  %6.2f GB/s of weight (+ scales)\n", vars[i].name, t * 1e3,
            (0.5 + 2.0 / 32) * b.M * b.K / t / 1e9);

@@ -13,6 +13,7 @@ local load = function(f) return keng.load(BAD .. f) end
 local sp = function(f) return keng.sentencepiece(BAD .. f) end
 local wp = function(f) return keng.wordpiece(BAD .. f) end
 local png = function(f) return keng.image.read_png(BAD .. f) end
+local gguf = function(f) return keng.gguf.load(BAD .. f) end
 
 -- file -> {reader, substring the error must hold}
 local cases = {
@@ -50,6 +51,28 @@ local cases = {
   -- fuzz finding: a 69-byte file whose header claims 30000x30000 made keng allocate 2.7 GB
   ["png_big_dims.png"] = {png, "header claims 30000x30000 pixels, more than the 69-byte file can hold"},
   ["png_huge_dims.png"] = {png, "header claims 100000x100000 pixels"},
+  -- GGUF (engine/io/gguf.c; tests/fuzz/make_corpus.py writes these)
+  ["gguf_truncated.gguf"] = {gguf, "truncated: tensor 'h' at byte 166 needs 8 bytes, the file has 6 left"},
+  ["gguf_huge_tensor_count.gguf"] = {gguf, "tensor count 4611686018427387904 cannot fit in a file of 32 bytes"},
+  ["gguf_huge_kv_count.gguf"] = {gguf, "metadata count 9223372036854775808 cannot fit"},
+  ["gguf_huge_string.gguf"] = {gguf, "has length 9223372036854775808, past the end of the file"},
+  ["gguf_huge_array.gguf"] = {gguf, "array of 1152921504606846976 f32 elements cannot fit in the 15 bytes left"},
+  ["gguf_offset_past_end.gguf"] = {gguf, "tensor 'w': bytes [64, +16) run past the data section (16 bytes)"},
+  ["gguf_misaligned.gguf"] = {gguf, "tensor 'w': offset 4 is not a multiple of the alignment 32"},
+  ["gguf_bad_alignment.gguf"] = {gguf, "general.alignment 3 must be a power of two"},
+  ["gguf_unknown_type.gguf"] = {gguf, "tensor 'w' has unknown ggml type 99"},
+  ["gguf_unsupported_type.gguf"] = {gguf, "tensor 'w' has type Q5_K, which keng does not read"},
+  ["gguf_overlap.gguf"] = {gguf, "tensors 'a' [0, +32) and 'b' [0, +32) overlap"},
+  ["gguf_dims_overflow.gguf"] = {gguf, "multiply past 2^59 elements"},
+  ["gguf_block_row.gguf"] = {gguf, "row length 33 is not a multiple of Q4_0's block of 32"},
+  ["gguf_too_many_dims.gguf"] = {gguf, "tensor 'w' has 5 dims (1 to 4 allowed)"},
+  ["gguf_version_1.gguf"] = {gguf, "GGUF version 1 is not supported"},
+  ["gguf_big_endian.gguf"] = {gguf, "big-endian GGUF files are not supported"},
+  ["gguf_bad_bool.gguf"] = {gguf, "metadata 'b': a bool must be 0 or 1, got 2"},
+  ["gguf_dup_key.gguf"] = {gguf, "metadata key 'k' appears twice"},
+  ["gguf_dup_tensor.gguf"] = {gguf, "tensor name 'w' appears twice"},
+  ["gguf_deep_array.gguf"] = {gguf, "arrays nest deeper than 8"},
+  ["gguf_not_gguf.gguf"] = {gguf, "not a GGUF file"},
 }
 
 describe("malformed files raise clean errors", function()

@@ -323,6 +323,37 @@ describe("all.lua smoke (child process)", function()
     end
   end)
 
+  it("--quantize int8 adds a quantized twin after each generate row, with ms and weight bytes per token", function()
+    assert.is_truthy(KENG, "no keng binary found")
+    local out_dir = tmp .. "/quant"
+    local p = io.popen(string.format(
+      "cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --tier cpu --steps 1 --only mistral_generate_1 --quantize int8 --out %s 2>&1",
+      sh_quote(root), sh_quote(KENG), sh_quote(out_dir)))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    assert.are.equal(0, code, out)
+    local p2 = io.popen("ls " .. sh_quote(out_dir) .. "/*-cpu.json 2>/dev/null")
+    local file = p2:read("a"):gsub("%s+$", "")
+    p2:close()
+    local doc = json.decode(assert(io.open(file), out):read("a"))
+    assert.are.equal("int8", doc.quantize)
+    assert.are.equal(2, #doc.rows)
+    local plain, q = doc.rows[1], doc.rows[2]
+    assert.are.equal("mistral_generate_1", plain.id)
+    assert.are.equal("mistral_generate_1_int8", q.id)
+    assert.are.equal("int8", q.quantize)
+    assert.is_nil(plain.quantize)
+    for _, r in ipairs{plain, q} do
+      assert.are.equal("ok", r.status, r.reason)
+      assert.is_true(r.ms_per_token > 0 and r.weight_bytes_per_token > 0)
+    end
+    -- int8 Linears (the untied head included) read about half the bf16 bytes
+    local ratio = q.weight_bytes_per_token / plain.weight_bytes_per_token
+    assert.is_true(ratio > 0.45 and ratio < 0.6, tostring(ratio))
+    assert.is_truthy(out:find("bf16 + int8", 1, true), out)
+    assert.is_truthy(out:find("MB weights/token", 1, true), out)
+  end)
+
   it("rejects a bad option with exit status 2", function()
     assert.is_truthy(KENG, "no keng binary found")
     local p = io.popen(string.format("cd %s && %s scripts/bench/all.lua --tier tpu 2>&1", sh_quote(root), sh_quote(KENG)))
@@ -330,6 +361,10 @@ describe("all.lua smoke (child process)", function()
     local _, _, code = p:close()
     assert.are.equal(2, code)
     assert.is_truthy(out:find("--tier must be cpu or gpu", 1, true), out)
+    p = io.popen(string.format("cd %s && %s scripts/bench/all.lua --quantize int3 2>&1", sh_quote(root), sh_quote(KENG)))
+    out = p:read("a")
+    assert.are.equal(2, select(3, p:close()))
+    assert.is_truthy(out:find("--quantize must be int8 or int4", 1, true), out)
     p = io.popen(string.format("cd %s && %s scripts/bench/all.lua --profile 0 2>&1", sh_quote(root), sh_quote(KENG)))
     out = p:read("a")
     _, _, code = p:close()
