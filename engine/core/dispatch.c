@@ -31,12 +31,26 @@
 #define GRAD_GRAD true
 #define GRAD_NOGRAD false
 
+#define INT KG_OPF_INT
+#define COMPARE KG_OPF_COMPARE
+#define INPLACE KG_OPF_INPLACE
+
+/* every argument is pasted or stringized here, never passed on (an op name is not expanded) */
 const kg_op_facts kg_op_info[KG_OP_COUNT] = {
 #define KG_OP(id, name, kind, saves, grad) \
-  [KG_OP_##id] = {#name, KIND_##kind, saves, GRAD_##grad, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
+  [KG_OP_##id] = {#name, KIND_##kind, saves, GRAD_##grad, 0, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
+#define KG_UNARY(id, name, saves, grad, flags, f, df) \
+  [KG_OP_##id] = {#name, KIND_UNARY, saves, GRAD_##grad, flags, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
+#define KG_BINARY(id, name, saves, grad, flags, f) \
+  [KG_OP_##id] = {#name, KIND_BINARY, saves, GRAD_##grad, flags, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
 #include "../ops/ops.def"
 #undef KG_OP
+#undef KG_UNARY
+#undef KG_BINARY
 };
+#undef INT
+#undef COMPARE
+#undef INPLACE
 
 const char *kg_kind_name(kg_op_kind k) {
   static const char *names[] = {"kernel", "unary", "binary", "view", "composite", "internal"};

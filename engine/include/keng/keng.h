@@ -221,11 +221,19 @@ struct kg_node;
  * dtype: the engine sums it down to the input's shape and casts it. */
 typedef kg_status (*kg_backward_fn)(struct kg_node *node, kg_tensor *const *dout, kg_tensor **din);
 
+/* The flags of an elementwise row (engine/ops/elementwise.def); 0 for every other op. */
+enum {
+  KG_OPF_INT = 1,     /* integer operands give an integer result (else f32) */
+  KG_OPF_COMPARE = 2, /* the result is bool */
+  KG_OPF_INPLACE = 4, /* a binary op with an in-place form t:<name>_(u) */
+};
+
 typedef struct {
   const char *name;
   kg_op_kind kind;
   unsigned saves;
   bool differentiable;
+  unsigned flags; /* KG_OPF_* */
   kg_kernel_fn kernel[KG_DEVICE_TYPES]; /* [cpu, cuda, meta]; NULL = none */
   kg_backward_fn backward;
 } kg_op_facts;
