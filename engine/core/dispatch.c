@@ -59,14 +59,7 @@ const char *kg_kind_name(kg_op_kind k) {
 
 /* ---- runtime settings ------------------------------------------------------------------- */
 
-static int debug_level = -1;
-int kg_debug_level(void) {
-  if (debug_level < 0) {
-    const char *e = getenv("KENG_DEBUG");
-    debug_level = e ? atoi(e) : 0;
-  }
-  return debug_level;
-}
+int kg_debug_level(void) { return (int)kg_env_int(KG_ENV_KENG_DEBUG); }
 
 void kg_log(const char *fmt, ...) {
   va_list ap;
@@ -178,14 +171,8 @@ static void profile_add(kg_op op, int nout, kg_tensor *const *out, int nin, cons
 
 /* ---- numerics guard (KENG_CHECK_NUMERICS=1 or kg_set_check_numerics) ------------------------ */
 
-static int check_numerics = -1;
-bool kg_check_numerics(void) {
-  if (check_numerics < 0) {
-    const char *e = getenv("KENG_CHECK_NUMERICS");
-    check_numerics = e && *e && strcmp(e, "0") != 0;
-  }
-  return check_numerics;
-}
+static int check_numerics = -1; /* -1: as KENG_CHECK_NUMERICS says */
+bool kg_check_numerics(void) { return check_numerics < 0 ? kg_env_bool(KG_ENV_KENG_CHECK_NUMERICS) : check_numerics; }
 void kg_set_check_numerics(bool on) { check_numerics = on; }
 
 /* element i's class: 0 finite, 1 inf, 2 nan (float dtypes only) */

@@ -318,6 +318,37 @@ void kg_set_rng_state(kg_philox_state s);
 /* Reserves n 32-bit words of the stream and returns where they start. */
 kg_philox_state kg_rng_reserve(uint64_t n);
 
+/* ---- environment switches (engine/core/env.def, docs/environment.md) ------------------- */
+
+typedef enum {
+#define KG_ENV(name, type, def, scope, doc) KG_ENV_##name,
+#include "../../core/env.def"
+#undef KG_ENV
+  KG_ENV_COUNT
+} kg_env_id;
+typedef struct {
+  const char *name, *type, *def, *scope, *doc; /* the columns of env.def, as written */
+} kg_env_facts;
+extern const kg_env_facts kg_env_info[KG_ENV_COUNT];
+/* The variable's value, parsed by its type, as the environment had it when first read (unset or
+ * empty: the default). Engine code reads KENG_* variables only through these. */
+bool kg_env_bool(kg_env_id id);
+long long kg_env_int(kg_env_id id);
+double kg_env_float(kg_env_id id);
+const char *kg_env_str(kg_env_id id);
+bool kg_env_is_set(kg_env_id id); /* set and non-empty (and parsed) */
+/* Reads the environment again: for the kernel lab, which setenv()s between variants (not while
+ * other threads run kernels). */
+void kg_env_reload(void);
+/* Reads the environment now, warning on stderr about each KENG_* variable that is not in the
+ * table (with the nearest name) and each value that does not parse; any accessor does this on
+ * its first call. */
+void kg_env_init(void);
+/* Prints the table with each variable's value ("-": unset) to stdout (`keng --env`). */
+void kg_env_print(void);
+/* Prints the table with each variable's value ("-": unset) to stdout (`keng --env`). */
+void kg_env_print(void);
+
 /* ---- runtime -------------------------------------------------------------------------- */
 
 /* Thread count for kernels and BLAS (KENG_NUM_THREADS or the available cores). */
