@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 extern char **environ;
 
@@ -34,9 +35,13 @@ static int ready; /* set once init has run: the accessors' fast path is one load
 /* parses text as the variable's type into v; false when it does not parse */
 static bool parse(const kg_env_facts *e, const char *text, env_value *v) {
   char *end;
-  if (!strcmp(e->type, "BOOL")) {
-    v->b = strcmp(text, "0") != 0;
-    return true;
+  if (!strcmp(e->type, "BOOL")) { /* KENG_NO_SIMD=false must not switch SIMD off */
+    static const char *const on[] = {"1", "true", "on", "yes"}, *const off[] = {"0", "false", "off", "no"};
+    for (int k = 0; k < 4; k++) {
+      if (!strcasecmp(text, on[k])) return v->b = true;
+      if (!strcasecmp(text, off[k])) return !(v->b = false);
+    }
+    return false;
   }
   if (!strcmp(e->type, "INT")) {
     v->i = strtoll(text, &end, 10);
@@ -61,8 +66,9 @@ static void read_all(void) {
     if (!text || !*text) continue;
     env_value got = *v;
     if (!parse(e, text, &got)) {
+      const char *what = !strcmp(e->type, "INT") ? "an integer" : !strcmp(e->type, "BOOL") ? "0 or 1" : "a number";
       fprintf(stderr, "keng: warning: %s=%s is not %s; using the default %s (keng --env lists the variables)\n",
-              e->name, text, !strcmp(e->type, "INT") ? "an integer" : "a number", *e->def ? e->def : "(none)");
+              e->name, text, what, *e->def ? e->def : "(none)");
       continue;
     }
     free(v->s);

@@ -62,9 +62,13 @@ describe("environment registry", function()
   end)
 
   it("a value that does not parse is reported and the default kept", function()
-    local out, err = run("KENG_NUM_THREADS=two KENG_DIST_TIMEOUT=1e3x", "-e 'io.write(keng.num_threads())'")
+    local out, err = run("KENG_NUM_THREADS=two KENG_DIST_TIMEOUT=1e3x KENG_NO_SIMD=maybe",
+      "-e 'io.write(keng.num_threads())'")
     assert.truthy(err:find("KENG_NUM_THREADS=two is not an integer; using the default 0", 1, true), err)
     assert.truthy(err:find("KENG_DIST_TIMEOUT=1e3x is not a number; using the default 1800", 1, true), err)
+    assert.truthy(err:find("KENG_NO_SIMD=maybe is not 0 or 1; using the default 0", 1, true), err)
+    local _, ok = run("KENG_NO_SIMD=false KENG_SYNC=On KENG_WALL=0", "-e ''")
+    assert.are.equal("", ok)
     assert.truthy(tonumber(out) >= 1)
   end)
 
