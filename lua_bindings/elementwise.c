@@ -9,6 +9,10 @@
 static int l_unary(lua_State *L) {
   kg_op op = (kg_op)lua_tointeger(L, lua_upvalueindex(1));
   kg_tensor *x = kgl_check(L, 1), *r;
+  /* nothing is silently ignored: t:softplus{beta = 2} must not compute beta = 1 (the operand
+   * itself comes again as the second argument of __unm) */
+  if (!lua_isnoneornil(L, 2) && lua_touserdata(L, 2) != lua_touserdata(L, 1))
+    return luaL_error(L, "%s: takes no arguments (got a %s)", kg_op_info[op].name, luaL_typename(L, 2));
   KGL_CALL(L, kg_unary(&r, op, x));
   kgl_push(L, r);
   return 1;
@@ -108,7 +112,7 @@ void kgl_register_elementwise(lua_State *L, int methods, int keng) {
       lua_pushcclosure(L, k == KG_KIND_UNARY ? l_unary : l_binary, 1);
       lua_setfield(L, where ? keng : methods, kg_op_info[op].name);
     }
-    if (k == KG_KIND_BINARY && op <= KG_OP_MINIMUM) { /* arithmetic gets an in-place form */
+    if (kg_op_info[op].flags & KG_OPF_INPLACE) { /* arithmetic gets an in-place form */
       char name[32];
       snprintf(name, sizeof name, "%s_", kg_op_info[op].name);
       lua_pushinteger(L, op);

@@ -11,7 +11,9 @@
  * searcher looks up keng's own namespaces (keng.*, models.*) there only, so a stray
  * ./keng/x.lua in the working directory can never stand in for a library module */
 static void set_paths(lua_State *L) {
-  const char *roots[] = {getenv("KENG_HOME"), KENG_INSTALL_DATADIR, KENG_SOURCE_DIR};
+  /* the first read of the environment registry: warns about unknown KENG_* variables */
+  const char *home = kg_env_is_set(KG_ENV_KENG_HOME) ? kg_env_str(KG_ENV_KENG_HOME) : NULL;
+  const char *roots[] = {home, KENG_INSTALL_DATADIR, KENG_SOURCE_DIR};
   lua_getglobal(L, "package");
   int n = 0;
   for (int i = 0; i < 3; i++) {
@@ -67,6 +69,7 @@ static void usage(void) {
          "  -i          enter the REPL after running the script\n"
          "  --nproc N   run N ranks of this command line through mpirun (keng.distributed)\n"
          "  --ops       list every engine op with its kernels and backward\n"
+         "  --env       list the KENG_* environment variables with their values (docs/environment.md)\n"
          "  --version   print the version\n"
          "  --help      this text\n"
          "With no script, keng starts the REPL (reads stdin plainly when it is not a terminal).\n");
@@ -161,6 +164,9 @@ int main(int argc, char **argv) {
       lua_getfield(L, -1, "ops_report");
       lua_call(L, 0, 1);
       fputs(lua_tostring(L, -1), stdout);
+      return 0;
+    } else if (!strcmp(a, "--env")) {
+      kg_env_print();
       return 0;
     } else if (!strcmp(a, "-i")) {
       interactive = 1;

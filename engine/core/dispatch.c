@@ -31,12 +31,26 @@
 #define GRAD_GRAD true
 #define GRAD_NOGRAD false
 
+#define INT KG_OPF_INT
+#define COMPARE KG_OPF_COMPARE
+#define INPLACE KG_OPF_INPLACE
+
+/* every argument is pasted or stringized here, never passed on (an op name is not expanded) */
 const kg_op_facts kg_op_info[KG_OP_COUNT] = {
 #define KG_OP(id, name, kind, saves, grad) \
-  [KG_OP_##id] = {#name, KIND_##kind, saves, GRAD_##grad, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
+  [KG_OP_##id] = {#name, KIND_##kind, saves, GRAD_##grad, 0, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
+#define KG_UNARY(id, name, saves, grad, flags, f, df) \
+  [KG_OP_##id] = {#name, KIND_UNARY, saves, GRAD_##grad, flags, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
+#define KG_BINARY(id, name, saves, grad, flags, f) \
+  [KG_OP_##id] = {#name, KIND_BINARY, saves, GRAD_##grad, flags, {kg_cpu_##name, kg_cuda_##name, NULL}, kg_grad_##name},
 #include "../ops/ops.def"
 #undef KG_OP
+#undef KG_UNARY
+#undef KG_BINARY
 };
+#undef INT
+#undef COMPARE
+#undef INPLACE
 
 const char *kg_kind_name(kg_op_kind k) {
   static const char *names[] = {"kernel", "unary", "binary", "view", "composite", "internal"};
@@ -45,14 +59,7 @@ const char *kg_kind_name(kg_op_kind k) {
 
 /* ---- runtime settings ------------------------------------------------------------------- */
 
-static int debug_level = -1;
-int kg_debug_level(void) {
-  if (debug_level < 0) {
-    const char *e = getenv("KENG_DEBUG");
-    debug_level = e ? atoi(e) : 0;
-  }
-  return debug_level;
-}
+int kg_debug_level(void) { return (int)kg_env_int(KG_ENV_KENG_DEBUG); }
 
 void kg_log(const char *fmt, ...) {
   va_list ap;
@@ -164,14 +171,8 @@ static void profile_add(kg_op op, int nout, kg_tensor *const *out, int nin, cons
 
 /* ---- numerics guard (KENG_CHECK_NUMERICS=1 or kg_set_check_numerics) ------------------------ */
 
-static int check_numerics = -1;
-bool kg_check_numerics(void) {
-  if (check_numerics < 0) {
-    const char *e = getenv("KENG_CHECK_NUMERICS");
-    check_numerics = e && *e && strcmp(e, "0") != 0;
-  }
-  return check_numerics;
-}
+static int check_numerics = -1; /* -1: as KENG_CHECK_NUMERICS says */
+bool kg_check_numerics(void) { return check_numerics < 0 ? kg_env_bool(KG_ENV_KENG_CHECK_NUMERICS) : check_numerics; }
 void kg_set_check_numerics(bool on) { check_numerics = on; }
 
 /* element i's class: 0 finite, 1 inf, 2 nan (float dtypes only) */

@@ -11,8 +11,7 @@ static int num_threads;
 
 int kg_num_threads(void) {
   if (!num_threads) {
-    const char *e = getenv("KENG_NUM_THREADS");
-    int n = e ? atoi(e) : 0;
+    int n = (int)kg_env_int(KG_ENV_KENG_NUM_THREADS);
     if (n <= 0) n = omp_get_num_procs();
     kg_set_num_threads(n);
   }

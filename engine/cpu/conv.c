@@ -458,13 +458,12 @@ static const direct_fn direct_avx2[] = {NULL, direct_tile_avx2_1, direct_tile_av
                                         direct_tile_avx2_4, direct_tile_avx2_5, direct_tile_avx2_6};
 
 /* 2: AVX-512, 1: AVX2+FMA, 0: neither; KENG_CONV_DIRECT=0 turns the kernel off, =2 / =1 caps
- * the ISA (read on every call, so the lab can switch variants) */
-static int direct_isa(void) { return kg_cpu_vector_isa("KENG_CONV_DIRECT"); }
+ * the ISA (the lab switches variants with setenv + kg_env_reload) */
+static int direct_isa(void) { return kg_cpu_vector_isa(KG_ENV_KENG_CONV_DIRECT); }
 
 /* KENG_CONV_DIRECT_FORCE=1 (lab): use the direct kernel at any size and batch */
 static bool direct_wanted(const geom *g, int isa) {
-  const char *f = getenv("KENG_CONV_DIRECT_FORCE");
-  if (f && *f == '1') return true;
+  if (kg_env_bool(KG_ENV_KENG_CONV_DIRECT_FORCE)) return true;
   /* 1x1: the GEMM reads the image in place; few output channels would leave lanes empty; few
    * input channels make the per-tap loop too short (UNet conv_in, 4 channels: 1.6x slower) */
   return npix(g) <= (isa == 2 ? DIRECT_MAX_PIX : DIRECT_MAX_PIX_AVX2) && g->B >= DIRECT_MIN_IMGS && !pointwise(g) &&

@@ -315,8 +315,8 @@ static const wino_fn wino_avx2[] = {NULL, wino_tile_avx2_1, wino_tile_avx2_2, wi
 /* ---- selection and driver ------------------------------------------------------------------- */
 
 /* 2: AVX-512, 1: AVX2+FMA, 0: off; KENG_CONV_WINOGRAD=0 turns it off, =1 / =2 caps the ISA
- * (read on every call, so the lab can switch variants) */
-static int wino_isa(void) { return kg_cpu_vector_isa("KENG_CONV_WINOGRAD"); }
+ * (the lab switches variants with setenv + kg_env_reload) */
+static int wino_isa(void) { return kg_cpu_vector_isa(KG_ENV_KENG_CONV_WINOGRAD); }
 
 /* the shapes the transform is correct for */
 static bool wino_applies(const kg_wino_shape *s) {
@@ -328,8 +328,7 @@ static bool wino_applies(const kg_wino_shape *s) {
 /* the shapes where it is faster than the other paths (one thread, docs/kernels.md "Winograd
  * convolution"); KENG_CONV_WINOGRAD_FORCE=1 (lab): wherever it applies */
 static bool wino_wanted(const kg_wino_shape *s, int64_t Ho, int64_t Wo) {
-  const char *f = getenv("KENG_CONV_WINOGRAD_FORCE");
-  if (f && *f == '1') return true;
+  if (kg_env_bool(KG_ENV_KENG_CONV_WINOGRAD_FORCE)) return true;
   int64_t P = Ho * Wo, tiles = ((Ho + 3) / 4) * ((Wo + 3) / 4);
   /* 4 input channels lose to the GEMM (8x64x64 4->32: 1.09-1.23 vs 1.08-1.10 ms), 8 win
    * (1.23-1.25 vs 1.98) */
@@ -560,11 +559,10 @@ bool kg_cpu_conv_winograd_bwd_weight(float *dw, const float *x, const float *dy,
   int isa = wino_isa();
   int64_t Ho = s->H + 2 * s->ph - 2, Wo = s->W + 2 * s->pw - 2;
   /* =0: the weight gradient by the other paths */
-  const char *e = getenv("KENG_CONV_WINOGRAD_DW"), *f = getenv("KENG_CONV_WINOGRAD_FORCE");
-  if (isa == 0 || (e && *e == '0') || !wino_wanted(s, Ho, Wo)) return false;
+  if (isa == 0 || !kg_env_bool(KG_ENV_KENG_CONV_WINOGRAD_DW) || !wino_wanted(s, Ho, Wo)) return false;
   /* images of fewer than 64 output pixels (the forward's 4x4 branch) tie or lose to the direct
    * kernel: 13x128x4x4 -> 128 1.34 vs 1.27 ms (fwd + bwd), 256 -> 128 2.51 vs 2.58 */
-  if (Ho * Wo < 64 && !(f && *f == '1')) return false;
+  if (Ho * Wo < 64 && !kg_env_bool(KG_ENV_KENG_CONV_WINOGRAD_FORCE)) return false;
   int L = isa == 2 ? 16 : 8, MB = 2 * L, NT = isa == 2 ? 14 : 6;
   const winow_fn *fns = isa == 2 ? winow_avx512 : winow_avx2;
   int64_t B = s->B, C = s->C, M = s->M, Cp = (C + WL - 1) / WL * WL, Mp = (M + MB - 1) / MB * MB;

@@ -30,9 +30,9 @@ void kg_cpu_philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i
  * run both); used by the vector kernels of elementwise.c and rows_simd.h. Defined in iter.c. */
 bool kg_cpu_avx2_fma(void);
 /* the widest float vectors the CPU has for a kernel with AVX2/AVX-512 variants: 2 AVX-512F,
- * 1 AVX2+FMA, 0 neither; capped by the integer in the environment variable cap_env when set
- * (0 = the kernel off; read on every call, so a lab can switch variants) */
-int kg_cpu_vector_isa(const char *cap_env);
+ * 1 AVX2+FMA, 0 neither; capped by the registry switch cap_env (engine/core/env.def; 0 = the
+ * kernel off; a lab switches variants with setenv + kg_env_reload) */
+int kg_cpu_vector_isa(kg_env_id cap_env);
 
 /* The copy and fill kernels (copy.c, creation.c), for kernels that build on them; fill_value
  * sets every element of t to v (an op's output: no in-place checks, no version bump). */

@@ -1,9 +1,11 @@
 /* elementwise.c (cpu) — unary, binary, clamp, where and the fused unary backward.
  * Each run of elements is loaded into a float (double when any operand is f64 or integer)
- * buffer, computed with the formulas of keng/scalar.h, and stored in the output dtype.
- * Float runs of tanh, gelu_tanh, exp, sigmoid, silu and quick_gelu (and the backward of
- * gelu_tanh, silu, quick_gelu) use the libm-free formulas below: AVX2+FMA 8 lanes when the CPU
- * has them, else a scalar loop with the same formula. f64 stays on libm. */
+ * buffer, computed with the formulas of the op's row in engine/ops/elementwise.def (one loop
+ * per row and compute type, generated below), and stored in the output dtype.
+ * Float runs of tanh, gelu_tanh, exp, sigmoid, silu, quick_gelu and gelu (and the backward of
+ * gelu_tanh, silu, quick_gelu, gelu) override their row with the libm-free formulas below,
+ * declared in the f32_fast table: AVX2+FMA 8 lanes when the CPU has them, else a scalar loop
+ * with the same formula. f64 stays on libm. */
 #include "cpu.h"
 
 #include <keng/scalar.h>
@@ -251,31 +253,92 @@ static void exp_family(int op, float *y, const float *x, const float *g, int64_t
 
 void kg_cpu_exp_f32(float *y, const float *x, int64_t n) { exp_family(F_EXP, y, x, NULL, n); }
 
-/* float runs of the tanh and exp families; false when op has no fast path */
-static bool fast_unary_f32(kg_op op, float *y, const float *x, int64_t n) {
-  switch (op) {
-  case KG_OP_TANH: tanh_family(0, y, x, NULL, n); return true;
-  case KG_OP_GELU_TANH: tanh_family(1, y, x, NULL, n); return true;
-  case KG_OP_EXP: exp_family(F_EXP, y, x, NULL, n); return true;
-  case KG_OP_SIGMOID: exp_family(F_SIGMOID, y, x, NULL, n); return true;
-  case KG_OP_SILU: exp_family(F_SILU, y, x, NULL, n); return true;
-  case KG_OP_QUICK_GELU: exp_family(F_QUICK_GELU, y, x, NULL, n); return true;
-  case KG_OP_GELU: exp_family(F_GELU, y, x, NULL, n); return true;
-  default: return false;
+/* ---- the formulas of elementwise.def as loops ------------------------------------------------
+ * One loop per row and compute type: y = f(a) or f(a, b); for the backward dx = g f'(s) with
+ * g in a and s in b. T is a typedef inside each loop, so the table's formulas read as written. */
+typedef void (*ew_loop_f32)(float *y, const float *a, const float *b, int64_t n);
+typedef void (*ew_loop_f64)(double *y, const double *a, const double *b, int64_t n);
+
+#define UNARY_LOOP(name, T_, sfx, F)                                                        \
+  static void fwd_##name##_##sfx(T_ *y, const T_ *a, const T_ *b, int64_t n) {              \
+    typedef T_ T;                                                                           \
+    (void)b;                                                                                \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T x = a[i];                                                                           \
+      y[i] = (F);                                                                           \
+    }                                                                                       \
   }
-}
-static bool fast_grad_f32(kg_op op, float *dx, const float *g, const float *s, int64_t n) {
-  switch (op) {
-  case KG_OP_GELU_TANH: tanh_family(2, dx, s, g, n); return true;
-  case KG_OP_SILU: exp_family(F_SILU_GRAD, dx, s, g, n); return true;
-  case KG_OP_QUICK_GELU: exp_family(F_QUICK_GELU_GRAD, dx, s, g, n); return true;
-  case KG_OP_GELU: exp_family(F_GELU_GRAD, dx, s, g, n); return true;
-  default: return false;
+#define BINARY_LOOP(name, T_, sfx, F)                                                       \
+  static void fwd_##name##_##sfx(T_ *y, const T_ *a_, const T_ *b_, int64_t n) {            \
+    typedef T_ T;                                                                           \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T a = a_[i], b = b_[i];                                                               \
+      y[i] = (F);                                                                           \
+    }                                                                                       \
   }
+#define GRAD_LOOP(name, T_, sfx, D)                                                         \
+  static void grad_##name##_##sfx(T_ *dx, const T_ *g_, const T_ *s_, int64_t n) {          \
+    typedef T_ T;                                                                           \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T g = g_[i], s = s_[i];                                                               \
+      (void)s;                                                                              \
+      dx[i] = (D);                                                                          \
+    }                                                                                       \
+  }
+#define GRAD_LOOPS_GRAD(name, D) GRAD_LOOP(name, float, f32, D) GRAD_LOOP(name, double, f64, D)
+#define GRAD_LOOPS_NOGRAD(name, D)
+#define KG_UNARY(ID, name, saves, grad, flags, F, D) \
+  UNARY_LOOP(name, float, f32, F) UNARY_LOOP(name, double, f64, F) GRAD_LOOPS_##grad(name, D)
+#define KG_BINARY(ID, name, saves, grad, flags, F) BINARY_LOOP(name, float, f32, F) BINARY_LOOP(name, double, f64, F)
+#include "../ops/elementwise.def"
+#undef KG_UNARY
+#undef KG_BINARY
+
+typedef struct {
+  ew_loop_f32 f32;
+  ew_loop_f64 f64;
+  ew_loop_f32 grad_f32; /* NULL: no backward (NOGRAD, binary) */
+  ew_loop_f64 grad_f64;
+} ew_loops;
+#define GRAD_PTRS_GRAD(name) grad_##name##_f32, grad_##name##_f64
+#define GRAD_PTRS_NOGRAD(name) NULL, NULL
+static const ew_loops loops[KG_OP_COUNT] = {
+#define KG_UNARY(ID, name, saves, grad, flags, F, D) [KG_OP_##ID] = {fwd_##name##_f32, fwd_##name##_f64, GRAD_PTRS_##grad(name)},
+#define KG_BINARY(ID, name, saves, grad, flags, F) [KG_OP_##ID] = {fwd_##name##_f32, fwd_##name##_f64, NULL, NULL},
+#include "../ops/elementwise.def"
+#undef KG_UNARY
+#undef KG_BINARY
+};
+
+/* ---- declared overrides: float runs of these rows use the libm-free formulas above ----------
+ * (AVX2+FMA when present, else their scalar form; docs/kernels.md). Each computes its row's
+ * formula to within the bounds that tests/lab/lab_elementwise --check enforces. */
+static void fast_tanh(float *y, const float *x, const float *u, int64_t n) { tanh_family(0, y, x, NULL, n); }
+static void fast_gelu_tanh(float *y, const float *x, const float *u, int64_t n) { tanh_family(1, y, x, NULL, n); }
+static void fast_exp(float *y, const float *x, const float *u, int64_t n) { exp_family(F_EXP, y, x, NULL, n); }
+static void fast_sigmoid(float *y, const float *x, const float *u, int64_t n) { exp_family(F_SIGMOID, y, x, NULL, n); }
+static void fast_silu(float *y, const float *x, const float *u, int64_t n) { exp_family(F_SILU, y, x, NULL, n); }
+static void fast_quick_gelu(float *y, const float *x, const float *u, int64_t n) { exp_family(F_QUICK_GELU, y, x, NULL, n); }
+static void fast_gelu(float *y, const float *x, const float *u, int64_t n) { exp_family(F_GELU, y, x, NULL, n); }
+/* backward: dx = g f'(s), g in the first input, s in the second */
+static void fast_gelu_tanh_grad(float *dx, const float *g, const float *s, int64_t n) { tanh_family(2, dx, s, g, n); }
+static void fast_silu_grad(float *dx, const float *g, const float *s, int64_t n) { exp_family(F_SILU_GRAD, dx, s, g, n); }
+static void fast_quick_gelu_grad(float *dx, const float *g, const float *s, int64_t n) {
+  exp_family(F_QUICK_GELU_GRAD, dx, s, g, n);
 }
-#define FAST_UNARY(T, op, y, x, n) (sizeof(T) == 4 && fast_unary_f32(op, (float *)(y), (const float *)(x), n))
-#define FAST_GRAD(T, op, dx, g, s, n) \
-  (sizeof(T) == 4 && fast_grad_f32(op, (float *)(dx), (const float *)(g), (const float *)(s), n))
+static void fast_gelu_grad(float *dx, const float *g, const float *s, int64_t n) { exp_family(F_GELU_GRAD, dx, s, g, n); }
+
+static const struct {
+  ew_loop_f32 fwd, grad;
+} f32_fast[KG_OP_COUNT] = {
+    [KG_OP_TANH] = {fast_tanh, NULL},
+    [KG_OP_GELU_TANH] = {fast_gelu_tanh, fast_gelu_tanh_grad},
+    [KG_OP_EXP] = {fast_exp, NULL},
+    [KG_OP_SIGMOID] = {fast_sigmoid, NULL},
+    [KG_OP_SILU] = {fast_silu, fast_silu_grad},
+    [KG_OP_QUICK_GELU] = {fast_quick_gelu, fast_quick_gelu_grad},
+    [KG_OP_GELU] = {fast_gelu, fast_gelu_grad},
+};
 
 typedef struct {
   kg_op op;
@@ -283,70 +346,9 @@ typedef struct {
   int nops;
   bool wide;
   const void *params;
+  ew_loop_f32 f32; /* the row's loop (or its override) for UNARY, BINARY and UNARY_BACKWARD */
+  ew_loop_f64 f64;
 } ew_ctx;
-
-#define UNARY_BODY(T, op, y, x, n)                                                      \
-  switch (op) {                                                                         \
-  case KG_OP_NEG: for (int64_t i = 0; i < n; i++) y[i] = -x[i]; break;                  \
-  case KG_OP_EXP: for (int64_t i = 0; i < n; i++) y[i] = exp(x[i]); break;             \
-  case KG_OP_LOG: for (int64_t i = 0; i < n; i++) y[i] = log(x[i]); break;             \
-  case KG_OP_SQRT: for (int64_t i = 0; i < n; i++) y[i] = sqrt(x[i]); break;           \
-  case KG_OP_RSQRT: for (int64_t i = 0; i < n; i++) y[i] = (T)1 / sqrt(x[i]); break;   \
-  case KG_OP_ABS: for (int64_t i = 0; i < n; i++) y[i] = fabs(x[i]); break;            \
-  case KG_OP_SIN: for (int64_t i = 0; i < n; i++) y[i] = sin(x[i]); break;             \
-  case KG_OP_COS: for (int64_t i = 0; i < n; i++) y[i] = cos(x[i]); break;             \
-  case KG_OP_TANH: for (int64_t i = 0; i < n; i++) y[i] = tanh(x[i]); break;           \
-  case KG_OP_SIGMOID: for (int64_t i = 0; i < n; i++) y[i] = KG_SIGMOID(T, x[i]); break; \
-  case KG_OP_RELU: for (int64_t i = 0; i < n; i++) y[i] = !(x[i] <= 0) ? x[i] : (T)0; break; /* NaN stays */ \
-  case KG_OP_SILU: for (int64_t i = 0; i < n; i++) y[i] = KG_SILU(T, x[i]); break;     \
-  case KG_OP_GELU: for (int64_t i = 0; i < n; i++) y[i] = KG_GELU(T, x[i]); break;     \
-  case KG_OP_GELU_TANH: for (int64_t i = 0; i < n; i++) y[i] = KG_GELU_TANH(T, x[i]); break; \
-  case KG_OP_QUICK_GELU: for (int64_t i = 0; i < n; i++) y[i] = KG_QUICK_GELU(T, x[i]); break; \
-  case KG_OP_LOGICAL_NOT: for (int64_t i = 0; i < n; i++) y[i] = x[i] == 0; break;     \
-  default: break;                                                                       \
-  }
-
-#define BINARY_BODY(T, op, y, a, b, n)                                                            \
-  switch (op) {                                                                                   \
-  case KG_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; break;                      \
-  case KG_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i]; break;                      \
-  case KG_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i]; break;                      \
-  case KG_OP_DIV: for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i]; break;                      \
-  case KG_OP_POW: for (int64_t i = 0; i < n; i++) y[i] = pow(a[i], b[i]); break;                  \
-  case KG_OP_MAXIMUM: for (int64_t i = 0; i < n; i++) y[i] = (a[i] > b[i] || a[i] != a[i]) ? a[i] : b[i]; break; \
-  case KG_OP_MINIMUM: for (int64_t i = 0; i < n; i++) y[i] = (a[i] < b[i] || a[i] != a[i]) ? a[i] : b[i]; break; \
-  case KG_OP_EQ: for (int64_t i = 0; i < n; i++) y[i] = a[i] == b[i]; break;                      \
-  case KG_OP_NE: for (int64_t i = 0; i < n; i++) y[i] = a[i] != b[i]; break;                      \
-  case KG_OP_LT: for (int64_t i = 0; i < n; i++) y[i] = a[i] < b[i]; break;                       \
-  case KG_OP_LE: for (int64_t i = 0; i < n; i++) y[i] = a[i] <= b[i]; break;                      \
-  case KG_OP_GT: for (int64_t i = 0; i < n; i++) y[i] = a[i] > b[i]; break;                       \
-  case KG_OP_GE: for (int64_t i = 0; i < n; i++) y[i] = a[i] >= b[i]; break;                      \
-  default: break;                                                                                 \
-  }
-
-/* dx = g * f'(x) where s is the saved input x or output y (see the ops.def saves column) */
-#define UNARY_GRAD_BODY(T, op, dx, g, s, n, lo, hi)                                                    \
-  switch (op) {                                                                                        \
-  case KG_OP_EXP: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * s[i]; break;                          \
-  case KG_OP_LOG: for (int64_t i = 0; i < n; i++) dx[i] = g[i] / s[i]; break;                          \
-  case KG_OP_SQRT: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * (T)0.5 / s[i]; break;                \
-  case KG_OP_RSQRT: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * (T)-0.5 * s[i] * s[i] * s[i]; break; \
-  case KG_OP_ABS: for (int64_t i = 0; i < n; i++) dx[i] = s[i] > 0 ? g[i] : s[i] < 0 ? -g[i] : (T)0; break; \
-  case KG_OP_SIN: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * cos(s[i]); break;                     \
-  case KG_OP_COS: for (int64_t i = 0; i < n; i++) dx[i] = -g[i] * sin(s[i]); break;                    \
-  case KG_OP_TANH: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * ((T)1 - s[i] * s[i]); break;          \
-  case KG_OP_SIGMOID: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * s[i] * ((T)1 - s[i]); break;       \
-  case KG_OP_RELU: for (int64_t i = 0; i < n; i++) dx[i] = !(s[i] <= 0) ? g[i] : (T)0; break;           \
-  case KG_OP_SILU: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_SILU_GRAD(T, s[i]); break;        \
-  case KG_OP_GELU: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_GELU_GRAD(T, s[i]); break;        \
-  case KG_OP_GELU_TANH: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_GELU_TANH_GRAD(T, s[i]); break; \
-  case KG_OP_QUICK_GELU: for (int64_t i = 0; i < n; i++) dx[i] = g[i] * KG_QUICK_GELU_GRAD(T, s[i]); break; \
-  case KG_OP_CLAMP:                                                                                    \
-    for (int64_t i = 0; i < n; i++)                                                                    \
-      dx[i] = (s[i] >= lo && s[i] <= hi) ? g[i] : (T)0;                                                \
-    break;                                                                                             \
-  default: break;                                                                                      \
-  }
 
 /* an absent bound is -inf / +inf; a NaN bound makes every element NaN and a NaN element stays
  * NaN (PyTorch) */
@@ -361,36 +363,34 @@ typedef struct {
 #define WHERE_BODY(y, c, a, b, n) \
   for (int64_t i = 0; i < n; i++) y[i] = c[i] != 0 ? a[i] : b[i];
 
+/* one chunk: y = f(a[, b]), clamp, where, or (UNARY_BACKWARD) dx = g f'(s) with g in a, s in b.
+ * f32 / f64 pick the loop of the compute type T. */
+#define EW_CHUNK(T, LOOP, c, y, a, b, w, n)                                                      \
+  switch ((c)->op) {                                                                             \
+  case KG_OP_CLAMP: {                                                                            \
+    const kg_clamp_params *p = (c)->params;                                                      \
+    CLAMP_BODY(T, y, a, n, p->lo, p->hi)                                                         \
+  } break;                                                                                       \
+  case KG_OP_WHERE: WHERE_BODY(y, a, b, w, n) break;                                             \
+  default:                                                                                       \
+    if ((c)->LOOP) (c)->LOOP(y, a, b, n);                                                        \
+    else { /* the backward of clamp: the gradient passes inside [lo, hi] */                      \
+      const kg_unary_backward_params *p = (c)->params;                                           \
+      double lo = p->lo, hi = p->hi;                                                             \
+      for (int64_t i = 0; i < n; i++) y[i] = (b[i] >= lo && b[i] <= hi) ? a[i] : (T)0;           \
+    }                                                                                            \
+  }
+
 /* one chunked run; T is float or double, LOAD/STORE the matching converters */
-#define EW_RUN(T, LOAD, STORE)                                                                   \
+#define EW_RUN(T, LOOP, LOAD, STORE)                                                             \
   {                                                                                              \
     T buf[KG_ITER_MAX][KG_CHUNK];                                                                \
     for (int64_t i = 0; i < n; i += KG_CHUNK) {                                                  \
       int64_t m = n - i < KG_CHUNK ? n - i : KG_CHUNK;                                           \
       for (int k = 1; k < c->nops; k++)                                                          \
         LOAD(buf[k], ptr[k] + i * stride[k] * kg_dtype_info[c->dt[k]].size, c->dt[k], stride[k], m); \
-      T *y = buf[0], *a = buf[1], *b = buf[2], *w = buf[3];                                      \
-      (void)b;                                                                                   \
-      (void)w;                                                                                   \
-      switch (c->op) {                                                                           \
-      case KG_OP_UNARY_BACKWARD: {                                                               \
-        const kg_unary_backward_params *p = c->params;                                           \
-        double lo = p->lo, hi = p->hi;                                                           \
-        if (!FAST_GRAD(T, p->op, y, a, b, m)) UNARY_GRAD_BODY(T, p->op, y, a, b, m, lo, hi)      \
-      } break;                                                                                   \
-      case KG_OP_CLAMP: {                                                                        \
-        const kg_clamp_params *p = c->params;                                                    \
-        CLAMP_BODY(T, y, a, m, p->lo, p->hi)                                                     \
-      } break;                                                                                   \
-      case KG_OP_WHERE: WHERE_BODY(y, a, b, w, m) break;                                         \
-      default:                                                                                   \
-        if (c->nops == 2) {                                                                      \
-          if (!FAST_UNARY(T, c->op, y, a, m)) UNARY_BODY(T, c->op, y, a, m)                      \
-        } else {                                                                                 \
-          BINARY_BODY(T, c->op, y, a, b, m)                                                      \
-        }                                                                                        \
-      }                                                                                          \
-      STORE(ptr[0] + i * stride[0] * kg_dtype_info[c->dt[0]].size, c->dt[0], stride[0], y, m);   \
+      EW_CHUNK(T, LOOP, c, buf[0], buf[1], buf[2], buf[3], m)                                    \
+      STORE(ptr[0] + i * stride[0] * kg_dtype_info[c->dt[0]].size, c->dt[0], stride[0], buf[0], m); \
     }                                                                                            \
   }
 
@@ -398,24 +398,8 @@ typedef struct {
  * (the common case), so the two chunk copies per element are skipped */
 static void ew_run_f32_direct(const ew_ctx *c, char *const *ptr, int64_t n) {
   float *y = (float *)ptr[0];
-  const float *a = (const float *)ptr[1], *b = c->nops > 2 ? (const float *)ptr[2] : NULL;
-  switch (c->op) {
-  case KG_OP_UNARY_BACKWARD: {
-    const kg_unary_backward_params *p = c->params;
-    double lo = p->lo, hi = p->hi;
-    if (!FAST_GRAD(float, p->op, y, a, b, n)) UNARY_GRAD_BODY(float, p->op, y, a, b, n, lo, hi)
-  } break;
-  case KG_OP_CLAMP: {
-    const kg_clamp_params *p = c->params;
-    CLAMP_BODY(float, y, a, n, p->lo, p->hi)
-  } break;
-  default:
-    if (c->nops == 2) {
-      if (!FAST_UNARY(float, c->op, y, a, n)) UNARY_BODY(float, c->op, y, a, n)
-    } else {
-      BINARY_BODY(float, c->op, y, a, b, n)
-    }
-  }
+  const float *a = (const float *)ptr[1], *b = c->nops > 2 ? (const float *)ptr[2] : NULL, *w = NULL;
+  EW_CHUNK(float, f32, c, y, a, b, w, n)
 }
 
 /* and no input overlaps the output except exactly (in place): a shifted overlap would read
@@ -460,12 +444,23 @@ static void ew_run(void *ctx, char *const *ptr, const int64_t *stride, int64_t n
   const ew_ctx *c = ctx;
   if (all_f32_unit(c, ptr, stride, n)) ew_run_f32_direct(c, ptr, n);
   else if (f32_unit_or_broadcast(c, ptr, stride, n)) ew_run_f32_broadcast(c, ptr, stride, n);
-  else if (c->wide) EW_RUN(double, kg_cpu_load_f64, kg_cpu_store_f64)
-  else EW_RUN(float, kg_cpu_load_f32, kg_cpu_store_f32)
+  else if (c->wide) EW_RUN(double, f64, kg_cpu_load_f64, kg_cpu_store_f64)
+  else EW_RUN(float, f32, kg_cpu_load_f32, kg_cpu_store_f32)
 }
 
 static kg_status run(const kg_op_call *call) {
-  ew_ctx c = {call->op, {0}, 1 + call->nin, false, call->params};
+  ew_ctx c = {call->op, {0}, 1 + call->nin, false, call->params, NULL, NULL};
+  if (call->op == KG_OP_UNARY_BACKWARD) {
+    kg_op op = ((const kg_unary_backward_params *)call->params)->op;
+    if (op != KG_OP_CLAMP) {
+      c.f32 = f32_fast[op].grad ? f32_fast[op].grad : loops[op].grad_f32;
+      c.f64 = loops[op].grad_f64;
+      if (!c.f32) return kg_error(KG_ERR_VALUE, "unary_backward", "%s has no derivative", kg_op_info[op].name);
+    }
+  } else if (call->op != KG_OP_CLAMP && call->op != KG_OP_WHERE) {
+    c.f32 = f32_fast[call->op].fwd ? f32_fast[call->op].fwd : loops[call->op].f32;
+    c.f64 = loops[call->op].f64;
+  }
   const kg_tensor *ts[KG_ITER_MAX] = {call->out[0]};
   c.dt[0] = call->out[0]->dtype;
   c.wide = kg_cpu_wide(c.dt[0]);
@@ -480,10 +475,14 @@ static kg_status run(const kg_op_call *call) {
   return KG_OK;
 }
 
-#define KERNEL(name) \
+/* kg_cpu_<name> for every row of elementwise.def, and the ops with their own bodies */
+#define KG_UNARY(ID, name, saves, grad, flags, F, D) \
   kg_status kg_cpu_##name(const kg_op_call *c) { return run(c); }
-KERNEL(neg) KERNEL(exp) KERNEL(log) KERNEL(sqrt) KERNEL(rsqrt) KERNEL(abs) KERNEL(sin) KERNEL(cos)
-KERNEL(tanh) KERNEL(sigmoid) KERNEL(relu) KERNEL(silu) KERNEL(gelu) KERNEL(gelu_tanh) KERNEL(quick_gelu)
-KERNEL(logical_not) KERNEL(clamp) KERNEL(unary_backward)
-KERNEL(add) KERNEL(sub) KERNEL(mul) KERNEL(div) KERNEL(pow) KERNEL(maximum) KERNEL(minimum)
-KERNEL(eq) KERNEL(ne) KERNEL(lt) KERNEL(le) KERNEL(gt) KERNEL(ge) KERNEL(where)
+#define KG_BINARY(ID, name, saves, grad, flags, F) \
+  kg_status kg_cpu_##name(const kg_op_call *c) { return run(c); }
+#include "../ops/elementwise.def"
+#undef KG_UNARY
+#undef KG_BINARY
+kg_status kg_cpu_clamp(const kg_op_call *c) { return run(c); }
+kg_status kg_cpu_where(const kg_op_call *c) { return run(c); }
+kg_status kg_cpu_unary_backward(const kg_op_call *c) { return run(c); }

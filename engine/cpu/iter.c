@@ -12,20 +12,19 @@
 #endif
 
 bool kg_cpu_avx2_fma(void) {
-  static int on = -1;
-  if (on < 0) {
+  static int have = -1;
+  if (have < 0) {
 #if defined(__x86_64__) || defined(__i386__)
-    const char *off = getenv("KENG_NO_SIMD");
     __builtin_cpu_init();
-    on = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && *off && *off != '0');
+    have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
-    on = 0;
+    have = 0;
 #endif
   }
-  return on == 1;
+  return have == 1 && !kg_env_bool(KG_ENV_KENG_NO_SIMD);
 }
 
-int kg_cpu_vector_isa(const char *cap_env) {
+int kg_cpu_vector_isa(kg_env_id cap_env) {
   static int have = -1;
   if (have < 0) {
     int h = 0;
@@ -36,9 +35,8 @@ int kg_cpu_vector_isa(const char *cap_env) {
 #endif
     have = h;
   }
-  const char *e = getenv(cap_env);
-  int cap = e && *e ? atoi(e) : 2;
-  return have < cap ? have : cap;
+  long long cap = kg_env_int(cap_env);
+  return have < cap ? have : (int)cap;
 }
 
 /* ---- vectorised bf16 <-> f32 runs (unit stride): AVX2 when the CPU has it, else scalar ---- */

@@ -454,14 +454,7 @@ static kg_status backward_direct_f32(const kg_op_call *c, const norm_plan *q) {
 }
 
 /* KENG_NORM_DIRECT=0 forces the buffered path (the kernel lab compares both) */
-static bool direct_enabled(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("KENG_NORM_DIRECT");
-    on = !(e && *e == '0');
-  }
-  return on;
-}
+static bool direct_enabled(void) { return kg_env_bool(KG_ENV_KENG_NORM_DIRECT); }
 
 /* float, bf16 or f16, all of ts the same dtype */
 static bool direct_dtypes(const kg_tensor *const *ts, int n) {

@@ -94,11 +94,10 @@ __attribute__((target("avx2"))) static void philox_lanes_avx2(uint32_t *out, uin
 static bool philox_avx2(void) {
   static int have = -1;
   if (have < 0) {
-    const char *off = getenv("KENG_NO_SIMD");
     __builtin_cpu_init();
-    have = __builtin_cpu_supports("avx2") && !(off && *off && *off != '0');
+    have = __builtin_cpu_supports("avx2");
   }
-  return have == 1;
+  return have == 1 && !kg_env_bool(KG_ENV_KENG_NO_SIMD);
 }
 #define PHILOX_LANES_FN (philox_avx2() ? philox_lanes_avx2 : philox_lanes)
 #else

@@ -151,14 +151,7 @@ static int64_t select_row_f32(const char *row, kg_dtype dt, int64_t n, bool want
 }
 
 /* KENG_SELECT_DIRECT=0 forces the general path (the kernel lab compares both) */
-static bool select_direct_enabled(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("KENG_SELECT_DIRECT");
-    on = !(e && *e == '0');
-  }
-  return on;
-}
+static bool select_direct_enabled(void) { return kg_env_bool(KG_ENV_KENG_SELECT_DIRECT); }
 
 /* max/min/argmax/argmin: the first extreme element of each row; NaN counts as the extreme */
 static kg_status select_run(const kg_op_call *c, bool want_max) {

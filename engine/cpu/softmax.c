@@ -200,14 +200,7 @@ static bool direct_rows(const kg_tensor *const *ts, int nt, int dim) {
 }
 
 /* KENG_SOFTMAX_DIRECT=0 forces the buffered path (the kernel lab compares both) */
-static bool direct_enabled(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("KENG_SOFTMAX_DIRECT");
-    on = !(e && *e == '0');
-  }
-  return on;
-}
+static bool direct_enabled(void) { return kg_env_bool(KG_ENV_KENG_SOFTMAX_DIRECT); }
 
 /* buf holds the row, tmp n more elements for the log form's exponentials */
 #define SOFTMAX_ROWS(T, SFX, LOAD, STORE, LOG)                                                     \

@@ -1,72 +1,56 @@
 /* elementwise.cu — unary, binary (broadcasting), clamp, where, the fused unary backward, and
  * the one generic strided kernel behind them (also used by fill, copy and tril/triu in
- * creation.cu). Formulas are those of keng/scalar.h and engine/cpu/elementwise.c: compute in
+ * creation.cu). Formulas are the rows of engine/ops/elementwise.def, as on the CPU: compute in
  * float, or double when any operand is f64 or an integer; store in the output's dtype. */
 #include "cuda.cuh"
 
 #include <math.h>
 
+/* The formulas of elementwise.def, one case per row (T = the compute type A). Only rows of the
+ * table launch these kinds (their kg_cuda_<name> are generated from the same rows below), so the
+ * value after each switch is never reached. */
 template <class A> __device__ __forceinline__ A unary_f(int op, A x) {
+  typedef A T;
   switch (op) {
-  case KG_OP_NEG: return -x;
-  case KG_OP_EXP: return exp(x);
-  case KG_OP_LOG: return log(x);
-  case KG_OP_SQRT: return sqrt(x);
-  case KG_OP_RSQRT: return (A)1 / sqrt(x);
-  case KG_OP_ABS: return fabs(x);
-  case KG_OP_SIN: return sin(x);
-  case KG_OP_COS: return cos(x);
-  case KG_OP_TANH: return tanh(x);
-  case KG_OP_SIGMOID: return KG_SIGMOID(A, x);
-  case KG_OP_RELU: return !(x <= 0) ? x : (A)0; /* NaN stays NaN */
-  case KG_OP_SILU: return KG_SILU(A, x);
-  case KG_OP_GELU: return KG_GELU(A, x);
-  case KG_OP_GELU_TANH: return KG_GELU_TANH(A, x);
-  case KG_OP_QUICK_GELU: return KG_QUICK_GELU(A, x);
-  case KG_OP_LOGICAL_NOT: return x == 0;
-  default: return x;
+#define KG_UNARY(ID, name, saves, grad, flags, F, D) \
+  case KG_OP_##ID: return (A)(F);
+#define KG_BINARY(ID, name, saves, grad, flags, F)
+#include "../ops/elementwise.def"
+#undef KG_UNARY
+#undef KG_BINARY
   }
+  return (A)NAN;
 }
 
 template <class A> __device__ __forceinline__ A binary_f(int op, A a, A b) {
+  typedef A T;
   switch (op) {
-  case KG_OP_ADD: return a + b;
-  case KG_OP_SUB: return a - b;
-  case KG_OP_MUL: return a * b;
-  case KG_OP_DIV: return a / b;
-  case KG_OP_POW: return pow(a, b);
-  case KG_OP_MAXIMUM: return (a > b || a != a) ? a : b;
-  case KG_OP_MINIMUM: return (a < b || a != a) ? a : b;
-  case KG_OP_EQ: return a == b;
-  case KG_OP_NE: return a != b;
-  case KG_OP_LT: return a < b;
-  case KG_OP_LE: return a <= b;
-  case KG_OP_GT: return a > b;
-  case KG_OP_GE: return a >= b;
-  default: return a;
+#define KG_UNARY(ID, name, saves, grad, flags, F, D)
+#define KG_BINARY(ID, name, saves, grad, flags, F) \
+  case KG_OP_##ID: return (A)(F);
+#include "../ops/elementwise.def"
+#undef KG_UNARY
+#undef KG_BINARY
   }
+  return (A)NAN;
 }
 
-/* dx = g * f'(x), s the saved input or output (see ops.def's saves column) */
+/* dx = g f'(s), s the saved input or output (the row's saves column); clamp's gradient passes
+ * inside [lo, hi] (absent bounds are -inf / +inf) */
+#define GRAD_CASE_GRAD(ID, D) \
+  case KG_OP_##ID: return (A)(D);
+#define GRAD_CASE_NOGRAD(ID, D)
 template <class A> __device__ __forceinline__ A unary_grad_f(int op, A g, A s, double lo, double hi) {
+  typedef A T;
   switch (op) {
-  case KG_OP_EXP: return g * s;
-  case KG_OP_LOG: return g / s;
-  case KG_OP_SQRT: return g * (A)0.5 / s;
-  case KG_OP_RSQRT: return g * (A)-0.5 * s * s * s;
-  case KG_OP_ABS: return s > 0 ? g : s < 0 ? -g : (A)0;
-  case KG_OP_SIN: return g * cos(s);
-  case KG_OP_COS: return -g * sin(s);
-  case KG_OP_TANH: return g * ((A)1 - s * s);
-  case KG_OP_SIGMOID: return g * s * ((A)1 - s);
-  case KG_OP_RELU: return !(s <= 0) ? g : (A)0;
-  case KG_OP_SILU: return g * KG_SILU_GRAD(A, s);
-  case KG_OP_GELU: return g * KG_GELU_GRAD(A, s);
-  case KG_OP_GELU_TANH: return g * KG_GELU_TANH_GRAD(A, s);
-  case KG_OP_QUICK_GELU: return g * KG_QUICK_GELU_GRAD(A, s);
-  case KG_OP_CLAMP: return (s >= lo && s <= hi) ? g : (A)0; /* absent bounds are -inf / +inf */
-  default: return g;
+#define KG_UNARY(ID, name, saves, grad, flags, F, D) GRAD_CASE_##grad(ID, D)
+#define KG_BINARY(ID, name, saves, grad, flags, F)
+#include "../ops/elementwise.def"
+#undef KG_UNARY
+#undef KG_BINARY
+  case KG_OP_CLAMP: return (s >= lo && s <= hi) ? g : (A)0;
   }
+  return (A)NAN;
 }
 
 /* N operands (output first); S the output's storage type, A the compute type */
@@ -158,18 +142,20 @@ static kg_status run(const kg_op_call *c, int kind) {
   } else if (kind == KG_EW_UGRAD) {
     const kg_unary_backward_params *p = (const kg_unary_backward_params *)c->params;
     a.op = (int)p->op, a.lo = p->lo, a.hi = p->hi;
+    if (p->op != KG_OP_CLAMP && (kg_op_info[p->op].kind != KG_KIND_UNARY || !kg_op_info[p->op].differentiable))
+      return kg_error(KG_ERR_VALUE, "unary_backward", "%s has no derivative", kg_op_info[p->op].name);
   }
   return kg_cuda_ew(kg_op_info[c->op].name, a, c->out[0], c->nin, c->in);
 }
 
-#define UNARY(name) \
+/* kg_cuda_<name> for every row of elementwise.def */
+#define KG_UNARY(ID, name, saves, grad, flags, F, D) \
   extern "C" kg_status kg_cuda_##name(const kg_op_call *c) { return run(c, KG_EW_UNARY); }
-#define BINARY(name) \
+#define KG_BINARY(ID, name, saves, grad, flags, F) \
   extern "C" kg_status kg_cuda_##name(const kg_op_call *c) { return run(c, KG_EW_BINARY); }
-UNARY(neg) UNARY(exp) UNARY(log) UNARY(sqrt) UNARY(rsqrt) UNARY(abs) UNARY(sin) UNARY(cos) UNARY(tanh)
-UNARY(sigmoid) UNARY(relu) UNARY(silu) UNARY(gelu) UNARY(gelu_tanh) UNARY(quick_gelu) UNARY(logical_not)
-BINARY(add) BINARY(sub) BINARY(mul) BINARY(div) BINARY(pow) BINARY(maximum) BINARY(minimum)
-BINARY(eq) BINARY(ne) BINARY(lt) BINARY(le) BINARY(gt) BINARY(ge)
+#include "../ops/elementwise.def"
+#undef KG_UNARY
+#undef KG_BINARY
 extern "C" kg_status kg_cuda_where(const kg_op_call *c) { return run(c, KG_EW_WHERE); }
 extern "C" kg_status kg_cuda_clamp(const kg_op_call *c) { return run(c, KG_EW_CLAMP); }
 extern "C" kg_status kg_cuda_unary_backward(const kg_op_call *c) { return run(c, KG_EW_UGRAD); }

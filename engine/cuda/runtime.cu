@@ -120,10 +120,7 @@ cudaStream_t kg_cuda_stream(int device) {
 }
 
 kg_status kg_cuda_check(const char *op, int device) {
-  if (sync_mode < 0) {
-    const char *e = getenv("KENG_SYNC");
-    sync_mode = e && atoi(e) > 0;
-  }
+  if (sync_mode < 0) sync_mode = kg_env_bool(KG_ENV_KENG_SYNC);
   KG_TRY(kg_cuda_err(cudaGetLastError(), op, "kernel launch"));
   if (sync_mode && !kg_cuda_capturing(device))
     KG_TRY(kg_cuda_err(cudaStreamSynchronize(kg_cuda_stream(device)), op, "kernel (KENG_SYNC=1)"));

@@ -78,8 +78,8 @@ static kg_status mpi_err(int rc, const char *op) {
 static double timeout_s(void) {
   static double t = -1;
   if (t < 0) {
-    const char *v = getenv("KENG_DIST_TIMEOUT");
-    t = v && atof(v) > 0 ? atof(v) : 1800;
+    double v = kg_env_float(KG_ENV_KENG_DIST_TIMEOUT);
+    t = v > 0 ? v : 1800;
   }
   return t;
 }

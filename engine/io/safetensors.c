@@ -877,8 +877,7 @@ kg_status kg_safetensors_save(const char *path, const kg_tensor_dict *d) {
     struct stat old;
     fchmod(fd, !stat(path, &old) ? (old.st_mode & 07777) : (0666 & ~mask)); /* like a plain create */
     st_writer w = {fd, 0, UINT64_MAX, path};
-    const char *fail = getenv("KENG_IO_FAIL_AFTER_BYTES");
-    if (fail && *fail) w.limit = strtoull(fail, NULL, 10);
+    if (kg_env_is_set(KG_ENV_KENG_IO_FAIL_AFTER_BYTES)) w.limit = (uint64_t)kg_env_int(KG_ENV_KENG_IO_FAIL_AFTER_BYTES);
     s = write_temp(&w, &hdr, items, d->n);
     if (close(fd) && !s) s = SAVEERR(path, "close failed: %s", strerror(errno));
     if (!s && rename(tmp, path)) s = SAVEERR(path, "rename of the temp file failed: %s", strerror(errno));

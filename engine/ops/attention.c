@@ -209,8 +209,7 @@ static kg_status sdpa_math(kg_tensor **out, const kg_tensor *q, const kg_tensor 
 /* bytes of f32 scores per chunk of the math route without grad: KENG_SDPA_MATH_CHUNK (a test
  * knob) or KG_SDPA_MATH_CHUNK_BYTES */
 static int64_t math_chunk_bytes(void) {
-  const char *e = getenv("KENG_SDPA_MATH_CHUNK");
-  long long v = e ? atoll(e) : 0;
+  long long v = kg_env_int(KG_ENV_KENG_SDPA_MATH_CHUNK);
   return v > 0 ? (int64_t)v : KG_SDPA_MATH_CHUNK_BYTES;
 }
 

@@ -4,7 +4,9 @@
  *     build (KENG_HAVE_CUDA) they also have a CUDA kernel (kg_cuda_<name>);
  *   - every op marked GRAD whose kind is not COMPOSITE has a backward (kg_grad_<name>);
  *   - names are unique, lower-case identifiers, and kg_op_info follows ops.def's order, kinds
- *     and GRAD marks.
+ *     and GRAD marks (elementwise.def's rows come in through ops.def);
+ *   - the flags of elementwise.def's rows are consistent (COMPARE rows are NOGRAD, INPLACE is
+ *     binary only).
  * Each missing item is printed; the test fails if any is missing.
  */
 #include <keng/keng.h>
@@ -83,6 +85,11 @@ int main(void) {
     if (!needs_kernel && f->kernel[KG_DEV_CPU])
       report("%s: has kg_cpu_%s but its kind (view/composite) never dispatches it", f->name, f->name);
     if (f->kernel[KG_DEV_META]) report("%s: a meta kernel is set (meta tensors run no kernels)%s", f->name, "");
+    /* the flags of elementwise.def's rows */
+    if (f->flags && f->kind != KG_KIND_UNARY && f->kind != KG_KIND_BINARY)
+      report("%s: elementwise flags on a non-elementwise op%s", f->name, "");
+    if ((f->flags & KG_OPF_COMPARE) && f->differentiable) report("%s: a COMPARE row is GRAD%s", f->name, "");
+    if ((f->flags & KG_OPF_INPLACE) && f->kind != KG_KIND_BINARY) report("%s: INPLACE on a unary op%s", f->name, "");
   }
 
   printf("test_op_table: %d ops, %d missing\n", KG_OP_COUNT, missing);

@@ -160,14 +160,16 @@ end
 
 -- ---- elementwise -------------------------------------------------------------------------
 local positive = function(t) return t:abs() + 0.1 end
-local UNARY = {
-  neg = false, exp = false, log = positive, sqrt = positive, rsqrt = positive, abs = false, sin = false,
-  cos = false, tanh = false, sigmoid = false, relu = false, silu = false, gelu = false, gelu_tanh = false,
-  quick_gelu = false, logical_not = false,
-}
-local UNARY_NAMES = {}
-for k in pairs(UNARY) do UNARY_NAMES[#UNARY_NAMES + 1] = k end
-table.sort(UNARY_NAMES)
+-- every unary op of the op table (engine/ops/elementwise.def); the domain of those that need one
+local UNARY = {log = positive, sqrt = positive, rsqrt = positive}
+local UNARY_NAMES, DIFF = {}, {}
+for _, op in ipairs(keng.ops()) do
+  if op.kind == "unary" then
+    UNARY_NAMES[#UNARY_NAMES + 1] = op.name
+    if op.differentiable then DIFF[#DIFF + 1] = op.name end
+  end
+end
+DIFF[#DIFF + 1] = "clamp"
 local function apply(x, op)
   if op == "gelu_tanh" then return x:gelu{approximate = "tanh"} end
   return x[op](x)
@@ -225,8 +227,6 @@ for _, dt in ipairs(FLOATS) do
 end
 
 -- gradients run UNARY_BACKWARD (and the copies, fills and sums of the tape) on the device
-local DIFF = {"exp", "log", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu", "silu", "gelu",
-  "gelu_tanh", "quick_gelu", "clamp"}
 for _, op in ipairs(DIFF) do
   for _, dt in ipairs({"f32", "f64", "bf16"}) do
     local f = (op == "log" or op == "sqrt" or op == "rsqrt") and positive or nil

@@ -57,6 +57,7 @@ static void use_variant(const variant *v) {
   setenv("KENG_CONV_DIRECT_FORCE", v->force, 1);
   setenv("KENG_CONV_WINOGRAD", v->wino, 1);
   setenv("KENG_CONV_WINOGRAD_FORCE", v->wforce, 1);
+  kg_env_reload(); /* the engine reads its switches once */
 }
 
 /* ---- cases --------------------------------------------------------------------------------- */

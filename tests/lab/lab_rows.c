@@ -392,6 +392,7 @@ static int check_in_child(const char *label, const char *const *env) {
   pid_t pid = fork();
   if (pid == 0) {
     for (int i = 0; env[i]; i += 2) setenv(env[i], env[i + 1], 1);
+    kg_env_reload(); /* the engine reads its switches once */
     int f = check_all();
     printf("lab_rows --check [%s]: %d failure(s)\n", label, f);
     fflush(stdout);
@@ -479,6 +480,7 @@ int main(int argc, char **argv) {
     pid_t pid = fork();
     if (pid == 0) {
       for (int i = 0; envs[k][i]; i += 2) setenv(envs[k][i], envs[k][i + 1], 1);
+      kg_env_reload();
       printf("%s, best of %d, process CPU time:\n", labels[k], runs);
       time_all(runs);
       fflush(stdout);

@@ -35,13 +35,23 @@ local unary = {
   silu = function(x) return x * sigmoid(x) end,
   gelu = function(x) return 0.5 * x * (1 + erf(x / math.sqrt(2))) end,
   quick_gelu = function(x) return x * sigmoid(1.702 * x) end,
+  softplus = function(x) -- PyTorch: beta 1, threshold 20; log(1 + u) by its series for small u
+    if x > 20 then return x end
+    local u = math.exp(x)
+    return u < 1e-4 and u - u * u / 2 + u * u * u / 3 or math.log(1 + u)
+  end,
 }
 local function gelu_tanh(x)
   return 0.5 * x * (1 + tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3)))
 end
 local positive_only = {log = true, sqrt = true, rsqrt = true}
-local unary_names = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu", "silu",
-  "gelu", "quick_gelu"}
+-- every unary op of the op table (engine/ops/elementwise.def) runs the generic test below
+-- against its reference above, except those with their own tests here
+local own_test = {gelu_tanh = true, logical_not = true}
+local unary_names = {}
+for _, op in ipairs(keng.ops()) do
+  if op.kind == "unary" and not own_test[op.name] then unary_names[#unary_names + 1] = op.name end
+end
 
 -- values in [-2.4, 2.4] that stay away from 0 (the kinks of abs and relu) and from each other
 local function inputs(n, positive)
@@ -94,9 +104,17 @@ end
 -- ---- unary ------------------------------------------------------------------------------------
 
 describe("unary ops", function()
+  it("every unary op of the op table has a reference in this spec", function()
+    for _, name in ipairs(unary_names) do
+      assert(unary[name], name .. ": no reference function in elementwise_spec.lua's `unary` table")
+    end
+    assert.truthy(#unary_names >= 15)
+  end)
+
   for _, name in ipairs(unary_names) do
     local f = unary[name]
     it(name .. ": values, non-contiguous input, bf16, gradient", function()
+      assert(f, name .. ": no reference function in elementwise_spec.lua's `unary` table")
       local v = inputs(12, positive_only[name])
       local x = keng.tensor(v):reshape{3, 4}
       local y = x[name](x)
@@ -133,6 +151,35 @@ describe("unary ops", function()
     local leaf = H.leaf({2, 3})
     H.gradcheck(function(t) return t:gelu{approximate = "tanh"} end, {leaf})
     H.raises(function() x:gelu{approximate = "cubic"} end, "gelu")
+  end)
+
+  it("softplus: PyTorch's threshold 20, tails, special values, gradient at the threshold", function()
+    local v = {-100, -30, -20, -1e-3, 0, 1e-3, 15, 19.99, 20, 20.01, 30, 100}
+    for _, dt in ipairs({"f32", "f64"}) do
+      local y = keng.tensor(v, {dtype = dt}):softplus():tolist()
+      for i, x in ipairs(v) do
+        local r = unary.softplus(x)
+        assert(math.abs(y[i] - r) <= (dt == "f64" and 1e-15 or 1e-6) * math.max(math.abs(r), 1e-30),
+          string.format("softplus(%g) %s: %.17g vs %.17g", x, dt, y[i], r))
+      end
+    end
+    local nan = 0 / 0
+    local s = keng.tensor({nan, -math.huge, math.huge}):softplus():tolist()
+    assert.is_true(s[1] ~= s[1])
+    assert.are.same({0, math.huge}, {s[2], s[3]})
+    -- the gradient is sigmoid(x) up to the threshold and exactly 1 above it
+    local leaf = keng.tensor({0, 19.5, 20, 20.5, -50}, {dtype = "f64"}):detach()
+    leaf.requires_grad = true
+    leaf:softplus():sum():backward()
+    local g = leaf.grad:tolist()
+    assert.are.equal(0.5, g[1])
+    assert.truthy(math.abs(g[2] - sigmoid(19.5)) < 1e-15 and math.abs(g[3] - sigmoid(20)) < 1e-15)
+    assert.are.equal(1, g[4])
+    assert.truthy(math.abs(g[5] - sigmoid(-50)) < 1e-30)
+    -- no options (beta, threshold) yet: refused, not silently ignored
+    H.raises(function() leaf:softplus{beta = 2} end, "softplus: takes no arguments (got a table)")
+    H.raises(function() keng.softplus(leaf, 20) end, "softplus: takes no arguments (got a number)")
+    H.raises(function() keng.softplus("x") end, "tensor expected")
   end)
 
   it("logical_not gives bool", function()

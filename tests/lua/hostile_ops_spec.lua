@@ -161,6 +161,19 @@ local FAMILIES = {
     {name = "tensor", run = function(x) return keng.tensor(x:tolist(), {dtype = "f64"}) end, nan = true},
   }},
 }
+-- every unary op of the op table (engine/ops/elementwise.def) joins the elementwise family, so a
+-- new activation is fed the hostile inputs without an edit here
+do
+  local listed = {}
+  for _, op in ipairs(FAMILIES.elementwise.ops) do listed[op.name] = true end
+  for _, op in ipairs(keng.ops()) do
+    if op.kind == "unary" and not listed[op.name] then
+      local name = op.name
+      table.insert(FAMILIES.elementwise.ops, {name = name, run = function(x) return x[name](x) end,
+        nan = name ~= "logical_not"})
+    end
+  end
+end
 
 local WRONG = {"x", {}, true, 1.5, function() end}
 

@@ -231,11 +231,19 @@ struct kg_node;
  * dtype: the engine sums it down to the input's shape and casts it. */
 typedef kg_status (*kg_backward_fn)(struct kg_node *node, kg_tensor *const *dout, kg_tensor **din);
 
+/* The flags of an elementwise row (engine/ops/elementwise.def); 0 for every other op. */
+enum {
+  KG_OPF_INT = 1,     /* integer operands give an integer result (else f32) */
+  KG_OPF_COMPARE = 2, /* the result is bool */
+  KG_OPF_INPLACE = 4, /* a binary op with an in-place form t:<name>_(u) */
+};
+
 typedef struct {
   const char *name;
   kg_op_kind kind;
   unsigned saves;
   bool differentiable;
+  unsigned flags; /* KG_OPF_* */
   kg_kernel_fn kernel[KG_DEVICE_TYPES]; /* [cpu, cuda, meta]; NULL = none */
   kg_backward_fn backward;
 } kg_op_facts;
@@ -326,6 +334,37 @@ kg_philox_state kg_get_rng_state(void);
 void kg_set_rng_state(kg_philox_state s);
 /* Reserves n 32-bit words of the stream and returns where they start. */
 kg_philox_state kg_rng_reserve(uint64_t n);
+
+/* ---- environment switches (engine/core/env.def, docs/environment.md) ------------------- */
+
+typedef enum {
+#define KG_ENV(name, type, def, scope, doc) KG_ENV_##name,
+#include "../../core/env.def"
+#undef KG_ENV
+  KG_ENV_COUNT
+} kg_env_id;
+typedef struct {
+  const char *name, *type, *def, *scope, *doc; /* the columns of env.def, as written */
+} kg_env_facts;
+extern const kg_env_facts kg_env_info[KG_ENV_COUNT];
+/* The variable's value, parsed by its type, as the environment had it when first read (unset or
+ * empty: the default). Engine code reads KENG_* variables only through these. */
+bool kg_env_bool(kg_env_id id);
+long long kg_env_int(kg_env_id id);
+double kg_env_float(kg_env_id id);
+const char *kg_env_str(kg_env_id id);
+bool kg_env_is_set(kg_env_id id); /* set and non-empty (and parsed) */
+/* Reads the environment again: for the kernel lab, which setenv()s between variants (not while
+ * other threads run kernels). */
+void kg_env_reload(void);
+/* Reads the environment now, warning on stderr about each KENG_* variable that is not in the
+ * table (with the nearest name) and each value that does not parse; any accessor does this on
+ * its first call. */
+void kg_env_init(void);
+/* Prints the table with each variable's value ("-": unset) to stdout (`keng --env`). */
+void kg_env_print(void);
+/* Prints the table with each variable's value ("-": unset) to stdout (`keng --env`). */
+void kg_env_print(void);
 
 /* ---- runtime -------------------------------------------------------------------------- */
 

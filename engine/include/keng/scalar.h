@@ -2,8 +2,9 @@
  * exercise the same arithmetic the GPU runs: bf16/f16 conversion, activations and their
  * derivatives, the Philox4x32-10 counter-based generator.
  *
- * Activations are written once as macros over a floating type T (float or double), so f64
- * gradient checks run the same formula at double precision. In C the math calls resolve by
+ * Activations too long for their row of engine/ops/elementwise.def are written once here as
+ * macros over a floating type T (float or double), so f64 gradient checks run the same formula
+ * at double precision. In C the math calls resolve by
  * type through <tgmath.h>; in CUDA through the float/double overloads.
  */
 #ifndef KENG_SCALAR_H
