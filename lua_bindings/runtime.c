@@ -145,4 +145,10 @@ void kgl_register_runtime(lua_State *L, int methods, int keng) {
   lua_pushcfunction(L, l_synchronize);
   lua_setfield(L, -2, "synchronize");
   lua_setfield(L, keng, "cuda");
+  lua_createtable(L, 0, KG_DTYPE_COUNT); /* keng.dtype_sizes: {f32 = 4, ...}, the engine's table */
+  for (int d = 0; d < KG_DTYPE_COUNT; d++) {
+    lua_pushinteger(L, kg_dtype_info[d].size);
+    lua_setfield(L, -2, kg_dtype_info[d].name);
+  }
+  lua_setfield(L, keng, "dtype_sizes");
 }

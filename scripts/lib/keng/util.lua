@@ -37,10 +37,13 @@ function util.class(base, name, new, inherit)
   return setmetatable(cls, {__index = base, __call = new, __tostring = class_tostring})
 end
 
--- bytes per element of each dtype keng stores (the engine's kg_dtype_info; i16 only appears in
--- safetensors headers). The Lua bindings do not expose the engine's table yet, so this is the
--- one copy in Lua.
-local BYTES = {f64 = 8, f32 = 4, bf16 = 2, f16 = 2, i64 = 8, i32 = 4, i16 = 2, i8 = 1, u8 = 1, bool = 1}
+-- bytes per element of each dtype keng stores: the engine's kg_dtype_info (keng.dtype_sizes,
+-- looked up when first asked, so a bare Lua state can still load this file), plus i16, which
+-- only appears in safetensors headers
+local BYTES = setmetatable({i16 = 2}, {__index = function(_, dtype)
+  local ok, keng = pcall(require, "keng")
+  return ok and type(keng) == "table" and keng.dtype_sizes and keng.dtype_sizes[dtype] or nil
+end})
 
 -- dtype_size(dtype) -> bytes per element, nil for a name keng does not know
 function util.dtype_size(dtype) return BYTES[dtype] end
