@@ -26,32 +26,16 @@ end
 
 local function nbytes(t) return t:numel() * (require("keng.util").dtype_size(t.dtype) or 4) end
 
--- a number as Python's json writes it: integers as digits, floats exactly (the shortest of %.15g
--- .. %.17g that reads back the same) and always with a fraction or exponent, because
--- transformers 5 validates config fields by type (initializer_factor = 1 is refused, 1.0 is
--- not). keng.json's encoder writes floats with 10 digits and 1.0 as 1, so configs are written here.
-local function number_text(v)
-  if math.type(v) == "integer" then return tostring(v) end
-  if v ~= v then return "NaN" end
-  if v == math.huge or v == -math.huge then return v > 0 and "Infinity" or "-Infinity" end
-  local t
-  for digits = 15, 17 do
-    t = string.format("%." .. digits .. "g", v)
-    if tonumber(t) == v then break end
-  end
-  if not t:find("[%.eEn]") then t = t .. ".0" end
-  return t
-end
-
 -- encode_json(v) -> JSON text as transformers writes config.json (json.dumps(indent=2,
 -- sort_keys=True)): objects with sorted keys, arrays for sequences (and json.array tables),
--- json.null as null
+-- json.null as null; numbers as keng.json writes them (Python's way: floats exactly and with a
+-- fraction, since transformers 5 refuses initializer_factor = 1 where it wants a float; -Infinity)
 function M.encode_json(v, depth)
   depth = depth or 0
   local pad, inner = string.rep("  ", depth), string.rep("  ", depth + 1)
   if v == nil or v == json.null then return "null" end
   local ty = type(v)
-  if ty == "number" then return number_text(v) end
+  if ty == "number" then return json.encode(v) end
   if ty == "boolean" then return tostring(v) end
   if ty == "string" then return json.encode(v) end
   if ty ~= "table" then error("hf_save: cannot write a " .. ty .. " to JSON", 2) end

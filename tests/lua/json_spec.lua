@@ -185,4 +185,10 @@ describe("keng.json.encode", function()
       assert.is_true(x == back[i] and 1 / x == 1 / back[i], "value of " .. i .. ": " .. tostring(back[i]))
     end
   end)
+
+  it("writes NaN and infinities as Python's json.dumps does, and reads them back", function()
+    assert.are.equal("[NaN,Infinity,-Infinity]", json.encode({0 / 0, math.huge, -math.huge}))
+    local back = json.decode(json.encode({lambda_min_clipped = -math.huge}))
+    assert.are.equal(-math.huge, back.lambda_min_clipped)
+  end)
 end)

@@ -1,6 +1,6 @@
 -- keng.json — JSON for configs and benchmark results: decode is the engine's strict reader
 -- (keng.json_decode, engine/io/json.c); encode writes objects with sorted keys, arrays, strings,
--- numbers, booleans and null.
+-- numbers (floats exactly, NaN / Infinity as Python writes them), booleans and null.
 local json = {}
 local json_decode = require("keng").json_decode
 local options = require "keng.options"
@@ -36,7 +36,10 @@ local function encode(v, indent, depth, out)
   if v == nil or v == json.null then out[#out + 1] = "null"
   elseif ty == "boolean" then out[#out + 1] = tostring(v)
   elseif ty == "number" then
-    if v ~= v or v == math.huge or v == -math.huge then out[#out + 1] = "null"
+    -- non-finite as Python's json.dumps writes them (diffusers' -Infinity in scheduler configs);
+    -- decode reads them back
+    if v ~= v then out[#out + 1] = "NaN"
+    elseif v == math.huge or v == -math.huge then out[#out + 1] = v > 0 and "Infinity" or "-Infinity"
     elseif math.type(v) == "integer" then out[#out + 1] = tostring(v)
     else out[#out + 1] = float_text(v) end
   elseif ty == "string" then
