@@ -365,6 +365,89 @@ KG_DPBF16_INLINE void tile_d(const int mr, const int nr, float *c, int64_t ldc, 
 
 DEFINE_DOT_DRIVERS(d, uint16_t, KG_DPBF16_INLINE, KG_DPBF16)
 
+/* ---- AVX512_BF16 GEMV (1 or 2 rows of a, b_trans): batch-1 decode -------------------------- */
+/* Batch-1 decode is a pure weight stream: what matters is how many cache lines are in flight and
+ * how few instructions each line costs. Against the 4 x 4 tile: 8 rows of W per tile (8 streams
+ * in flight, a loaded once per 8 rows), one prefetch per cache line of each row (the 4 x 4 tile
+ * issues two per line), and the 8 x nr sums reduced in a tree (12 shuffles and adds per row of a
+ * for 8 results) instead of 8 horizontal sums. */
+#define GV_MR 8 /* rows of W per tile */
+#define GV_NR 2 /* rows of a at most */
+#ifndef GV_PF_BYTES
+#define GV_PF_BYTES 8192 /* prefetch distance along the weight stream */
+#endif
+#ifndef GV_HINT
+#define GV_HINT _MM_HINT_T0
+#endif
+
+/* {sum(v[0]), ..., sum(v[7])} */
+KG_DPBF16_INLINE __m256 reduce8(const __m512 v[8]) {
+  __m512 u[4], w[2];
+  for (int i = 0; i < 4; i++) /* 8 lanes of v[2i] in lanes 0..7, of v[2i + 1] in 8..15 */
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+  for (int i = 0; i < 2; i++) /* 4 lanes of v[4i + b] in 128-bit block b */
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+  /* block b: lanes 0, 1 = 2 lanes of v[b], v[4 + b] (twice); then lane 0 = sum(v[b]), 1 = sum(v[4 + b]) */
+  __m512 x = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, x));
+}
+
+/* c[nr, mr] (+)= a[nr, K] . W[mr, K]; mr in {1, GV_MR}, nr in {1, 2} */
+KG_DPBF16_INLINE void tile_gv(const int mr, const int nr, float *c, int64_t ldc, const uint16_t *a, int64_t lda,
+                              const uint16_t *w, int64_t ldw, int64_t pf, int64_t K, bool acc) {
+  __m512 s[GV_NR][GV_MR];
+  for (int j = 0; j < GV_NR; j++)
+    for (int i = 0; i < GV_MR; i++) s[j][i] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512i av[GV_NR];
+    for (int j = 0; j < nr; j++) av[j] = _mm512_loadu_si512(a + j * lda + k);
+    for (int i = 0; i < mr; i++) {
+      _mm_prefetch((const char *)(w + i * ldw + pf + k), GV_HINT);
+      __m512i wv = _mm512_loadu_si512(w + i * ldw + k);
+      for (int j = 0; j < nr; j++) s[j][i] = _mm512_dpbf16_ps(s[j][i], (__m512bh)av[j], (__m512bh)wv);
+    }
+  }
+  if (k < K) { /* K % 32 tail: masked loads (zeros past the end) */
+    __mmask32 m = (__mmask32)((1u << (K - k)) - 1);
+    __m512i av[GV_NR];
+    for (int j = 0; j < nr; j++) av[j] = _mm512_maskz_loadu_epi16(m, a + j * lda + k);
+    for (int i = 0; i < mr; i++) {
+      __m512i wv = _mm512_maskz_loadu_epi16(m, w + i * ldw + k);
+      for (int j = 0; j < nr; j++) s[j][i] = _mm512_dpbf16_ps(s[j][i], (__m512bh)av[j], (__m512bh)wv);
+    }
+  }
+  for (int j = 0; j < nr; j++) {
+    float *cj = c + j * ldc;
+    if (mr == GV_MR) {
+      __m256 r = reduce8(s[j]);
+      _mm256_storeu_ps(cj, acc ? _mm256_add_ps(_mm256_loadu_ps(cj), r) : r);
+    } else {
+      float r = _mm512_reduce_add_ps(s[j][0]);
+      cj[0] = acc ? cj[0] + r : r;
+    }
+  }
+}
+
+KG_DPBF16_INLINE void rows_gv(const int nr, float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *w,
+                              int64_t ldw, int64_t mc, int64_t K, bool acc) {
+  /* the prefetch runs a whole number of tiles ahead: row i of a later tile at the same k */
+  int64_t tiles = GV_PF_BYTES / (2 * GV_MR * (ldw > 0 ? ldw : 1)), m = 0;
+  int64_t pf = (tiles < 1 ? 1 : tiles) * GV_MR * ldw;
+  for (; m + GV_MR <= mc; m += GV_MR) tile_gv(GV_MR, nr, c + m, ldc, a, lda, w + m * ldw, ldw, pf, K, acc);
+  for (; m < mc; m++) tile_gv(1, nr, c + m, ldc, a, lda, w + m * ldw, ldw, pf, K, acc);
+}
+
+KG_DPBF16 static void block_t_gv(float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                                 int64_t N, int64_t mc, int64_t K, bool acc) {
+  if (N == 2) rows_gv(2, c, ldc, a, lda, w, ldw, mc, K, acc);
+  else rows_gv(1, c, ldc, a, lda, w, ldw, mc, K, acc);
+}
+
 /* ---- AVX512_BF16 variant for many rows (both layouts; a's values are bf16) ------------------ */
 /* The dot-product tile above ends every K block with 16 horizontal sums and reloads a for every
  * 4 rows of W; past ~32 rows of a the usual GEMM form wins. Per K block of P_KC:
@@ -707,6 +790,10 @@ static void run_chunk(const plan *p, const packbuf *pb, float *c, int64_t ldc, u
     const float *ak = p->a + k0;
     const uint16_t *wk = p->trans ? p->w + m0 * p->ldw + k0 : p->w + k0 * p->ldw + m0;
 #ifdef KG_X86
+    if (p->a16 && p->N <= GV_NR) {
+      block_t_gv(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
+      continue;
+    }
     if (p->a16) {
       block_t_d(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
       continue;

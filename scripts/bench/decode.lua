@@ -1,0 +1,109 @@
+-- decode.lua — decode speed of a causal LM on random weights (docs/benchmarks.md, "Decode vs
+-- llama.cpp"): ms per generated token at a batch size, and the weight bytes it streams per second.
+--
+--   keng scripts/bench/decode.lua [--model mistral_tiny|gemma_tiny|mistral_1b|<preset>]
+--        [--batch 1] [--threads N] [--tokens 64] [--prompt 6] [--repeats 3] [--dtype bf16]
+--        [--save DIR] [--format text|json]
+--
+-- ms/token is the difference of two greedy generate calls (prompt + tokens new tokens and prompt
+-- + 1), divided by tokens - 1: prefill and the call's fixed cost drop out. The best of --repeats
+-- pairs is reported (a shared machine only ever slows a run). GB/s counts every weight byte the
+-- decode step reads once per token (all parameters but the embedding table, of which one row per
+-- token is read; a tied head reads it whole). --save DIR writes the model as a Hugging Face
+-- checkpoint (config.json + model.safetensors) for the peers (scripts/bench/peers/llama_cpp.sh).
+-- mistral_1b: the ~1B Mistral shape of TinyLlama (hidden 2048, intermediate 5632, 22 layers,
+-- 32 / 4 heads, vocab 32000), a memory-bound decode (2.2 GB of bf16 weights, past any LLC).
+local here = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$")
+if here then package.path = here .. "/?.lua;" .. here .. "/lib/?.lua;" .. package.path end
+local keng = require "keng"
+
+local MODELS = {
+  gemma_tiny = {family = "gemma", preset = "gemma_tiny"},
+  mistral_tiny = {family = "mistral", preset = "mistral_tiny"},
+  mistral_1b = {family = "mistral", cfg = {vocab = 32000, layers = 22, hidden = 2048, heads = 32, kv_heads = 4,
+                                           head_dim = 64, ffn = 5632}},
+}
+
+local usage = [==[usage: keng scripts/bench/decode.lua [--model mistral_tiny|gemma_tiny|mistral_1b|<family preset>]
+       [--batch 1] [--threads N] [--tokens 64] [--prompt 6] [--repeats 3] [--dtype bf16] [--save DIR]
+       [--format text|json]]==]
+
+local function die(msg)
+  io.stderr:write("decode.lua: ", msg, "\n", usage, "\n")
+  os.exit(2)
+end
+
+local o = {model = "mistral_tiny", batch = 1, tokens = 64, prompt = 6, repeats = 3, dtype = "bf16", format = "text"}
+local NUM = {batch = true, threads = true, tokens = true, prompt = true, repeats = true}
+local i = 1
+while i <= #arg do
+  local key = arg[i]:match("^%-%-([%w_]+)$")
+  if not key then die("unexpected argument '" .. arg[i] .. "'") end
+  if key == "help" then print(usage) os.exit(0) end
+  if o[key] == nil and not NUM[key] and key ~= "save" then die("unknown option --" .. key) end
+  local v = arg[i + 1]
+  if v == nil then die("--" .. key .. " needs a value") end
+  if NUM[key] then
+    v = math.tointeger(tonumber(v))
+    if not v or v < 1 then die("--" .. key .. " must be a positive integer") end
+  end
+  o[key] = v
+  i = i + 2
+end
+if o.tokens < 2 then die("--tokens must be >= 2") end
+if o.format ~= "text" and o.format ~= "json" then die("--format must be text or json") end
+if o.threads then keng.set_num_threads(o.threads) end
+
+local spec = MODELS[o.model]
+if not spec then
+  local fam = o.model:match("^(%a+)_")
+  if not fam then die("unknown model '" .. o.model .. "'") end
+  spec = {family = fam, preset = o.model}
+end
+local family = require("models." .. spec.family)
+keng.manual_seed(0)
+local lm
+if spec.cfg then
+  local cfg = family.config(spec.family .. "_tiny")
+  for k, v in pairs(spec.cfg) do cfg[k] = v end
+  lm = family.build(cfg, {dtype = o.dtype})
+else
+  lm = family.from_preset(spec.preset, {dtype = o.dtype})
+end
+lm:eval()
+if o.save then lm:save_pretrained(o.save) end
+
+-- weight bytes read per token
+local bytes, embed = 0, lm.model.embed_tokens.weight
+for _, p in ipairs(lm:parameters()) do
+  if p ~= embed or lm.cfg.tie then bytes = bytes + p:numel() * ({f32 = 4, f64 = 8, bf16 = 2, f16 = 2})[p.dtype] end
+end
+
+local B, P = o.batch, o.prompt
+local prompts = keng.randint(3, lm.cfg.vocab, {B, P})   -- [B, P], no special ids
+local function gen(n)
+  collectgarbage()
+  local t0 = keng.time()
+  lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
+  return keng.time() - t0
+end
+local best = math.huge
+keng.no_grad(function()
+  gen(2)                                                            -- warm-up
+  for _ = 1, o.repeats do
+    local long = gen(o.tokens)
+    local short = gen(1)
+    local per = (long - short) / (o.tokens - 1)
+    if per < best then best = per end
+  end
+end)
+local ms = best * 1e3
+local gbs = bytes / best / 1e9
+local r = {model = o.model, batch = B, threads = keng.num_threads(), tokens = o.tokens, ms_per_token = ms,
+           tokens_per_s = B / best, weight_bytes = bytes, gb_per_s = gbs}
+if o.format == "json" then
+  print(require("bench.json").encode(r))
+else
+  print(string.format("%s batch %d threads %d: %.3f ms/token  %.1f tok/s  weights %.1f MB  %.2f GB/s",
+    o.model, B, r.threads, ms, r.tokens_per_s, bytes / 1e6, gbs))
+end
