@@ -3,7 +3,7 @@
 --
 --   keng scripts/bench/decode.lua [--model mistral_tiny|gemma_tiny|mistral_1b|<preset>]
 --        [--batch 1] [--threads N] [--tokens 64] [--prompt 6] [--repeats 3] [--dtype bf16]
---        [--save DIR] [--format text|json]
+--        [--save DIR] [--compare FILE.json] [--format text|json]
 --
 -- ms/token is the difference of two greedy generate calls (prompt + tokens new tokens and prompt
 -- + 1), divided by tokens - 1: prefill and the call's fixed cost drop out (cpu: the same in
@@ -30,7 +30,7 @@ local MODELS = {
 
 local usage = [==[usage: keng scripts/bench/decode.lua [--model mistral_tiny|gemma_tiny|mistral_1b|<family preset>]
        [--batch 1] [--threads N] [--tokens 64] [--prompt 6] [--repeats 3] [--dtype bf16] [--save DIR]
-       [--format text|json]]==]
+       [--compare FILE.json] [--format text|json]]==]
 
 local function die(msg)
   io.stderr:write("decode.lua: ", msg, "\n", usage, "\n")
@@ -44,7 +44,7 @@ while i <= #arg do
   local key = arg[i]:match("^%-%-([%w_]+)$")
   if not key then die("unexpected argument '" .. arg[i] .. "'") end
   if key == "help" then print(usage) os.exit(0) end
-  if o[key] == nil and not NUM[key] and key ~= "save" then die("unknown option --" .. key) end
+  if o[key] == nil and not NUM[key] and key ~= "save" and key ~= "compare" then die("unknown option --" .. key) end
   local v = arg[i + 1]
   if v == nil then die("--" .. key .. " needs a value") end
   if NUM[key] then
@@ -75,7 +75,26 @@ else
   lm = family.from_preset(spec.preset, {dtype = o.dtype})
 end
 lm:eval()
-if o.save then lm:save_pretrained(o.save) end
+if o.save then
+  lm:save_pretrained(o.save)
+  print("wrote " .. o.save)
+  os.exit(0)
+end
+
+-- the peer's row for this model and batch (keng-bench/1 JSON of scripts/bench/peers/llama_cpp.sh)
+local peer
+if o.compare then
+  local f = io.open(o.compare)
+  if not f then die("--compare: cannot open " .. o.compare) end
+  local ok, doc = pcall(require("bench.json").decode, f:read("a"))
+  f:close()
+  if not ok or type(doc) ~= "table" or type(doc.rows) ~= "table" then die("--compare: " .. o.compare .. " is not a benchmark JSON") end
+  local id = string.format("decode_%s_%d", o.model, o.batch)
+  for _, r in ipairs(doc.rows) do
+    if r.id == id and r.status == "ok" then peer = {name = doc.framework or "peer", ms = r.mean_ms, threads = r.threads} end
+  end
+  if not peer then die("--compare: " .. o.compare .. " has no row " .. id) end
+end
 
 -- weight bytes read per token
 local bytes, embed = 0, lm.model.embed_tokens.weight
@@ -103,12 +122,19 @@ keng.no_grad(function()
 end)
 local ms = best * 1e3
 local gbs = bytes / best / 1e9
-local r = {model = o.model, batch = B, threads = keng.num_threads(), tokens = o.tokens, ms_per_token = ms,
+local r = {id = string.format("decode_%s_%d", o.model, B), model = o.model, batch = B, threads = keng.num_threads(), tokens = o.tokens, ms_per_token = ms,
            cpu_ms_per_token = best_cpu * 1e3,
            tokens_per_s = B / best, weight_bytes = bytes, gb_per_s = gbs}
+if peer then
+  r.peer, r.peer_ms_per_token, r.peer_threads, r.ratio = peer.name, peer.ms, peer.threads, ms / peer.ms
+end
 if o.format == "json" then
   print(require("bench.json").encode(r))
 else
   print(string.format("%s batch %d threads %d: %.3f ms/token (cpu %.3f)  %.1f tok/s  weights %.1f MB  %.2f GB/s",
     o.model, B, r.threads, ms, r.cpu_ms_per_token, r.tokens_per_s, bytes / 1e6, gbs))
+  if peer then
+    print(string.format("  %s: %.3f ms/token (%s threads)  keng/%s %.2f", peer.name, peer.ms, tostring(peer.threads),
+      peer.name, r.ratio))
+  end
 end
