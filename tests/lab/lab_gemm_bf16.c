@@ -60,7 +60,7 @@ static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int6
   float *o32 = malloc(sizeof(float) * (size_t)(3 * N * ldo));
   uint16_t *o16 = malloc(2 * (size_t)(3 * N * ldo));
   uint16_t *ab = malloc(2 * (size_t)(N * lda)), *at = malloc(2 * (size_t)(K * ldt));
-  bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED; /* they need bf16 values in a */
+  bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED || var->v == KG_GEMM_BF16_AMX; /* they need bf16 values in a */
   for (int64_t i = 0; i < N * lda; i++) a[i] = a16 ? kg_bf16_to_f32(kg_f32_to_bf16(frand())) : frand();
   for (int64_t i = 0; i < wrows * ldw; i++) w[i] = kg_f32_to_bf16(frand());
   for (int64_t i = 0; i < 3 * N * ldo; i++) o32[i] = NAN, o16[i] = 0x7fc0;
@@ -135,15 +135,16 @@ static void check_deterministic(void) {
 }
 
 static int run_check(void) {
-  variant vars[5] = {{"scalar", KG_GEMM_BF16_SCALAR},
+  variant vars[6] = {{"scalar", KG_GEMM_BF16_SCALAR},
                      {"avx2", KG_GEMM_BF16_AVX2},
                      {"avx512", KG_GEMM_BF16_AVX512},
                      {"dpbf16", KG_GEMM_BF16_DPBF16},
-                     {"packed", KG_GEMM_BF16_PACKED}};
-  int nvar = kg_cpu_gemm_bf16_dpbf16() ? 5 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
+                     {"packed", KG_GEMM_BF16_PACKED},
+                     {"amx", KG_GEMM_BF16_AMX}};
+  int nvar = kg_cpu_gemm_bf16_amx() ? 6 : kg_cpu_gemm_bf16_dpbf16() ? 5 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
   printf("checking");
   for (int v = 0; v < nvar; v++) printf(" %s", vars[v].name);
-  printf(nvar < 5 ? " (the others do not run on this CPU)\n" : "\n");
+  printf(nvar < 6 ? " (the others do not run on this CPU)\n" : "\n");
   static const int64_t Ks[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 300};
   static const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 40, 515};
   int nK = sizeof Ks / sizeof *Ks, nM = sizeof Ms / sizeof *Ms;
@@ -364,8 +365,10 @@ static void run_gemv(void) {
   static const int64_t shapes[][3] = {{256, 32000, 0}, {256, 768, 0}, {2048, 2560, 1}, {2048, 5632, 1}, {5632, 2048, 1}};
   volatile uint64_t sink = 0;
   printf("\nGEMV GB/s (best of 5 cycles, wall): weight bf16, a bf16 values, out f32; read = plain read of the same weights\n");
-  printf("| K x M (copies) | N | threads | read | avx512 | dpbf16 | auto |\n|---|---|---|---|---|---|---|\n");
-  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+  printf("| K x M (copies) | N | threads | read | avx512 | dpbf16 | auto | amx |\n|---|---|---|---|---|---|---|---|\n");
+  size_t nshape = sizeof shapes / sizeof *shapes;
+  if (getenv("LAB_GEMV_SHAPES")) nshape = (size_t)atoi(getenv("LAB_GEMV_SHAPES")); /* the first n only */
+  for (size_t s = 0; s < nshape; s++) {
     int64_t K = shapes[s][0], M = shapes[s][1];
     size_t one = (size_t)(K * M) * 2;
     int64_t ncp = shapes[s][2] ? (int64_t)(((size_t)1 << 30) / one + 1) : 1;
@@ -377,12 +380,14 @@ static void run_gemv(void) {
       float *a = malloc(4 * (size_t)(N * K)), *c = malloc(4 * (size_t)(N * M));
       for (int64_t i = 0; i < N * K; i++) a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
       for (int th = 1; th <= 2; th++) {
-        double best[4] = {1e30, 1e30, 1e30, 1e30};
-        kg_gemm_bf16_opts os[4] = {{KG_GEMM_BF16_AUTO, th}, {KG_GEMM_BF16_AVX512, th, 0, true},
-                                   {KG_GEMM_BF16_DPBF16, th, 0, true}, {KG_GEMM_BF16_AUTO, th, 0, true}};
+        double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
+        kg_gemm_bf16_opts os[5] = {{KG_GEMM_BF16_AUTO, th}, {KG_GEMM_BF16_AVX512, th, 0, true},
+                                   {KG_GEMM_BF16_DPBF16, th, 0, true}, {KG_GEMM_BF16_AUTO, th, 0, true},
+                                   {KG_GEMM_BF16_AMX, th, 0, true}};
+        int nv = kg_cpu_gemm_bf16_amx() ? 5 : 4;
         int reps = ncp > 1 ? 5 : 50;
         for (int r = 0; r < reps; r++)
-          for (int v = 0; v < 4; v++) {
+          for (int v = 0; v < nv; v++) {
             double t0 = lab_wall_seconds();
             for (int64_t cp = 0; cp < ncp; cp++) {
               const uint16_t *wr = w + (size_t)cp * (size_t)(K * M);
@@ -393,7 +398,7 @@ static void run_gemv(void) {
             if (t < best[v]) best[v] = t;
           }
         printf("| %lldx%lld (%lld) | %lld | %d |", (long long)K, (long long)M, (long long)ncp, (long long)N, th);
-        for (int v = 0; v < 4; v++) printf(" %.1f |", one / best[v] * 1e-9);
+        for (int v = 0; v < nv; v++) printf(" %.1f |", one / best[v] * 1e-9);
         printf("\n");
         fflush(stdout);
       }
