@@ -1,8 +1,9 @@
 /* decode.c (cpu) — decode_qkv (engine/ops/decode.c): RoPE on the q and k heads of one [q; k; v]
  * projection, q out as [B, H, T, D], k and v into the KV cache at column col[t] mod L. The
- * rotation is kg_cpu_rope's (angle pos · base^(-2i/D) in f64, cos/sin rounded to float and the
- * pair rotated in float; f64 tensors in double), so the fused step gives the unfused one's bits.
- * in: qkv [B, T, (H + 2·Hkv)·D], positions [B, T] or [T], col [T] (contiguous);
+ * rotation is kg_cpu_rope's (angle pos · inv_freq[i] in f64, inv_freq base^(-2i/D) unless given,
+ * cos/sin times scale rounded to float and the pair rotated in float; f64 tensors in double), so
+ * the fused step gives the unfused one's bits.
+ * in: qkv [B, T, (H + 2·Hkv)·D], positions [B, T] or [T], col [T], inv_freq [D/2] or NULL (contiguous);
  * out: q [B, H, T, D], cache_k, cache_v [B, Hkv, L, D] (contiguous, written in place). */
 #include "cpu.h"
 #include "../ops/decode.h"
@@ -12,7 +13,7 @@
 #include <string.h>
 
 kg_status kg_cpu_decode_qkv(const kg_op_call *c) {
-  const kg_tensor *x = c->in[0], *pos = c->in[1], *col = c->in[2];
+  const kg_tensor *x = c->in[0], *pos = c->in[1], *col = c->in[2], *freq = c->nin > 3 ? c->in[3] : NULL;
   kg_tensor *q = c->out[0], *ck = c->out[1], *cv = c->out[2];
   const kg_decode_qkv_params *p = c->params;
   int64_t B = x->shape[0], T = x->shape[1], H = p->heads, Hkv = p->kv_heads, nh = H + 2 * Hkv;
@@ -23,13 +24,14 @@ kg_status kg_cpu_decode_qkv(const kg_op_call *c) {
   double *tab = malloc(sizeof(double) * (size_t)(2 * B * T * half + half + 1));
   if (!tab) return kg_error(KG_ERR_OOM, "decode_qkv", "out of memory for the cos/sin table");
   double *inv = tab + 2 * B * T * half;
-  for (int64_t i = 0; i < half; i++) inv[i] = pow(p->base, -2.0 * (double)i / (double)D);
+  for (int64_t i = 0; i < half; i++)
+    inv[i] = freq ? kg_load_as_double(kg_data(freq), freq->dtype, i) : pow(p->base, -2.0 * (double)i / (double)D);
   for (int64_t bt = 0; bt < B * T; bt++) {
     double ps = kg_load_as_double(kg_data(pos), pos->dtype, pos->ndim == 2 ? bt : bt % T);
     for (int64_t i = 0; i < half; i++) {
       double th = ps * inv[i];
-      tab[2 * (bt * half + i)] = cos(th);
-      tab[2 * (bt * half + i) + 1] = sin(th);
+      tab[2 * (bt * half + i)] = cos(th) * p->scale;
+      tab[2 * (bt * half + i) + 1] = sin(th) * p->scale;
     }
   }
   const char *xb = kg_data(x);

@@ -30,8 +30,11 @@
 #include <omp.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define KG_X86 1
 #endif
 
@@ -44,6 +47,10 @@
 #define GB_PACK_ROWS 32
 #define GB_PACK_ROWS_SMALL_W 16
 #define GB_PACK_SMALL_W ((int64_t)2 << 20)
+/* rows of bf16 a from which AUTO takes the AMX kernel (up to 32, b_trans) */
+#ifndef GB_AMX_ROWS
+#define GB_AMX_ROWS 8
+#endif
 /* widest chunk of output columns (bounds the per-thread f32 buffer for a bf16/f16 output) */
 #define GB_MAX_CHUNK 512
 /* widest chunk of the packed kernel: a's K block is packed once per chunk */
@@ -68,6 +75,9 @@ typedef struct {
   bool a16_trans; /* packed: a[n, k] = a16[k * lda16 + n] */
   int64_t kb_rows;  /* packed: 0, or rows of a per block when the row blocks are the outer loop
                        (every panel of B packed once for all of K) */
+  bool amx;                /* the AMX kernel (b_trans, 3..32 rows of bf16 a) */
+  const uint16_t *amx_a;   /* amx: a in 16-row blocks, zero-padded to amx_ld (a multiple of 32) */
+  int64_t amx_ld;
 } plan;
 
 /* per-thread packing buffers of the many-rows kernel */
@@ -364,6 +374,89 @@ KG_DPBF16_INLINE void tile_d(const int mr, const int nr, float *c, int64_t ldc, 
 }
 
 DEFINE_DOT_DRIVERS(d, uint16_t, KG_DPBF16_INLINE, KG_DPBF16)
+
+/* ---- AVX512_BF16 GEMV (1 or 2 rows of a, b_trans): batch-1 decode -------------------------- */
+/* Batch-1 decode is a pure weight stream: what matters is how many cache lines are in flight and
+ * how few instructions each line costs. Against the 4 x 4 tile: 8 rows of W per tile (8 streams
+ * in flight, a loaded once per 8 rows), one prefetch per cache line of each row (the 4 x 4 tile
+ * issues two per line), and the 8 x nr sums reduced in a tree (12 shuffles and adds per row of a
+ * for 8 results) instead of 8 horizontal sums. */
+#define GV_MR 8 /* rows of W per tile */
+#define GV_NR 2 /* rows of a at most */
+#ifndef GV_PF_BYTES
+#define GV_PF_BYTES 8192 /* prefetch distance along the weight stream */
+#endif
+#ifndef GV_HINT
+#define GV_HINT _MM_HINT_T0
+#endif
+
+/* {sum(v[0]), ..., sum(v[7])} */
+KG_DPBF16_INLINE __m256 reduce8(const __m512 v[8]) {
+  __m512 u[4], w[2];
+  for (int i = 0; i < 4; i++) /* 8 lanes of v[2i] in lanes 0..7, of v[2i + 1] in 8..15 */
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+  for (int i = 0; i < 2; i++) /* 4 lanes of v[4i + b] in 128-bit block b */
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+  /* block b: lanes 0, 1 = 2 lanes of v[b], v[4 + b] (twice); then lane 0 = sum(v[b]), 1 = sum(v[4 + b]) */
+  __m512 x = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, x));
+}
+
+/* c[nr, mr] (+)= a[nr, K] . W[mr, K]; mr in {1, GV_MR}, nr in {1, 2} */
+KG_DPBF16_INLINE void tile_gv(const int mr, const int nr, float *c, int64_t ldc, const uint16_t *a, int64_t lda,
+                              const uint16_t *w, int64_t ldw, int64_t pf, int64_t K, bool acc) {
+  __m512 s[GV_NR][GV_MR];
+  for (int j = 0; j < GV_NR; j++)
+    for (int i = 0; i < GV_MR; i++) s[j][i] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512i av[GV_NR];
+    for (int j = 0; j < nr; j++) av[j] = _mm512_loadu_si512(a + j * lda + k);
+    for (int i = 0; i < mr; i++) {
+      _mm_prefetch((const char *)(w + i * ldw + pf + k), GV_HINT);
+      __m512i wv = _mm512_loadu_si512(w + i * ldw + k);
+      for (int j = 0; j < nr; j++) s[j][i] = _mm512_dpbf16_ps(s[j][i], (__m512bh)av[j], (__m512bh)wv);
+    }
+  }
+  if (k < K) { /* K % 32 tail: masked loads (zeros past the end) */
+    __mmask32 m = (__mmask32)((1u << (K - k)) - 1);
+    __m512i av[GV_NR];
+    for (int j = 0; j < nr; j++) av[j] = _mm512_maskz_loadu_epi16(m, a + j * lda + k);
+    for (int i = 0; i < mr; i++) {
+      __m512i wv = _mm512_maskz_loadu_epi16(m, w + i * ldw + k);
+      for (int j = 0; j < nr; j++) s[j][i] = _mm512_dpbf16_ps(s[j][i], (__m512bh)av[j], (__m512bh)wv);
+    }
+  }
+  for (int j = 0; j < nr; j++) {
+    float *cj = c + j * ldc;
+    if (mr == GV_MR) {
+      __m256 r = reduce8(s[j]);
+      _mm256_storeu_ps(cj, acc ? _mm256_add_ps(_mm256_loadu_ps(cj), r) : r);
+    } else {
+      float r = _mm512_reduce_add_ps(s[j][0]);
+      cj[0] = acc ? cj[0] + r : r;
+    }
+  }
+}
+
+KG_DPBF16_INLINE void rows_gv(const int nr, float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *w,
+                              int64_t ldw, int64_t mc, int64_t K, bool acc) {
+  /* the prefetch runs a whole number of tiles ahead: row i of a later tile at the same k */
+  int64_t tiles = GV_PF_BYTES / (2 * GV_MR * (ldw > 0 ? ldw : 1)), m = 0;
+  int64_t pf = (tiles < 1 ? 1 : tiles) * GV_MR * ldw;
+  for (; m + GV_MR <= mc; m += GV_MR) tile_gv(GV_MR, nr, c + m, ldc, a, lda, w + m * ldw, ldw, pf, K, acc);
+  for (; m < mc; m++) tile_gv(1, nr, c + m, ldc, a, lda, w + m * ldw, ldw, pf, K, acc);
+}
+
+KG_DPBF16 static void block_t_gv(float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                                 int64_t N, int64_t mc, int64_t K, bool acc) {
+  if (N == 2) rows_gv(2, c, ldc, a, lda, w, ldw, mc, K, acc);
+  else rows_gv(1, c, ldc, a, lda, w, ldw, mc, K, acc);
+}
 
 /* ---- AVX512_BF16 variant for many rows (both layouts; a's values are bf16) ------------------ */
 /* The dot-product tile above ends every K block with 16 horizontal sums and reloads a for every
@@ -679,10 +772,103 @@ KG_DPBF16 static void run_packed_rows(const plan *p, const packbuf *pb, float *c
     }
   }
 }
+
+/* ---- AMX-BF16 variant of the b_trans layout: 3..32 rows of bf16 a (batch decode) ---------- */
+/* At batch 8-32 the dot-product tile is compute-bound (batch-32 decode of the tiny presets: the
+ * LM head ~4 ms of a ~9 ms step at 1 thread). One tdpbf16ps does a 16 x 16 x 32 product (the 4 x 4
+ * vdpbf16ps tile needs 16 instructions for 4 x 4 x 32), so with AMX the weight stream is the bound
+ * again. Per chunk of columns, 32 columns (a panel, pack_b's layout: bf16 pairs along K, one
+ * 128-byte row per pair, which the two B tiles of 16 columns read with stride 128) at a time,
+ * all of K into 4 C tiles (2 blocks of 16 rows of a x 2 halves of the panel) that stay in tile
+ * registers; a is packed once per call into 16-row blocks zero-padded to 32 k (p->amx_a), and the
+ * panel's pairs past the K block are zero, so the padding adds 0. Tiles: C 0-3, A 4-5, B 6-7. */
+#define KG_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+#define AMX_KC 256 /* K block of the panel (elements): AMX_KC / 2 x 32 words = 16 KiB, in L1 */
+
+static int have_amx = -1;
+
+bool kg_cpu_gemm_bf16_amx(void) {
+  if (have_amx < 0) {
+    unsigned a, b, c, d;
+    /* CPUID.(7, 0).EDX: bit 22 AMX-BF16, bit 24 AMX-TILE; then the kernel's permission to use the
+     * tile data state (Linux asks for it per process) */
+    bool cpu = kg_cpu_gemm_bf16_dpbf16() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1);
+    have_amx = cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : 0;
+  }
+  return have_amx == 1;
+}
+
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_cfg;
+
+/* fetches rows [m, m + nr) of W, columns [k0, k0 + kb), into L2: the packing's 8-row loads
+ * wait on L3 or DRAM otherwise (the LM head, 16 MiB, was packed at ~6 GB/s without) */
+KG_AMX static void prefetch_panel(const uint16_t *w, int64_t ldw, int64_t m, int64_t nr, int64_t k0, int64_t kb) {
+  for (int64_t r = 0; r < nr; r++) {
+    const char *row = (const char *)(w + (m + r) * ldw + k0);
+    for (int64_t b = 0; b < kb * 2; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+  }
+}
+
+/* c[N, mc] = columns [m0, m0 + mc) of the product (N <= 32, all of K) */
+KG_AMX static void run_amx(const plan *p, const packbuf *pb, float *c, int64_t ldc, int64_t m0, int64_t mc) {
+  amx_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+  const uint16_t *a0 = p->amx_a, *a1 = p->amx_a + 16 * p->amx_ld;
+  long lda = (long)(p->amx_ld * 2);
+  bool two = p->N > 16;
+  float out[32][32];
+  for (int64_t j = 0; j < mc; j += P_NC) {
+    int64_t nc = mc - j < P_NC ? mc - j : P_NC;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k0 = 0; k0 < p->K; k0 += AMX_KC) {
+      int64_t kb = p->K - k0 < AMX_KC ? p->K - k0 : AMX_KC, np = (kb + 1) / 2, np16 = (np + 15) / 16 * 16;
+      if (k0 + kb < p->K) /* the next K block of this panel, else the next panel's first */
+        prefetch_panel(p->w, p->ldw, m0 + j, nc, k0 + kb, p->K - k0 - kb < AMX_KC ? p->K - k0 - kb : AMX_KC);
+      else if (j + P_NC < mc)
+        prefetch_panel(p->w, p->ldw, m0 + j + P_NC, mc - j - P_NC < P_NC ? mc - j - P_NC : P_NC, 0,
+                       p->K < AMX_KC ? p->K : AMX_KC);
+      pack_b(pb->b, p->w, p->ldw, true, m0 + j, nc, k0, kb);
+      memset(pb->b + np * P_NC, 0, (size_t)((np16 - np) * P_NC * 4));
+      __asm__ volatile("" ::: "memory"); /* the tile loads below are asm the compiler cannot see reading the panel */
+      for (int64_t q = 0; q < np16; q += 16) {
+        _tile_loadd(6, pb->b + q * P_NC, P_NC * 4);
+        _tile_loadd(7, pb->b + q * P_NC + 16, P_NC * 4);
+        _tile_loadd(4, a0 + k0 + 2 * q, lda);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+          _tile_loadd(5, a1 + k0 + 2 * q, lda);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+    }
+    _tile_stored(0, &out[0][0], 128);
+    _tile_stored(1, &out[0][16], 128);
+    if (two) {
+      _tile_stored(2, &out[16][0], 128);
+      _tile_stored(3, &out[16][16], 128);
+    }
+    __asm__ volatile("" ::: "memory");
+    for (int64_t n = 0; n < p->N; n++) memcpy(c + n * ldc + j, out[n], (size_t)(nc * 4));
+  }
+  _tile_release();
+}
 #else
 bool kg_cpu_gemm_bf16_avx2(void) { return false; }
 bool kg_cpu_gemm_bf16_avx512(void) { return false; }
 bool kg_cpu_gemm_bf16_dpbf16(void) { return false; }
+bool kg_cpu_gemm_bf16_amx(void) { return false; }
 #endif
 
 /* ---- driver --------------------------------------------------------------------------------- */
@@ -693,6 +879,10 @@ bool kg_cpu_gemm_bf16_dpbf16(void) { return false; }
 static void run_chunk(const plan *p, const packbuf *pb, float *c, int64_t ldc, uint16_t *o16, int64_t ldo, int64_t m0,
                       int64_t mc, int64_t n0, int64_t nr) {
 #ifdef KG_X86
+  if (p->amx) {
+    run_amx(p, pb, c, ldc, m0, mc);
+    return;
+  }
   if (p->packed) {
     if (p->kb_rows) run_packed_rows(p, pb, c, ldc, o16, ldo, m0, mc, n0, nr);
     else run_packed(p, pb, c, ldc, o16, ldo, m0, mc, n0, nr);
@@ -707,6 +897,10 @@ static void run_chunk(const plan *p, const packbuf *pb, float *c, int64_t ldc, u
     const float *ak = p->a + k0;
     const uint16_t *wk = p->trans ? p->w + m0 * p->ldw + k0 : p->w + k0 * p->ldw + m0;
 #ifdef KG_X86
+    if (p->a16 && p->N <= GV_NR) {
+      block_t_gv(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
+      continue;
+    }
     if (p->a16) {
       block_t_d(c, ldc, p->a16 + k0, p->lda16, wk, p->ldw, p->N, mc, kb, acc);
       continue;
@@ -740,11 +934,16 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
   p.avx512 = o->variant == KG_GEMM_BF16_AVX512 || o->variant == KG_GEMM_BF16_DPBF16 ||
              o->variant == KG_GEMM_BF16_PACKED || (autov && kg_cpu_gemm_bf16_avx512());
   p.avx2 = p.avx512 || o->variant == KG_GEMM_BF16_AVX2 || (autov && kg_cpu_gemm_bf16_avx2());
-  bool dp_cpu = o->variant == KG_GEMM_BF16_DPBF16 || o->variant == KG_GEMM_BF16_PACKED ||
+  bool forced_amx = o->variant == KG_GEMM_BF16_AMX;
+  p.avx512 = p.avx512 || forced_amx, p.avx2 = p.avx2 || forced_amx;
+  bool dp_cpu = o->variant == KG_GEMM_BF16_DPBF16 || o->variant == KG_GEMM_BF16_PACKED || forced_amx ||
                 (autov && kg_cpu_gemm_bf16_dpbf16());
   p.packed = (o->a_bf16 || o->a16) && dp_cpu && (o->variant == KG_GEMM_BF16_PACKED || (autov && (N > GB_PACK_ROWS || (N > GB_PACK_ROWS_SMALL_W && 2 * K * M <= GB_PACK_SMALL_W))));
   int64_t unit = 16; /* chunks of output columns are multiples of it */
 #ifdef KG_X86
+  p.amx = b_trans && o->a_bf16 && !o->a16 && N >= 3 && N <= 32 &&
+          (forced_amx || (autov && N >= GB_AMX_ROWS && kg_cpu_gemm_bf16_amx()));
+  if (p.amx) p.packed = false, unit = P_NC;
   if (p.packed) { /* an even K block that the panel buffer holds; chunks of whole panels */
     p.kc = p.kc <= 0 || p.kc > P_KC ? P_KC : (p.kc + 1) / 2 * 2;
     unit = P_NC;
@@ -784,12 +983,28 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
   p.a16 = o->a16 ? o->a16 : a16;
   p.lda16 = o->a16 ? o->lda16 : K;
   p.a16_trans = o->a16 && o->a16_trans;
+  /* amx: a as bf16 in 16-row blocks, zero past row N and past K up to a multiple of 32 */
+  size_t amx_bytes = 0;
+  uint16_t *amx_a = NULL;
+  if (p.amx) {
+    p.amx_ld = (K + 31) / 32 * 32;
+    int64_t rows = N > 16 ? 32 : 16;
+    amx_a = kg_cpu_alloc((size_t)(rows * p.amx_ld * 2), &amx_bytes);
+    if (!amx_a) {
+      if (a16) kg_cpu_free(a16, a16_bytes);
+      return kg_error(KG_ERR_OOM, "matmul", "out of memory packing operands");
+    }
+    memset(amx_a, 0, (size_t)(rows * p.amx_ld * 2));
+    for (int64_t n = 0; n < N; n++) memcpy(amx_a + n * p.amx_ld, p.a16 + n * p.lda16, (size_t)(K * 2));
+    p.amx_a = amx_a;
+  }
   bool direct = odt == KG_F32, oom = false;
   bool direct16 = p.packed && odt == KG_BF16; /* the tiles round into out themselves */
   bool need_cb = !direct && (!direct16 || K > p.kc); /* f32 sums between K blocks */
   /* packed: a block of a and a panel of B, one K block of each */
   size_t apk_want = 0, bpk_want = 0;
 #ifdef KG_X86
+  if (p.amx) bpk_want = (size_t)(AMX_KC / 2 * P_NC * 4); /* one panel of a K block */
   if (p.packed) { /* a block (block_rows of a K block, at most rbs rows), a panel */
     int64_t pairs = (p.kc + 1) / 2, all = pairs * ((rbs + P_NR - 1) / P_NR * P_NR) * 4;
     int64_t most = P_A_BYTES + pairs * P_NR * 4;
@@ -809,7 +1024,7 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
     size_t bytes = 0, apk_bytes = 0, bpk_bytes = 0;
     float *cb = need_cb ? kg_cpu_alloc((size_t)(rbs * cw * 4), &bytes) : NULL;
     packbuf pb = {apk_want ? kg_cpu_alloc(apk_want, &apk_bytes) : NULL, bpk_want ? kg_cpu_alloc(bpk_want, &bpk_bytes) : NULL};
-    if ((need_cb && !cb) || (p.packed && (!pb.a || !pb.b))) {
+    if ((need_cb && !cb) || (p.packed && (!pb.a || !pb.b)) || (p.amx && !pb.b)) {
 #pragma omp atomic write
       oom = true;
     }
@@ -836,5 +1051,6 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
     kg_cpu_free(pb.b, bpk_bytes);
   }
   if (a16) kg_cpu_free(a16, a16_bytes);
+  if (amx_a) kg_cpu_free(amx_a, amx_bytes);
   return oom ? kg_error(KG_ERR_OOM, "matmul", "out of memory for the f32 result") : KG_OK;
 }

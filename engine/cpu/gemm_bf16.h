@@ -16,6 +16,8 @@ typedef enum {
   KG_GEMM_BF16_PACKED, /* caller checked kg_cpu_gemm_bf16_dpbf16(); a_bf16 only (else as
                           KG_GEMM_BF16_AVX512): the many-rows kernel, both layouts (AUTO takes it
                           past 32 rows when a_bf16) */
+  KG_GEMM_BF16_AMX,    /* caller checked kg_cpu_gemm_bf16_amx(); b_trans with a_bf16 and 3..32 rows
+                          (AUTO takes it from GB_AMX_ROWS rows), else as KG_GEMM_BF16_DPBF16 */
 } kg_gemm_bf16_variant;
 
 typedef struct {
@@ -35,6 +37,7 @@ typedef struct {
 bool kg_cpu_gemm_bf16_avx2(void);
 bool kg_cpu_gemm_bf16_avx512(void);
 bool kg_cpu_gemm_bf16_dpbf16(void); /* AVX-512 + AVX512_BF16 */
+bool kg_cpu_gemm_bf16_amx(void);    /* that + AMX-BF16, and Linux's permission to use the tiles */
 
 /* out[N, M] (row stride ldo elements, dtype odt) = a[N, K] (f32, row stride lda) @ B[K, M], where
  * B is read from the bf16 matrix w in one of two layouts:

@@ -91,28 +91,21 @@ M.rope_options = rope_options
 -- op, and the query attends over the whole fixed-length cache under ctx.mask [B, 1, T, L] (or the
 -- first ctx.keys columns, eagerly), so the step can have one shape for every token (capturable as
 -- a CUDA graph); ctx.qkv (this layer's [q; k; v] weights in one matrix) makes the projections one
--- GEMM. decode_qkv rotates by base^(-2i/D) only: under scaled RoPE (inv_freq, or an attention
--- scale) q and k are rotated here and decode_qkv writes them at position 0, where its rotation is
--- the identity.
+-- GEMM. decode_qkv takes keng.rope's options (a scaled RoPE's inv_freq and scale too), so every
+-- RoPE scheme decodes fused.
 function Attention:forward(x, ctx)
   local B, T = x.shape[1], x.shape[2]
   local H, Hkv, D = self.heads, self.kv_heads, self.head_dim
   local ro = ctx.rope or rope_options(self.rope, self.rope_base, D, ctx.positions, x.device)
   local q, k, v
   local cache = ctx.cache
-  local plain = ro.inv_freq == nil and (ro.scale or 1) == 1         -- decode_qkv's own rotation fits
-  if ctx.qkv and cache and ctx.col and plain then                   -- decode: one GEMM, one fused op
-    q = keng.decode_qkv(keng.linear(x, ctx.qkv), ctx.positions, cache.k, cache.v, ctx.col,
-      {heads = H, kv_heads = Hkv, base = ro.base})                  -- [B, H, T, D]; k, v cached
-  elseif ctx.col and plain then                                     -- decode, unfused weights (LoRA, biases)
+  -- decode_qkv rotates as keng.rope does with ro's options (plain or scaled RoPE)
+  local dq = ctx.col and {heads = H, kv_heads = Hkv, base = ro.base, inv_freq = ro.inv_freq, scale = ro.scale}
+  if ctx.qkv and cache and ctx.col then                             -- decode: one GEMM, one fused op
+    q = keng.decode_qkv(keng.linear(x, ctx.qkv), ctx.positions, cache.k, cache.v, ctx.col, dq)  -- [B, H, T, D]; k, v cached
+  elseif ctx.col then                                               -- decode, unfused weights (LoRA, biases)
     local qkv = keng.cat({self.query(x), self.key(x), self.value(x)}, 3):to(cache.k.dtype)  -- [B, T, (H+2Hkv)·D]
-    q = keng.decode_qkv(qkv, ctx.positions, cache.k, cache.v, ctx.col, {heads = H, kv_heads = Hkv, base = ro.base})
-  elseif ctx.col then                                               -- decode under scaled RoPE
-    q = keng.rope(self.query(x):view{B, T, H, D}:transpose(2, 3), ctx.positions, ro)   -- [B, H, T, D]
-    k = keng.rope(self.key(x):view{B, T, Hkv, D}:transpose(2, 3), ctx.positions, ro)   -- [B, Hkv, T, D]
-    local qkv = keng.cat({q:transpose(2, 3):reshape{B, T, H * D}, k:transpose(2, 3):reshape{B, T, Hkv * D},
-      self.value(x)}, 3):to(cache.k.dtype)                          -- [B, T, (H+2Hkv)·D], q and k rotated
-    q = keng.decode_qkv(qkv, ctx.positions * 0, cache.k, cache.v, ctx.col, {heads = H, kv_heads = Hkv})
+    q = keng.decode_qkv(qkv, ctx.positions, cache.k, cache.v, ctx.col, dq)
   else
     q = self.query(x):view{B, T, H, D}:transpose(2, 3)              -- [B, H, T, D]
     k = self.key(x):view{B, T, Hkv, D}:transpose(2, 3)              -- [B, Hkv, T, D]

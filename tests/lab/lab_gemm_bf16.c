@@ -60,7 +60,7 @@ static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int6
   float *o32 = malloc(sizeof(float) * (size_t)(3 * N * ldo));
   uint16_t *o16 = malloc(2 * (size_t)(3 * N * ldo));
   uint16_t *ab = malloc(2 * (size_t)(N * lda)), *at = malloc(2 * (size_t)(K * ldt));
-  bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED; /* they need bf16 values in a */
+  bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED || var->v == KG_GEMM_BF16_AMX; /* they need bf16 values in a */
   for (int64_t i = 0; i < N * lda; i++) a[i] = a16 ? kg_bf16_to_f32(kg_f32_to_bf16(frand())) : frand();
   for (int64_t i = 0; i < wrows * ldw; i++) w[i] = kg_f32_to_bf16(frand());
   for (int64_t i = 0; i < 3 * N * ldo; i++) o32[i] = NAN, o16[i] = 0x7fc0;
@@ -135,15 +135,16 @@ static void check_deterministic(void) {
 }
 
 static int run_check(void) {
-  variant vars[5] = {{"scalar", KG_GEMM_BF16_SCALAR},
+  variant vars[6] = {{"scalar", KG_GEMM_BF16_SCALAR},
                      {"avx2", KG_GEMM_BF16_AVX2},
                      {"avx512", KG_GEMM_BF16_AVX512},
                      {"dpbf16", KG_GEMM_BF16_DPBF16},
-                     {"packed", KG_GEMM_BF16_PACKED}};
-  int nvar = kg_cpu_gemm_bf16_dpbf16() ? 5 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
+                     {"packed", KG_GEMM_BF16_PACKED},
+                     {"amx", KG_GEMM_BF16_AMX}};
+  int nvar = kg_cpu_gemm_bf16_amx() ? 6 : kg_cpu_gemm_bf16_dpbf16() ? 5 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
   printf("checking");
   for (int v = 0; v < nvar; v++) printf(" %s", vars[v].name);
-  printf(nvar < 5 ? " (the others do not run on this CPU)\n" : "\n");
+  printf(nvar < 6 ? " (the others do not run on this CPU)\n" : "\n");
   static const int64_t Ks[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 300};
   static const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 40, 515};
   int nK = sizeof Ks / sizeof *Ks, nM = sizeof Ms / sizeof *Ms;
@@ -355,6 +356,59 @@ static void run_roofline(void) {
   free(w), free(a), free(c);
 }
 
+/* decode GEMV shapes (N = 1 and 32): GB/s of the weight read by each b_trans variant against a
+ * plain read of the same buffer (best of reps, wall clock, 1 thread then 2): the LM head of the
+ * tiny presets (16 MiB, L3) and the projections of the ~1B Mistral shape (streamed from DRAM
+ * when the whole set is cycled: each call reads a different copy) */
+static void run_gemv(void) {
+  /* K, M, DRAM (copies past 1 GiB in all, cycled: each call reads weights no cache holds) */
+  static const int64_t shapes[][3] = {{256, 32000, 0}, {256, 768, 0}, {2048, 2560, 1}, {2048, 5632, 1}, {5632, 2048, 1}};
+  volatile uint64_t sink = 0;
+  printf("\nGEMV GB/s (best of 5 cycles, wall): weight bf16, a bf16 values, out f32; read = plain read of the same weights\n");
+  printf("| K x M (copies) | N | threads | read | avx512 | dpbf16 | auto | amx |\n|---|---|---|---|---|---|---|---|\n");
+  size_t nshape = sizeof shapes / sizeof *shapes;
+  if (getenv("LAB_GEMV_SHAPES")) nshape = (size_t)atoi(getenv("LAB_GEMV_SHAPES")); /* the first n only */
+  for (size_t s = 0; s < nshape; s++) {
+    int64_t K = shapes[s][0], M = shapes[s][1];
+    size_t one = (size_t)(K * M) * 2;
+    int64_t ncp = shapes[s][2] ? (int64_t)(((size_t)1 << 30) / one + 1) : 1;
+    uint16_t *w = aligned_alloc(4096, one * (size_t)ncp);
+    if (!w) continue;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < K * M * ncp; i++) w[i] = (uint16_t)(0x3f80 + (i % 61));
+    for (int64_t N = 1; N <= 32; N += 31) {
+      float *a = malloc(4 * (size_t)(N * K)), *c = malloc(4 * (size_t)(N * M));
+      for (int64_t i = 0; i < N * K; i++) a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
+      for (int th = 1; th <= 2; th++) {
+        double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
+        kg_gemm_bf16_opts os[5] = {{KG_GEMM_BF16_AUTO, th}, {KG_GEMM_BF16_AVX512, th, 0, true},
+                                   {KG_GEMM_BF16_DPBF16, th, 0, true}, {KG_GEMM_BF16_AUTO, th, 0, true},
+                                   {KG_GEMM_BF16_AMX, th, 0, true}};
+        int nv = kg_cpu_gemm_bf16_amx() ? 5 : 4;
+        int reps = ncp > 1 ? 5 : 50;
+        for (int r = 0; r < reps; r++)
+          for (int v = 0; v < nv; v++) {
+            double t0 = lab_wall_seconds();
+            for (int64_t cp = 0; cp < ncp; cp++) {
+              const uint16_t *wr = w + (size_t)cp * (size_t)(K * M);
+              if (v == 0) sink += read_all((const uint8_t *)wr, one, th);
+              else kg_cpu_gemm_bf16(c, KG_F32, M, a, K, wr, K, true, N, M, K, &os[v]);
+            }
+            double t = (lab_wall_seconds() - t0) / (double)ncp;
+            if (t < best[v]) best[v] = t;
+          }
+        printf("| %lldx%lld (%lld) | %lld | %d |", (long long)K, (long long)M, (long long)ncp, (long long)N, th);
+        for (int v = 0; v < nv; v++) printf(" %.1f |", one / best[v] * 1e-9);
+        printf("\n");
+        fflush(stdout);
+      }
+      free(a), free(c);
+    }
+    free(w);
+  }
+  (void)sink;
+}
+
 /* training rows (N = 64 .. 1024, a's values bf16): the dot-product tile, the packed kernel and
  * convert + sgemm, 1 and 2 threads */
 static void run_train_sizes(void) {
@@ -394,18 +448,23 @@ static void run_train_sizes(void) {
 }
 
 int main(int argc, char **argv) {
-  bool check = false, small = false, roof_only = false, train = false;
+  bool check = false, small = false, roof_only = false, train = false, gemv = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = true;
     else if (!strcmp(argv[i], "--small")) small = true;
     else if (!strcmp(argv[i], "--roofline")) roof_only = true;
     else if (!strcmp(argv[i], "--train")) train = true;
+    else if (!strcmp(argv[i], "--gemv")) gemv = true;
     else {
-      fprintf(stderr, "usage: %s [--check | --small | --roofline | --train]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--check | --small | --roofline | --train | --gemv]\n", argv[0]);
       return 2;
     }
   }
   if (check) return run_check();
+  if (gemv) {
+    run_gemv();
+    return 0;
+  }
   if (train) {
     if (kg_cpu_gemm_bf16_dpbf16()) run_train_sizes();
     else printf("no AVX512_BF16: the training-rows kernel does not run here\n");

@@ -1,7 +1,8 @@
 -- decode_spec.lua — keng.decode_qkv (engine/ops/decode.c, engine/cpu/decode.c, engine/cuda/decode.cu):
 -- the fused decode step's q/k RoPE + KV-cache write against the unfused ops (rope, narrow +
 -- copy_) in every float dtype, bit for bit; non-contiguous qkv; positions [T] and [B, T]; T > 1;
--- columns taken modulo the cache length; the caches' other columns untouched; every error.
+-- columns taken modulo the cache length; the caches' other columns untouched; a scaled RoPE's
+-- inv_freq and scale against keng.rope with the same options; every error.
 -- Shape letters: B batch, T tokens, H query heads, Hkv key/value heads, D head dim, L cache.
 local keng = require "keng"
 local H_ = require "helper"
@@ -9,12 +10,13 @@ local H_ = require "helper"
 local DEV = H_.device
 
 -- the reference: split qkv into heads, rope q and k, write k and v at the columns
-local function reference(qkv, pos, ck, cv, cols, H, Hkv, base)
+local function reference(qkv, pos, ck, cv, cols, H, Hkv, base, ro)
   local B, T = qkv.shape[1], qkv.shape[2]
   local D = qkv.shape[3] // (H + 2 * Hkv)
   local y = qkv:view{B, T, H + 2 * Hkv, D}:transpose(2, 3)          -- [B, heads, T, D]
-  local q = keng.rope(y:narrow(2, 1, H), pos, {base = base})
-  local k = keng.rope(y:narrow(2, H + 1, Hkv), pos, {base = base})
+  ro = ro or {base = base}
+  local q = keng.rope(y:narrow(2, 1, H), pos, ro)
+  local k = keng.rope(y:narrow(2, H + 1, Hkv), pos, ro)
   local v = y:narrow(2, H + Hkv + 1, Hkv)
   local L = ck.shape[3]
   for t, c in ipairs(cols) do
@@ -24,15 +26,17 @@ local function reference(qkv, pos, ck, cv, cols, H, Hkv, base)
   return q
 end
 
-local function case(dtype, B, T, H, Hkv, D, L, cols, pos2d, base)
+local function case(dtype, B, T, H, Hkv, D, L, cols, pos2d, base, ro)
   keng.manual_seed(B * 100 + T * 10 + H)
   local qkv = keng.randn({B, T, (H + 2 * Hkv) * D}, {device = DEV}):to(dtype)
   local pos
   if pos2d then pos = keng.randint(0, 50, {B, T}, {device = DEV}) else pos = keng.randint(0, 50, {T}, {device = DEV}) end
   local ck0, cv0 = keng.randn({B, Hkv, L, D}, {device = DEV}):to(dtype), keng.randn({B, Hkv, L, D}, {device = DEV}):to(dtype)
   local ck, cv, rk, rv = ck0:clone(), cv0:clone(), ck0:clone(), cv0:clone()
-  local q = keng.decode_qkv(qkv, pos, ck, cv, keng.tensor(cols, {device = DEV}), {heads = H, kv_heads = Hkv, base = base})
-  local want = reference(qkv, pos, rk, rv, cols, H, Hkv, base or 10000)
+  local o = {heads = H, kv_heads = Hkv, base = base}
+  for k, v in pairs(ro or {}) do o[k] = v end
+  local q = keng.decode_qkv(qkv, pos, ck, cv, keng.tensor(cols, {device = DEV}), o)
+  local want = reference(qkv, pos, rk, rv, cols, H, Hkv, base or 10000, ro)
   return q, want, ck, rk, cv, rv
 end
 
@@ -50,6 +54,27 @@ describe("keng.decode_qkv", function()
         H_.close(cv, rv, 0, what .. " cache_v")
       end
     end
+  end)
+
+  it("rotates by a scaled RoPE's inv_freq and scale as keng.rope does, bit for bit", function()
+    for _, dt in ipairs({"f32", "f64", "bf16"}) do
+      for _, c in ipairs({{2, 1, 4, 2, 8, 6, {2}, true}, {1, 3, 2, 2, 16, 9, {4, 5, 6}, false}}) do
+        local D = c[5]
+        local f = {}
+        for i = 1, D // 2 do f[i] = 10000 ^ (-2 * (i - 1) / D) / (i % 3 + 1.5) end   -- not base^(-2i/D)
+        local ro = {inv_freq = keng.tensor(f, {dtype = "f64", device = DEV}), scale = 1.25}
+        local q, want, ck, rk, cv, rv = case(dt, c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], nil, ro)
+        H_.close(q, want, 0, dt .. " q")
+        H_.close(ck, rk, 0, dt .. " cache_k")
+        H_.close(cv, rv, 0, dt .. " cache_v")
+        -- and it is not the plain rotation: the options reach the kernel
+        local q0 = case(dt, c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8])
+        assert.is_true((q0:double() - q:double()):abs():max():item() > 0, dt)
+      end
+    end
+    local f32 = keng.tensor({1, 0.5, 0.25, 0.125}, {device = DEV})  -- an f32 inv_freq is read too
+    local q, want = case("f32", 1, 1, 2, 1, 8, 4, {1}, false, nil, {inv_freq = f32})
+    H_.close(q, want, 0, "f32 inv_freq")
   end)
 
   it("takes columns modulo the cache length (a ring) and leaves the other columns alone", function()
@@ -95,7 +120,17 @@ describe("keng.decode_qkv", function()
       "col [2] must be [T] = [1]")
     H_.raises(function() keng.decode_qkv(qkv:narrow(3, 1, 16), pos:float(), ck, cv, col, o) end, "positions")
     H_.raises(function() keng.decode_qkv(qkv:narrow(3, 1, 16), pos, ck, cv, col, {heads = 2, kv_heads = 1, bse = 5}) end,
-      "unknown option 'bse' (valid: base, heads, kv_heads)")
+      "unknown option 'bse' (valid: base, heads, inv_freq, kv_heads, scale)")
+    H_.raises(function() keng.decode_qkv(qkv:narrow(3, 1, 16), pos, ck, cv, col, {heads = 2, kv_heads = 1, inv_freq = 3}) end,
+      "decode_qkv: inv_freq must be a tensor, got number")
+    H_.raises(function()
+      keng.decode_qkv(qkv:narrow(3, 1, 16), pos, ck, cv, col, {heads = 2, kv_heads = 1, inv_freq = z({3})})
+    end, "decode_qkv: inv_freq [3] must be [D/2] = [2] for qkv [2,1,16]")
+    H_.raises(function()
+      keng.decode_qkv(qkv:narrow(3, 1, 16), pos, ck, cv, col, {heads = 2, kv_heads = 1, inv_freq = keng.tensor({1, 2}, {device = DEV})})
+    end, "inv_freq")
+    H_.raises(function() keng.decode_qkv(qkv:narrow(3, 1, 16), pos, ck, cv, col, {heads = 2, kv_heads = 1, scale = 0 / 0}) end,
+      "decode_qkv: scale")
     H_.raises(function() keng.decode_qkv(qkv:narrow(3, 1, 16), pos, ck, cv, col, {heads = 2}) end,
       "heads and kv_heads must be integers")
     H_.raises(function() keng.decode_qkv(qkv:narrow(3, 1, 16), pos, ck, cv, col, {heads = 2, kv_heads = 1, base = -1}) end,
