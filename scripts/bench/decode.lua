@@ -86,7 +86,7 @@ local peer
 if o.compare then
   local f = io.open(o.compare)
   if not f then die("--compare: cannot open " .. o.compare) end
-  local ok, doc = pcall(require("bench.json").decode, f:read("a"))
+  local ok, doc = pcall(require("keng.json").decode, f:read("a"))
   f:close()
   if not ok or type(doc) ~= "table" or type(doc.rows) ~= "table" then die("--compare: " .. o.compare .. " is not a benchmark JSON") end
   local id = string.format("decode_%s_%d", o.model, o.batch)
@@ -129,7 +129,7 @@ if peer then
   r.peer, r.peer_ms_per_token, r.peer_threads, r.ratio = peer.name, peer.ms, peer.threads, ms / peer.ms
 end
 if o.format == "json" then
-  print(require("bench.json").encode(r))
+  print(require("keng.json").encode(r))
 else
   print(string.format("%s batch %d threads %d: %.3f ms/token (cpu %.3f)  %.1f tok/s  weights %.1f MB  %.2f GB/s",
     o.model, B, r.threads, ms, r.cpu_ms_per_token, r.tokens_per_s, bytes / 1e6, gbs))

@@ -31,7 +31,7 @@ for _, t in ipairs(threads) do
   end
 end
 if o.format == "json" then
-  print(require("bench.json").encode({schema = "keng-stream/1", rows = rows}))
+  print(require("keng.json").encode({schema = "keng-stream/1", rows = rows}))
 else
   print("| threads | buffer MiB | read GB/s | triad GB/s |\n|---|---|---|---|")
   for _, r in ipairs(rows) do print(string.format("| %d | %d | %.1f | %.1f |", r.threads, r.mib, r.read, r.triad)) end
