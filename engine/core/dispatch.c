@@ -288,6 +288,7 @@ kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, con
   for (int i = 0; i < nout; i++) /* NULL outputs are allowed: a kernel may skip them */
     if (out[i] && kg_numel(out[i])) empty = false;
   if (empty) return KG_OK; /* nothing to compute */
+  if (dev.type == KG_DEV_CPU) kg_threads_poll(); /* the adaptive thread count follows the load */
   kg_op_call call = {op, nin, nout, in, out, params};
   int dbg = kg_debug_level();
   bool timed = dbg || prof.on;

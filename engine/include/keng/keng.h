@@ -312,9 +312,38 @@ kg_philox_state kg_rng_reserve(uint64_t n);
 
 /* ---- runtime -------------------------------------------------------------------------- */
 
-/* Thread count for kernels and BLAS (KENG_NUM_THREADS or the available cores). */
+/* Thread count for kernels and BLAS (engine/core/threads.c). A count given by KENG_NUM_THREADS,
+ * OMP_NUM_THREADS or kg_set_num_threads is kept; without one, the count starts at the cores this
+ * process may use and follows the load: cores other processes keep busy are left to them. */
 int kg_num_threads(void);
 void kg_set_num_threads(int n);
+typedef struct {
+  int current;        /* threads the next parallel region gets */
+  int max;            /* cores this process may use (affinity mask, cgroup CPU quota) */
+  int adaptive;       /* 1: current follows the load */
+  double others;      /* cores other processes kept busy over the last window; -1: not measured yet */
+  const char *source; /* "adaptive", "KENG_NUM_THREADS", "OMP_NUM_THREADS" or "set_num_threads" */
+} kg_thread_policy;
+kg_thread_policy kg_get_thread_policy(void);
+/* Called before each cpu op: at most every KG_THREADS_WINDOW_MS it measures the load and moves
+ * the adaptive count (a coarse clock read otherwise). */
+void kg_threads_poll(void);
+#define KG_THREADS_WINDOW_MS 250
+#define KG_THREADS_MAX_CPUS 1024
+/* The decision, a plain function of one reading: the count for `others` busy cores out of
+ * `ncpu`, from `current`, at most `max`, at least 1 (a band keeps it from flipping). */
+int kg_threads_choose(int current, int max, int ncpu, double others);
+/* One reading: monotonic wall time, busy seconds of our cores (/proc/stat), this process's CPU. */
+typedef struct {
+  double wall_s, busy_s, own_s;
+} kg_cpu_sample;
+/* Cores other processes kept busy between two readings (>= 0). */
+double kg_threads_others(const kg_cpu_sample *a, const kg_cpu_sample *b);
+/* Busy seconds (all but idle and iowait, steal included) summed over the "cpuN" lines of
+ * /proc/stat text whose N has cpus[N] set (N < ncpus); returns the number of lines summed. */
+int kg_proc_stat_busy(const char *text, const unsigned char *cpus, int ncpus, double hz, double *busy_s);
+/* Cores a cgroup v2 cpu.max line ("150000 100000" -> 2, rounded up) allows; 0 for "max" or junk. */
+int kg_cgroup_cpu_limit(const char *cpu_max);
 /* KENG_DEBUG level (0 = off): 1 logs each op with shapes, dtype, device and time. */
 int kg_debug_level(void);
 void kg_log(const char *fmt, ...);

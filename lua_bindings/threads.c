@@ -1,0 +1,30 @@
+/* threads.c — keng.thread_policy(): how many threads kernels use now and why.
+ *   keng.thread_policy() -> {current = 2, max = 2, adaptive = true, others = 0.1 (nil before the
+ *                           first reading), source = "adaptive"}
+ * source is "adaptive" (no count given: the count follows the load, engine/core/threads.c),
+ * "KENG_NUM_THREADS", "OMP_NUM_THREADS" or "set_num_threads" (a fixed count). */
+#include "keng_lua.h"
+
+static int l_thread_policy(lua_State *L) {
+  kg_thread_policy p = kg_get_thread_policy();
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, p.current);
+  lua_setfield(L, -2, "current");
+  lua_pushinteger(L, p.max);
+  lua_setfield(L, -2, "max");
+  lua_pushboolean(L, p.adaptive);
+  lua_setfield(L, -2, "adaptive");
+  if (p.others >= 0) {
+    lua_pushnumber(L, p.others);
+    lua_setfield(L, -2, "others");
+  }
+  lua_pushstring(L, p.source);
+  lua_setfield(L, -2, "source");
+  return 1;
+}
+
+void kgl_register_threads(lua_State *L, int methods, int keng) {
+  (void)methods;
+  lua_pushcfunction(L, l_thread_policy);
+  lua_setfield(L, keng, "thread_policy");
+}
