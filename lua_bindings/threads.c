@@ -17,6 +17,8 @@ static int l_thread_policy(lua_State *L) {
   if (p.others >= 0) {
     lua_pushnumber(L, p.others);
     lua_setfield(L, -2, "others");
+    lua_pushnumber(L, p.waiting);
+    lua_setfield(L, -2, "waiting");
   }
   lua_pushstring(L, p.source);
   lua_setfield(L, -2, "source");

@@ -13,6 +13,7 @@
 #define _GNU_SOURCE 1 /* sched_getaffinity, cpu_set_t */
 #include "internal.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
@@ -29,12 +30,15 @@ static struct {
   int max;              /* cores this process may use */
   int adaptive;         /* 1: current follows the load */
   const char *source;   /* where the count came from */
+  double waiting;       /* last measured run-queue wait of our threads, in cores */
   double others;        /* last measured busy cores of other processes (-1: none yet) */
   unsigned char cpus[KG_THREADS_MAX_CPUS];
   int ncpu;             /* cores in the affinity mask */
   kg_cpu_sample last;   /* start of the current window */
   int have_last;
-} tp = {.others = -1};
+  int no_proc;          /* /proc/stat could not be read: no readings */
+  kg_threads_state st;  /* the adaptive decision's memory */
+} tp = {.others = -1, .st = {.probe_every_s = KG_THREADS_PROBE_MIN_S}};
 
 static void apply(int n) {
   tp.current = n;
@@ -44,15 +48,45 @@ static void apply(int n) {
 
 /* ---- plain functions (tested with fake readings) -------------------------------------- */
 
-int kg_threads_choose(int current, int max, int ncpu, double others) {
+void kg_threads_step(kg_threads_state *st, int max, int ncpu, double others, double waiting, double window_s) {
+  st->since_s += window_s;
+  if (st->probing) { /* the window just measured ran one thread more: did that thread get a core? */
+    st->probing = 0;
+    st->since_s = 0;
+    if (waiting >= KG_THREADS_WAIT_DOWN) {
+      st->current--;
+      st->probe_every_s = fmin(2 * st->probe_every_s, KG_THREADS_PROBE_MAX_S);
+    } else {
+      st->probe_every_s = KG_THREADS_PROBE_MIN_S;
+    }
+    return;
+  }
+  if (waiting >= KG_THREADS_WAIT_DOWN && st->current > 1) {
+    /* our threads queued behind other work: give back about as many cores as they waited for */
+    int drop = (int)floor(waiting + 0.5);
+    st->current -= drop < 1 ? 1 : drop;
+    if (st->current < 1) st->current = 1;
+    st->since_s = 0;
+    return;
+  }
+  /* a whole core the others left idle (their busy time counts what they got, not what they
+   * wanted, so only idle time is proof): take it at once */
   double avail = ncpu - (others > 0 ? others : 0);
-  int n = current;
-  /* a band between going down (below current - 0.5 free cores) and up (above current + 0.6)
-   * keeps a reading that wobbles around a boundary from flipping the count every window */
-  if (avail < current - 0.5) n = (int)floor(avail + 0.5);
-  else if (avail >= current + 0.6) n = (int)floor(avail + 0.4);
-  if (n > max) n = max;
-  return n < 1 ? 1 : n;
+  if (st->current < max && avail >= st->current + 0.6) {
+    int n = (int)floor(avail + 0.4);
+    st->current = n > max ? max : n;
+    st->since_s = 0;
+    st->probe_every_s = KG_THREADS_PROBE_MIN_S;
+    return;
+  }
+  /* others may be soaking up a core only because we left it (a nice'd background job does):
+   * now and then run a thread more for one window and keep it if it did not queue (not while the
+   * threads we have queue already) */
+  if (st->current < max && st->since_s >= st->probe_every_s && waiting < KG_THREADS_WAIT_DOWN) {
+    st->current++;
+    st->probing = 1;
+    st->since_s = 0;
+  }
 }
 
 double kg_threads_others(const kg_cpu_sample *a, const kg_cpu_sample *b) {
@@ -106,6 +140,25 @@ static int read_file(const char *path, char *buf, size_t cap) {
   return n > 0;
 }
 
+/* seconds this process's threads sat runnable on a run queue while another task had the core:
+ * the second field of each /proc/self/task/N/schedstat (exited threads drop out of the sum, which
+ * only makes one window's difference low) */
+static double run_delay_s(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return 0;
+  double sum = 0;
+  struct dirent *e;
+  char path[64], buf[128];
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/self/task/%.20s/schedstat", e->d_name);
+    unsigned long long run, wait;
+    if (read_file(path, buf, sizeof buf) && sscanf(buf, "%llu %llu", &run, &wait) == 2) sum += 1e-9 * (double)wait;
+  }
+  closedir(d);
+  return sum;
+}
+
 static int sample(kg_cpu_sample *s) {
   char buf[16384]; /* the per-core lines of /proc/stat come first: 16 KB covers ~150 cores */
   static double hz;
@@ -113,6 +166,7 @@ static int sample(kg_cpu_sample *s) {
   if (hz <= 0 || !read_file("/proc/stat", buf, sizeof buf)) return 0;
   s->wall_s = clock_s(CLOCK_MONOTONIC);
   s->own_s = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+  s->delay_s = run_delay_s();
   return kg_proc_stat_busy(buf, tp.cpus, KG_THREADS_MAX_CPUS, hz, &s->busy_s) > 0;
 }
 
@@ -161,7 +215,8 @@ void kg_set_num_threads(int n) {
 
 void kg_threads_poll(void) {
   if (!tp.current) setup();
-  if (!tp.adaptive || omp_in_parallel()) return;
+  /* a fixed count is measured too (keng.thread_policy reports the load), just never moved */
+  if (tp.no_proc || omp_in_parallel()) return;
   /* the coarse clock costs a few nanoseconds: this runs before every cpu op */
   static double next;
   double now = clock_s(CLOCK_MONOTONIC_COARSE);
@@ -170,12 +225,19 @@ void kg_threads_poll(void) {
   kg_cpu_sample s;
   if (!sample(&s)) {
     tp.adaptive = 0; /* no /proc/stat: keep the count we have */
+    tp.no_proc = 1;
     return;
   }
   if (tp.have_last) {
+    double wall = s.wall_s - tp.last.wall_s;
     tp.others = kg_threads_others(&tp.last, &s);
-    int n = kg_threads_choose(tp.current, tp.max, tp.ncpu, tp.others);
-    if (n != tp.current) apply(n);
+    tp.waiting = wall > 0 ? (s.delay_s - tp.last.delay_s) / wall : 0;
+    if (tp.waiting < 0) tp.waiting = 0; /* a thread that exited took its count along */
+    if (tp.adaptive) {
+      tp.st.current = tp.current;
+      kg_threads_step(&tp.st, tp.max, tp.ncpu, tp.others, tp.waiting, wall);
+      if (tp.st.current != tp.current) apply(tp.st.current);
+    }
   }
   tp.last = s;
   tp.have_last = 1;
@@ -183,5 +245,5 @@ void kg_threads_poll(void) {
 
 kg_thread_policy kg_get_thread_policy(void) {
   if (!tp.current) setup();
-  return (kg_thread_policy){tp.current, tp.max, tp.adaptive, tp.others, tp.source};
+  return (kg_thread_policy){tp.current, tp.max, tp.adaptive, tp.others, tp.source, tp.waiting};
 }

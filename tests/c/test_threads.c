@@ -16,32 +16,60 @@ static int failures;
   } while (0)
 #define NEAR(a, b) (fabs((a) - (b)) < 1e-9)
 
+/* one window of 0.25 s from a state */
+static kg_threads_state at(int current) { return (kg_threads_state){current, 0, 0, KG_THREADS_PROBE_MIN_S}; }
+static int step(kg_threads_state *st, int max, int ncpu, double others, double waiting) {
+  kg_threads_step(st, max, ncpu, others, waiting, 0.25);
+  return st->current;
+}
+
 static void choose(void) {
-  /* 2 cores, both threads running (current, max, ncpu, others busy cores) */
-  CHECK(kg_threads_choose(2, 2, 2, 0.0) == 2);  /* idle machine */
-  CHECK(kg_threads_choose(2, 2, 2, 0.3) == 2);  /* light background: keep both */
-  CHECK(kg_threads_choose(2, 2, 2, 0.67) == 1); /* a busy loop's fair share beside our 2 threads */
-  CHECK(kg_threads_choose(2, 2, 2, 1.9) == 1);
-  CHECK(kg_threads_choose(2, 2, 2, 7.0) == 1); /* never below 1 */
-  CHECK(kg_threads_choose(2, 2, 2, -1.0) == 2);
-  /* one thread: back up only when a whole core is free */
-  CHECK(kg_threads_choose(1, 2, 2, 1.0) == 1);  /* the busy loop holds its core */
-  CHECK(kg_threads_choose(1, 2, 2, 0.45) == 1); /* inside the band: no flip */
-  CHECK(kg_threads_choose(1, 2, 2, 0.39) == 2);
-  CHECK(kg_threads_choose(1, 2, 2, 0.0) == 2);
-  /* the band on both sides of 2 -> 1 -> 2 does not overlap: a reading never moves it both ways */
-  for (double o = 0; o <= 2.0; o += 0.01) {
-    int down = kg_threads_choose(2, 2, 2, o), up = kg_threads_choose(1, 2, 2, o);
-    CHECK(!(down == 1 && up == 2));
-  }
-  /* more cores: steps by what is free, capped by max */
-  CHECK(kg_threads_choose(8, 8, 8, 0.0) == 8);
-  CHECK(kg_threads_choose(8, 8, 8, 2.0) == 6);
-  CHECK(kg_threads_choose(8, 8, 8, 7.2) == 1);
-  CHECK(kg_threads_choose(2, 8, 8, 0.0) == 8);
-  CHECK(kg_threads_choose(2, 4, 8, 0.0) == 4); /* a cgroup quota of 4 on 8 cores */
-  CHECK(kg_threads_choose(4, 4, 4, 1.0) == 3);
-  CHECK(kg_threads_choose(3, 4, 4, 1.0) == 3);
+  /* 2 cores, 2 threads; (others busy cores, our threads' run-queue wait in cores) as measured
+   * on the 2-core machine (docs/kernels.md, "Threads under load") */
+  kg_threads_state st = at(2);
+  CHECK(step(&st, 2, 2, 0.0, 0.0) == 2);  /* idle */
+  CHECK(step(&st, 2, 2, 0.7, 0.3) == 2);  /* low-priority work filling our gaps: we still get the cores */
+  CHECK(step(&st, 2, 2, 1.3, 0.9) == 1);  /* a busy loop at our priority: our threads queue */
+  /* at 1 thread beside the loop: it holds its core (others 1.0), ours does not queue */
+  for (int i = 0; i < 3; i++) CHECK(step(&st, 2, 2, 1.0, 0.05) == 1);
+  /* after KG_THREADS_PROBE_MIN_S at 1 (4 windows), one window at 2 */
+  CHECK(step(&st, 2, 2, 1.0, 0.05) == 2 && st.probing);
+  CHECK(step(&st, 2, 2, 1.2, 0.9) == 1 && !st.probing); /* it queued: back, wait twice as long */
+  CHECK(st.probe_every_s == 2 * KG_THREADS_PROBE_MIN_S);
+  int windows = 0;
+  while (step(&st, 2, 2, 1.0, 0.05) == 1 && windows < 100) windows++;
+  CHECK(windows == 7); /* 2 s = 8 windows, the 8th raised it */
+  CHECK(step(&st, 2, 2, 1.2, 0.9) == 1 && st.probe_every_s == 4 * KG_THREADS_PROBE_MIN_S);
+  /* failed tries back off up to the cap */
+  for (int i = 0; i < 2000; i++) step(&st, 2, 2, 1.2, st.current == 2 ? 0.9 : 0.05);
+  CHECK(st.probe_every_s == KG_THREADS_PROBE_MAX_S);
+  /* the loop stops: a whole idle core comes back at once, and the back-off is forgotten */
+  st.current = 1, st.probing = 0;
+  CHECK(step(&st, 2, 2, 0.1, 0.0) == 2 && !st.probing && st.probe_every_s == KG_THREADS_PROBE_MIN_S);
+  /* a nice'd job soaking up the core we left: others look busy, a probe finds we get the core */
+  st = at(1);
+  for (int i = 0; i < 3; i++) CHECK(step(&st, 2, 2, 1.0, 0.0) == 1);
+  CHECK(step(&st, 2, 2, 1.0, 0.0) == 2 && st.probing);
+  CHECK(step(&st, 2, 2, 0.7, 0.2) == 2 && !st.probing); /* kept */
+  CHECK(step(&st, 2, 2, 0.7, 0.2) == 2);
+  /* a machine so busy that even our one thread queues: no probe */
+  st = at(1);
+  for (int i = 0; i < 40; i++) CHECK(step(&st, 2, 2, 1.8, 0.75) == 1);
+  /* never below 1, never above max, no probe at max */
+  st = at(1);
+  for (int i = 0; i < 20; i++) CHECK(step(&st, 1, 2, 1.9, 3.0) == 1);
+  st = at(2);
+  CHECK(step(&st, 2, 2, 1.9, 5.0) == 1);
+  st = at(4);
+  for (int i = 0; i < 20; i++) CHECK(step(&st, 4, 8, 0.0, 0.0) == 4); /* a cgroup quota of 4 on 8 cores */
+  /* more cores: drop about what was waited for, take what is idle */
+  st = at(8);
+  CHECK(step(&st, 8, 8, 2.5, 2.2) == 6);
+  st = at(2);
+  CHECK(step(&st, 8, 8, 0.0, 0.0) == 8);
+  st = at(4);
+  CHECK(step(&st, 8, 8, 3.5, 0.0) == 4); /* 4.5 cores ours or idle: half a core idle is not enough */
+  CHECK(step(&st, 8, 8, 2.9, 0.0) == 5);
 }
 
 static void others(void) {

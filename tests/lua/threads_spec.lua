@@ -59,7 +59,7 @@ local function ns() local p = io.popen("date +%s%N") local t = p:read("n") p:clo
 local start = ns()
 repeat x = x:mul(1.0) until ns() - start > 6e8
 local p = keng.thread_policy()
-io.write(p.current, " ", p.max, " ", type(p.others), " ", p.others >= 0 and "ok" or "negative")]])
+io.write(p.current, " ", p.max, " ", type(p.others), " ", (p.others >= 0 and p.waiting >= 0) and "ok" or "negative")]])
     local cur, max, kind, sign = out:match("^(%d+) (%d+) (%a+) (%a+)$")
     assert.truthy(cur, out)
     assert.is_true(tonumber(cur) >= 1 and tonumber(cur) <= tonumber(max))

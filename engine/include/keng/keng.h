@@ -323,6 +323,7 @@ typedef struct {
   int adaptive;       /* 1: current follows the load */
   double others;      /* cores other processes kept busy over the last window; -1: not measured yet */
   const char *source; /* "adaptive", "KENG_NUM_THREADS", "OMP_NUM_THREADS" or "set_num_threads" */
+  double waiting;     /* cores' worth of time our threads sat runnable but not running, last window */
 } kg_thread_policy;
 kg_thread_policy kg_get_thread_policy(void);
 /* Called before each cpu op: at most every KG_THREADS_WINDOW_MS it measures the load and moves
@@ -330,12 +331,25 @@ kg_thread_policy kg_get_thread_policy(void);
 void kg_threads_poll(void);
 #define KG_THREADS_WINDOW_MS 250
 #define KG_THREADS_MAX_CPUS 1024
-/* The decision, a plain function of one reading: the count for `others` busy cores out of
- * `ncpu`, from `current`, at most `max`, at least 1 (a band keeps it from flipping). */
-int kg_threads_choose(int current, int max, int ncpu, double others);
-/* One reading: monotonic wall time, busy seconds of our cores (/proc/stat), this process's CPU. */
+/* The decision, a plain function of one window's readings: `others` = busy cores of other
+ * processes, `waiting` = cores' worth of time our threads sat runnable but not running. It drops
+ * threads when ours queued (waiting >= KG_THREADS_WAIT_DOWN), adds them at once when a whole core
+ * was idle, and otherwise, below max, tries one thread more for one window every probe_every_s
+ * (doubled after each failed try up to KG_THREADS_PROBE_MAX_S, reset by a kept one). */
 typedef struct {
-  double wall_s, busy_s, own_s;
+  int current;          /* the count; the caller sets it, the step moves it */
+  int probing;          /* 1: the count was raised by a probe for the window being measured */
+  double since_s;       /* seconds since the count last moved */
+  double probe_every_s; /* start at KG_THREADS_PROBE_MIN_S */
+} kg_threads_state;
+#define KG_THREADS_WAIT_DOWN 0.5
+#define KG_THREADS_PROBE_MIN_S 1.0
+#define KG_THREADS_PROBE_MAX_S 16.0
+void kg_threads_step(kg_threads_state *st, int max, int ncpu, double others, double waiting, double window_s);
+/* One reading: monotonic wall time, busy seconds of our cores (/proc/stat), this process's CPU,
+ * and the run-queue wait of its threads (/proc/self/task/N/schedstat). */
+typedef struct {
+  double wall_s, busy_s, own_s, delay_s;
 } kg_cpu_sample;
 /* Cores other processes kept busy between two readings (>= 0). */
 double kg_threads_others(const kg_cpu_sample *a, const kg_cpu_sample *b);
