@@ -79,7 +79,7 @@ void kgl_check_options(lua_State *L, int idx, const char *who, const char *const
  * functions (into the table at keng). Defined in lua_bindings/<family>.c. */
 #define KGL_FAMILIES(X) \
   X(core) X(elementwise) X(reduce) X(index) X(norm) X(conv) X(random) X(attention) X(loss) X(io) X(optim) X(image) X(wordpiece) X(sentencepiece) X(tokenizer_json) X(clip) X(debug) X(backends) \
-  X(distributed) X(decode) X(quant) X(threads)
+  X(distributed) X(decode) X(quant) X(runtime)
 #define X(f) void kgl_register_##f(lua_State *L, int methods, int keng);
 KGL_FAMILIES(X)
 #undef X

@@ -66,6 +66,12 @@ void kg_log(const char *fmt, ...) {
 static uint64_t flops;
 uint64_t kg_flop_count(void) { return __atomic_load_n(&flops, __ATOMIC_RELAXED); }
 void kg_flop_add(uint64_t n) { __atomic_add_fetch(&flops, n, __ATOMIC_RELAXED); }
+static uint64_t flops_saved; /* direct-formula FLOPs an algorithm did not perform */
+void kg_flop_add_algo(uint64_t direct, uint64_t performed) {
+  __atomic_add_fetch(&flops, direct, __ATOMIC_RELAXED);
+  if (direct > performed) __atomic_add_fetch(&flops_saved, direct - performed, __ATOMIC_RELAXED);
+}
+uint64_t kg_flop_count_performed(void) { return kg_flop_count() - __atomic_load_n(&flops_saved, __ATOMIC_RELAXED); }
 
 /* ---- running ops --------------------------------------------------------------------------- */
 

@@ -12,6 +12,7 @@ local lora = require "keng.lora"
 local bench = require "keng.bench"
 local common = require "bench.common"
 local config = require "bench.config"
+local roofline = require "bench.roofline"
 
 local M = {}
 
@@ -50,6 +51,10 @@ function M.run(row, ctx)
     r = common.time_generate(lm, prompts, gen, ctx, B * (size.max_length - prompts.shape[2]))
   end
   info.params, info.trainable = common.count_params(lm)
+  if row.task == "generate" then  -- the memory roofline: bytes one call reads (bench/roofline.lua)
+    local elem = ({bf16 = 2, f16 = 2, f32 = 4})[ctx.dtype] or 4
+    info.bytes_per_step, info.weight_bytes = roofline.decode_bytes(lm.cfg, info.params, B, info.shapes.prompts[2], size.max_length, elem)
+  end
   for k, v in pairs(info) do r[k] = v end
   return r
 end

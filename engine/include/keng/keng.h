@@ -381,6 +381,11 @@ const kg_profile_entry *kg_profile_entries(int *n);
 /* FLOPs counted by matmul, convolution and attention since start (for the benchmarks). */
 uint64_t kg_flop_count(void);
 void kg_flop_add(uint64_t n);
+/* For an algorithm that does fewer FLOPs than the direct formula (Winograd convolution): adds
+ * `direct` to kg_flop_count (what every peer counts for the op) and `performed` to
+ * kg_flop_count_performed (what the CPU actually executed). kg_flop_add adds n to both. */
+void kg_flop_add_algo(uint64_t direct, uint64_t performed);
+uint64_t kg_flop_count_performed(void);
 /* TF32 tensor cores for f32 matmul (cuBLASLt) and convolution (cuDNN) on cuda; off by default
  * (results then match f32 FMA arithmetic). No effect on the CPU. */
 void kg_set_allow_tf32(bool on);

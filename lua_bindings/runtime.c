@@ -1,4 +1,7 @@
-/* threads.c — keng.thread_policy(): how many threads kernels use now and why.
+/* runtime.c — the runtime's readings that the benchmarks report.
+ *   keng.flop_count_performed() -> n   FLOPs the CPU executed: keng.flop_count() (the direct
+ *                                      formula of each matmul, conv and attention, as peers count
+ *                                      them) less what a cheaper algorithm skipped (Winograd)
  *   keng.thread_policy() -> {current = 2, max = 2, adaptive = true, others = 0.1 (nil before the
  *                           first reading), source = "adaptive"}
  * source is "adaptive" (no count given: the count follows the load, engine/core/threads.c),
@@ -25,8 +28,15 @@ static int l_thread_policy(lua_State *L) {
   return 1;
 }
 
-void kgl_register_threads(lua_State *L, int methods, int keng) {
+static int l_flop_count_performed(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)kg_flop_count_performed());
+  return 1;
+}
+
+void kgl_register_runtime(lua_State *L, int methods, int keng) {
   (void)methods;
+  lua_pushcfunction(L, l_flop_count_performed);
+  lua_setfield(L, keng, "flop_count_performed");
   lua_pushcfunction(L, l_thread_policy);
   lua_setfield(L, keng, "thread_policy");
 }
