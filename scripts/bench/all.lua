@@ -201,8 +201,9 @@ for _, row in ipairs(config.rows) do if selected(row) then rows[#rows + 1] = row
 if #rows == 0 then die("--only '" .. tostring(opts.only) .. "' matches no row") end
 
 local tf32_note = "TF32 " .. (opts.tf32 and "on" or "off")
-print(string.format("keng %s (%s) · %s tier · %s · %d threads · %d timed steps per row · %s%s",
-  keng.version, commit, opts.tier, device_name, threads, opts.steps, tf32_note,
+local adaptive = keng.thread_policy and keng.thread_policy().adaptive
+print(string.format("keng %s (%s) · %s tier · %s · %d threads%s · %d timed steps per row · %s%s",
+  keng.version, commit, opts.tier, device_name, threads, adaptive and " (at most; adaptive)" or "", opts.steps, tf32_note,
   opts.dtype ~= "keras" and (" · all rows in " .. opts.dtype) or ""))
 
 local results = {}
@@ -353,6 +354,11 @@ end
 local doc = {schema = "keng-bench/1", framework = "keng", keng_version = keng.version, commit = commit,
              date = date, tier = opts.tier, device = device_name, threads = threads, steps = opts.steps,
              dtype = opts.dtype, tf32 = opts.tf32, rows = json.array(results)}
+-- the thread count follows the load unless one was given (docs/kernels.md, "Threads under load")
+if keng.thread_policy then
+  local tp = keng.thread_policy()
+  doc.thread_policy = {source = tp.source, adaptive = tp.adaptive, max = tp.max, current_at_end = tp.current}
+end
 local note = opts.tier == "cpu" and
   "Keras figures are the published A100 40GB numbers at the GPU-tier sizes, for reference only; " ..
   "CPU-tier rows run the scaled-down presets of BENCH_SPEC." or
