@@ -126,8 +126,8 @@ int main(int argc, char **argv) {
    * when the machine is busy; passive puts them to sleep at once, and waking them then costs
    * tens of microseconds per op (gemma_tiny generate 32 on an idle machine: 310 ms/step passive,
    * 236 with a short spin). keng sets a short spin, GOMP_SPINCOUNT=3000, and re-executes itself
-   * once; an explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (passive is best on a machine whose
-   * cores are taken by other work). Figures in docs/kernels.md, "Threads". */
+   * once; an explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. Cores taken by other work are
+   * handled by the thread count (engine/core/threads.c). Figures in docs/kernels.md, "Threads". */
   if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
     setenv("GOMP_SPINCOUNT", "3000", 1);
     execv("/proc/self/exe", argv); /* on failure, carry on with libgomp's default */

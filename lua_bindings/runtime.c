@@ -124,6 +124,31 @@ static int l_time(lua_State *L) {
   return 1;
 }
 
+static int l_thread_policy(lua_State *L) {
+  kg_thread_policy p = kg_get_thread_policy();
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, p.current);
+  lua_setfield(L, -2, "current");
+  lua_pushinteger(L, p.max);
+  lua_setfield(L, -2, "max");
+  lua_pushboolean(L, p.adaptive);
+  lua_setfield(L, -2, "adaptive");
+  if (p.others >= 0) {
+    lua_pushnumber(L, p.others);
+    lua_setfield(L, -2, "others");
+    lua_pushnumber(L, p.waiting);
+    lua_setfield(L, -2, "waiting");
+  }
+  lua_pushstring(L, p.source);
+  lua_setfield(L, -2, "source");
+  return 1;
+}
+
+static int l_flop_count_performed(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)kg_flop_count_performed());
+  return 1;
+}
+
 void kgl_register_runtime(lua_State *L, int methods, int keng) {
   (void)methods;
   kgl_set(L, 0, keng, "manual_seed", l_manual_seed);
@@ -137,6 +162,8 @@ void kgl_register_runtime(lua_State *L, int methods, int keng) {
   kgl_set(L, 0, keng, "synchronize", l_synchronize);
   kgl_set(L, 0, keng, "flop_count", l_flop_count);
   kgl_set(L, 0, keng, "time", l_time);
+  kgl_set(L, 0, keng, "flop_count_performed", l_flop_count_performed);
+  kgl_set(L, 0, keng, "thread_policy", l_thread_policy);
   lua_createtable(L, 0, 3); /* keng.cuda */
   lua_pushcfunction(L, l_cuda_available);
   lua_setfield(L, -2, "is_available");

@@ -73,6 +73,12 @@ void kg_log(const char *fmt, ...) {
 static uint64_t flops;
 uint64_t kg_flop_count(void) { return __atomic_load_n(&flops, __ATOMIC_RELAXED); }
 void kg_flop_add(uint64_t n) { __atomic_add_fetch(&flops, n, __ATOMIC_RELAXED); }
+static uint64_t flops_saved; /* direct-formula FLOPs an algorithm did not perform */
+void kg_flop_add_algo(uint64_t direct, uint64_t performed) {
+  __atomic_add_fetch(&flops, direct, __ATOMIC_RELAXED);
+  if (direct > performed) __atomic_add_fetch(&flops_saved, direct - performed, __ATOMIC_RELAXED);
+}
+uint64_t kg_flop_count_performed(void) { return kg_flop_count() - __atomic_load_n(&flops_saved, __ATOMIC_RELAXED); }
 
 /* ---- running ops --------------------------------------------------------------------------- */
 
@@ -289,6 +295,7 @@ kg_status kg_op_dispatch(kg_op op, int nout, kg_tensor *const *out, int nin, con
   for (int i = 0; i < nout; i++) /* NULL outputs are allowed: a kernel may skip them */
     if (out[i] && kg_numel(out[i])) empty = false;
   if (empty) return KG_OK; /* nothing to compute */
+  if (dev.type == KG_DEV_CPU) kg_threads_poll(); /* the adaptive thread count follows the load */
   kg_op_call call = {op, nin, nout, in, out, params};
   int dbg = kg_debug_level();
   bool timed = dbg || prof.on;

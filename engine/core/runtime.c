@@ -1,29 +1,9 @@
-/* runtime.c — threads, the random generator state, device queries. */
+/* runtime.c — the random generator state, device queries. */
 #include "internal.h"
 
-#include <omp.h>
 #include <stdlib.h>
-#include <unistd.h>
 
-extern void openblas_set_num_threads(int);
-
-static int num_threads;
-
-int kg_num_threads(void) {
-  if (!num_threads) {
-    int n = (int)kg_env_int(KG_ENV_KENG_NUM_THREADS);
-    if (n <= 0) n = omp_get_num_procs();
-    kg_set_num_threads(n);
-  }
-  return num_threads;
-}
-
-void kg_set_num_threads(int n) {
-  if (n < 1) n = 1;
-  num_threads = n;
-  omp_set_num_threads(n);
-  openblas_set_num_threads(n); /* the OpenMP build of OpenBLAS shares this pool */
-}
+/* the thread count: engine/core/threads.c */
 
 /* ---- Philox stream position ------------------------------------------------------------- */
 

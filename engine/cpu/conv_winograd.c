@@ -432,7 +432,9 @@ bool kg_cpu_conv_winograd(float *y, const float *x, const float *w, const float 
   }
   if (u) kg_cpu_free(u, bu);
   if (bp) kg_cpu_free(bp, bb);
-  if (ok) kg_flop_add((uint64_t)(2 * B * M * C * 9 * Ho * Wo));
+  /* performed: the 36 products of each 6x6 transformed tile (whole tiles at the edges); the
+   * transforms, O(C + M) per tile against O(C * M), are left out */
+  if (ok) kg_flop_add_algo((uint64_t)(2 * B * M * C * 9 * Ho * Wo), (uint64_t)(2 * 36 * B * M * C * pl.nth * pl.ntw));
   return ok;
 }
 
@@ -644,6 +646,8 @@ bool kg_cpu_conv_winograd_bwd_weight(float *dw, const float *x, const float *dy,
     grad_output(dw, zs, C, M, Cp, Mp);
   }
   if (zs) kg_cpu_free(zs, bzs);
-  if (ok) kg_flop_add((uint64_t)(2 * B * M * C * 9 * Ho * Wo));
+  /* performed: the 36 products of each 6x6 transformed tile (whole tiles at the edges); the
+   * transforms, O(C + M) per tile against O(C * M), are left out */
+  if (ok) kg_flop_add_algo((uint64_t)(2 * B * M * C * 9 * Ho * Wo), (uint64_t)(2 * 36 * B * M * C * pl.nth * pl.ntw));
   return ok;
 }

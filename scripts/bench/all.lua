@@ -19,6 +19,7 @@ local profile = require "keng.profile"
 local progress = require "keng.progress"
 local config = require "bench.config"
 local json = require "keng.json"
+local roofline = require "bench.roofline"
 
 ------------------------------------------------------------------------------------------------
 -- command line
@@ -133,7 +134,26 @@ local commit = popen_line("git rev-parse --short=12 HEAD") or "unknown"
 local date = os.date("%Y-%m-%d")
 
 -- peak TFLOP/s for a dtype: the known-GPU table, or a short matmul probe on the CPU (the best of
--- a few 1024³ matmuls in that dtype), cached in DIR/cpu-peak.json per cpu, threads and dtype
+-- a few 1024³ products in that dtype, matmul or linear), cached in DIR/cpu-peak.json per cpu, threads and dtype
+-- a CPU figure measured once per cpu, thread count and name, cached in DIR/cpu-peak.json
+local function cpu_cached(name, measure)
+  local file, key = opts.out .. "/cpu-peak.json", device_name .. " / " .. threads .. " threads / " .. name
+  local cache = {}
+  local f = io.open(file)
+  if f then
+    local ok, c = pcall(json.decode, f:read("a"))
+    f:close()
+    if ok and type(c) == "table" then cache = c end
+  end
+  if type(cache[key]) == "number" then return cache[key] end
+  local v = measure()
+  cache[key] = v
+  os.execute("mkdir -p '" .. opts.out .. "'")
+  local w = io.open(file, "w")
+  if w then w:write(json.encode(cache, {indent = "  "}), "\n"); w:close() end
+  return v
+end
+
 local peaks = {}
 local function peak_tflops(dtype)
   if peaks[dtype] ~= nil then return peaks[dtype] or nil end
@@ -147,30 +167,36 @@ local function peak_tflops(dtype)
       end
     end
   else
-    local file, key = opts.out .. "/cpu-peak.json", device_name .. " / " .. threads .. " threads / " .. dtype
-    local cache = {}
-    local f = io.open(file)
-    if f then
-      local ok, c = pcall(json.decode, f:read("a"))
-      f:close()
-      if ok and type(c) == "table" then cache = c end
-    end
-    p = cache[key]
-    if type(p) ~= "number" then
+    p = cpu_cached(dtype, function()
       local N = 1024
       local a, b = keng.randn({N, N}):to(dtype), keng.randn({N, N}):to(dtype)
-      local r = keng.no_grad(function()
-        return bench.run(function() return a:matmul(b) end, {steps = 3, warmup = 1})
+      -- the better of keng's two GEMM entry points (a @ b, and a @ bᵀ as every linear layer
+      -- calls it: bf16 1024³ 0.144 vs 0.166 TFLOP/s on the 2-core machine)
+      local best = math.huge
+      keng.no_grad(function()
+        for _, f in ipairs({function() return a:matmul(b) end, function() return keng.linear(a, b) end}) do
+          best = math.min(best, bench.run(f, {steps = 3, warmup = 1}).min_ms)
+        end
       end)
-      p = 2 * N ^ 3 / (r.min_ms / 1e3) / 1e12
-      cache[key] = p
-      os.execute("mkdir -p '" .. opts.out .. "'")
-      local w = io.open(file, "w")
-      if w then w:write(json.encode(cache, {indent = "  "}), "\n"); w:close() end
-    end
+      return 2 * N ^ 3 / (best / 1e3) / 1e12
+    end)
   end
   peaks[dtype] = p or false
   return p
+end
+
+-- read bandwidth (GB/s) for the memory roofline of decode rows (bench/roofline.lua), measured
+-- over the row's weight bytes (rounded up to MiB: in cache for the tiny presets, DRAM for big
+-- models) and cached beside the peaks; not measured on the GPU tier
+local bandwidths = {}
+local function bandwidth_gbs(mib)
+  if opts.tier == "gpu" then return nil end
+  if bandwidths[mib] == nil then
+    bandwidths[mib] = cpu_cached("read GB/s over " .. mib .. " MiB", function()
+      return (roofline.measure_bandwidth{mib = mib})
+    end)
+  end
+  return bandwidths[mib]
 end
 
 ------------------------------------------------------------------------------------------------
@@ -195,8 +221,9 @@ end
 if #rows == 0 then die("--only '" .. tostring(opts.only) .. "' matches no row") end
 
 local tf32_note = "TF32 " .. (opts.tf32 and "on" or "off")
-print(string.format("keng %s (%s) · %s tier · %s · %d threads · %d timed steps per row · %s%s",
-  keng.version, commit, opts.tier, device_name, threads, opts.steps, tf32_note,
+local adaptive = keng.thread_policy and keng.thread_policy().adaptive
+print(string.format("keng %s (%s) · %s tier · %s · %d threads%s · %d timed steps per row · %s%s",
+  keng.version, commit, opts.tier, device_name, threads, adaptive and " (at most; adaptive)" or "", opts.steps, tf32_note,
   opts.dtype ~= "keras" and (" · all rows in " .. opts.dtype) or ""))
 
 local results = {}
@@ -246,11 +273,24 @@ for i, row in ipairs(rows) do
       res.peak_memory_bytes = keng.memory_stats(device).peak
       local pk = peak_tflops(dtype)
       if pk and res.tflops then res.peak_tflops, res.pct_peak = pk, 100 * res.tflops / pk end
+      -- the roofline (bench/roofline.lua): performed FLOPs against the peak, bytes against the
+      -- measured bandwidth where counted (decode); pct_peak above stays the direct count's
+      if res.mean_ms > 0 and res.flops_performed_per_step then
+        res.tflops_performed = res.flops_performed_per_step / (res.mean_ms / 1e3) / 1e12
+      end
+      local mib = res.weight_bytes and math.max(1, math.ceil(res.weight_bytes / 2 ^ 20))
+      local bw = mib and bandwidth_gbs(mib)
+      if bw then
+        res.bandwidth_gbs, res.bandwidth_source = bw, roofline.bandwidth_source(mib)
+        res.gbs = res.mean_ms > 0 and res.bytes_per_step / (res.mean_ms / 1e3) / 1e9 or nil
+      end
+      roofline.classify(res, pk, bw)
       print(string.format("%.2f ms/step (median %.2f, min %.2f, sd %.2f)%s  %.3f TFLOP/s%s%s", res.mean_ms,
         res.median_ms, res.min_ms, res.stddev_ms,
-        res.items_per_s and string.format("  %.1f items/s", res.items_per_s) or "", res.tflops or 0,
-        res.pct_peak and string.format(" (%.1f%% of peak)", res.pct_peak) or "",
-        res.ms_per_token and string.format("  %.3f ms/token, %.2f MB of weights/token", res.ms_per_token,
+        res.items_per_s and string.format("  %.1f items/s", res.items_per_s) or "", res.tflops_performed or res.tflops or 0,
+        res.gbs and string.format("  %.1f GB/s", res.gbs) or "",
+        res.pct_roofline and string.format(" (%s-bound, %.1f%% of roofline)", res.bound, res.pct_roofline) or "") ..
+        (res.ms_per_token and string.format("  %.3f ms/token, %.2f MB of weights/token", res.ms_per_token,
           res.weight_bytes_per_token / 1e6) or ""))
       if prof then print(profile.report(prof, {top = opts.profile})) end
     else
@@ -293,9 +333,13 @@ local function f2(x) return x and string.format("%.2f", x) or "NA" end
 local function cells(r)
   local ms = r.status == "ok" and string.format("%.2f", r.mean_ms) or
              (r.status == "failed" and ("failed: " .. r.reason) or "not implemented")
-  local c = {r.row, tostring(r.batch), r.dtype .. (r.quantize and " + " .. r.quantize or ""), ms, f2(r.keras.best),
-             f2(r.keras.k2), r.tflops and string.format("%.3f", r.tflops) or "",
-             r.pct_peak and string.format("%.1f", r.pct_peak) or ""}
+  -- performed TFLOP/s, with the direct-formula figure beside where an algorithm skipped FLOPs
+  local tf = r.tflops_performed or r.tflops
+  local tfs = tf and string.format("%.3f", tf) or ""
+  if tf and r.tflops and r.tflops > tf * 1.005 then tfs = tfs .. string.format(" (%.3f direct)", r.tflops) end
+  local roof = r.pct_roofline and string.format("%.1f", r.pct_roofline) or ""
+  if r.bound == "memory" and r.gbs then roof = roof .. string.format(" (%.1f of %.1f GB/s)", r.gbs, r.bandwidth_gbs) end
+  local c = {r.row, tostring(r.batch), r.dtype .. (r.quantize and " + " .. r.quantize or ""), ms, f2(r.keras.best), f2(r.keras.k2), tfs, r.bound or "", roof}
   if opts.quantize then
     c[#c + 1] = r.ms_per_token and string.format("%.3f", r.ms_per_token) or ""
     c[#c + 1] = r.weight_bytes_per_token and string.format("%.2f", r.weight_bytes_per_token / 1e6) or ""
@@ -308,7 +352,7 @@ local function cells(r)
   return c
 end
 
-local header = {"row", "batch", "dtype", "keng ms/step", "Keras 3 best", "Keras 2 TF", "TFLOP/s", "% of peak"}
+local header = {"row", "batch", "dtype", "keng ms/step", "Keras 3 best", "Keras 2 TF", "TFLOP/s", "bound", "% of roofline"}
 if opts.quantize then
   header[#header + 1] = "ms/token"
   header[#header + 1] = "MB weights/token"
@@ -342,10 +386,20 @@ end
 local doc = {schema = "keng-bench/1", framework = "keng", keng_version = keng.version, commit = commit,
              date = date, tier = opts.tier, device = device_name, threads = threads, steps = opts.steps,
              dtype = opts.dtype, tf32 = opts.tf32, quantize = opts.quantize, rows = json.array(results)}
+-- the thread count follows the load unless one was given (docs/kernels.md, "Threads under load")
+if keng.thread_policy then
+  local tp = keng.thread_policy()
+  doc.thread_policy = {source = tp.source, adaptive = tp.adaptive, max = tp.max, current_at_end = tp.current}
+end
 local note = opts.tier == "cpu" and
   "Keras figures are the published A100 40GB numbers at the GPU-tier sizes, for reference only; " ..
   "CPU-tier rows run the scaled-down presets of docs/benchmarks.md." or
   "Keras figures: published A100 40GB numbers (keras.io benchmarks)."
+-- what the roofline columns mean (bench/roofline.lua)
+note = note .. "\nRoofline: TFLOP/s counts the FLOPs performed (Winograd convs: the direct count beside); " ..
+  "compute-bound rows against the peak (" .. (opts.tier == "cpu" and "best 1024^3 matmul per dtype" or "datasheet") ..
+  "), memory-bound decode rows against the read bandwidth over their weights' size (" ..
+  roofline.bandwidth_source("N") .. "); fit/predict rows' bytes are not counted."
 
 print()
 if opts.format == "json" then print(json.encode(doc, {indent = "  "}))

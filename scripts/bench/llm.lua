@@ -14,6 +14,8 @@ local lora = require "keng.lora"
 local bench = require "keng.bench"
 local common = require "bench.common"
 local config = require "bench.config"
+local roofline = require "bench.roofline"
+local util = require "keng.util"
 
 local M = {}
 
@@ -53,16 +55,25 @@ function M.run(row, ctx)
     -- once, the embedding only as a tied head), shared by the B rows of the batch
     local steps = size.max_length - prompts.shape[2]
     r.ms_per_token = r.mean_ms / (B * steps)
-    local SIZE = {f64 = 8, i64 = 8, f32 = 4, i32 = 4, bf16 = 2, f16 = 2, i8 = 1, u8 = 1, bool = 1}
     local bytes, tied = 0, lm.cfg.tie
     for name, t in pairs(lm:state_dict()) do
-      if tied or name ~= "model.embed_tokens.weight" then bytes = bytes + t:numel() * SIZE[t.dtype] end
+      if tied or name ~= "model.embed_tokens.weight" then bytes = bytes + util.nbytes(t) end
     end
     r.weight_bytes_per_token = bytes / B
     r.quantize = row.quantize
     if row.quantize then r.tflops = nil end  -- the FLOP counter does not count linear_q8 / linear_q4
   end
   info.params, info.trainable = lm:num_params(), lm:num_params{trainable = true}
+  if row.task == "generate" then  -- the memory roofline: bytes one call reads (bench/roofline.lua)
+    local elem = ({bf16 = 2, f16 = 2, f32 = 4})[ctx.dtype] or 4
+    local P = info.shapes.prompts[2]
+    local bytes, weights = roofline.decode_bytes(lm.cfg, info.params, B, P, size.max_length, elem)
+    if row.quantize then  -- the quantized weights' own bytes (codes + scales), not params x elem
+      local q = r.weight_bytes_per_token * B
+      bytes, weights = bytes + (size.max_length - P) * (q - weights), q
+    end
+    info.bytes_per_step, info.weight_bytes = bytes, weights
+  end
   for k, v in pairs(info) do r[k] = v end
   return r
 end

@@ -280,6 +280,11 @@ describe("all.lua smoke (child process)", function()
         end
         assert.are.equal(2, r.steps)
         assert.are.equal(2, #r.times_ms)
+        -- the roofline (bench/roofline.lua): BERT's batched GEMMs are compute-bound, bytes not counted
+        assert.are.equal("compute", r.bound, r.id)
+        assert.is_number(r.pct_roofline, r.id)
+        assert.is_number(r.flops_performed_per_step, r.id)
+        assert.truthy(r.bound_basis:find("bytes not counted", 1, true), r.id)
         assert.is_true(r.min_ms <= r.mean_ms)
         assert.is_table(r.shapes.token_ids)
         -- the per-step profile: BERT's linear layers are in it, its lines carry shapes (which op

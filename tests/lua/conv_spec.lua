@@ -294,7 +294,9 @@ describe("conv2d", function()
       H.close(y, ref, 1e-4, c.name)
       ;(y * r:float()):sum():backward()
       H.close(xf.grad, x.grad:float(), 1e-4, c.name .. " dx")
-      H.close(wf.grad, w.grad:float(), 1e-4, c.name .. " dw")
+      -- dw sums over every tile of every image; on one thread that is one long f32 sum (seen:
+      -- 1.03e-4 at 0.22, "padding 0, 3 images", KENG_NUM_THREADS=1), two threads add two halves
+      H.close(wf.grad, w.grad:float(), 2e-4, c.name .. " dw")
       H.close(keng.conv2d(H.noncontig(xf:detach()), H.noncontig(wf:detach()), bf:detach(), c.o), y, 0,
         c.name .. " noncontig")
     end)

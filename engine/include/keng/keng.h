@@ -368,9 +368,52 @@ void kg_env_print(void);
 
 /* ---- runtime -------------------------------------------------------------------------- */
 
-/* Thread count for kernels and BLAS (KENG_NUM_THREADS or the available cores). */
+/* Thread count for kernels and BLAS (engine/core/threads.c). A count given by KENG_NUM_THREADS,
+ * OMP_NUM_THREADS or kg_set_num_threads is kept; without one, the count starts at the cores this
+ * process may use and follows the load: cores other processes keep busy are left to them. */
 int kg_num_threads(void);
 void kg_set_num_threads(int n);
+typedef struct {
+  int current;        /* threads the next parallel region gets */
+  int max;            /* cores this process may use (affinity mask, cgroup CPU quota) */
+  int adaptive;       /* 1: current follows the load */
+  double others;      /* cores other processes kept busy over the last window; -1: not measured yet */
+  const char *source; /* "adaptive", "KENG_NUM_THREADS", "OMP_NUM_THREADS" or "set_num_threads" */
+  double waiting;     /* cores' worth of time our threads sat runnable but not running, last window */
+} kg_thread_policy;
+kg_thread_policy kg_get_thread_policy(void);
+/* Called before each cpu op: at most every KG_THREADS_WINDOW_MS it measures the load and moves
+ * the adaptive count (a coarse clock read otherwise). */
+void kg_threads_poll(void);
+#define KG_THREADS_WINDOW_MS 250
+#define KG_THREADS_MAX_CPUS 1024
+/* The decision, a plain function of one window's readings: `others` = busy cores of other
+ * processes, `waiting` = cores' worth of time our threads sat runnable but not running. It drops
+ * threads when ours queued (waiting >= KG_THREADS_WAIT_DOWN), adds them at once when a whole core
+ * was idle, and otherwise, below max, tries one thread more for one window every probe_every_s
+ * (doubled after each failed try up to KG_THREADS_PROBE_MAX_S, reset by a kept one). */
+typedef struct {
+  int current;          /* the count; the caller sets it, the step moves it */
+  int probing;          /* 1: the count was raised by a probe for the window being measured */
+  double since_s;       /* seconds since the count last moved */
+  double probe_every_s; /* start at KG_THREADS_PROBE_MIN_S */
+} kg_threads_state;
+#define KG_THREADS_WAIT_DOWN 0.5
+#define KG_THREADS_PROBE_MIN_S 1.0
+#define KG_THREADS_PROBE_MAX_S 16.0
+void kg_threads_step(kg_threads_state *st, int max, int ncpu, double others, double waiting, double window_s);
+/* One reading: monotonic wall time, busy seconds of our cores (/proc/stat), this process's CPU,
+ * and the run-queue wait of its threads (/proc/self/task/N/schedstat). */
+typedef struct {
+  double wall_s, busy_s, own_s, delay_s;
+} kg_cpu_sample;
+/* Cores other processes kept busy between two readings (>= 0). */
+double kg_threads_others(const kg_cpu_sample *a, const kg_cpu_sample *b);
+/* Busy seconds (all but idle and iowait, steal included) summed over the "cpuN" lines of
+ * /proc/stat text whose N has cpus[N] set (N < ncpus); returns the number of lines summed. */
+int kg_proc_stat_busy(const char *text, const unsigned char *cpus, int ncpus, double hz, double *busy_s);
+/* Cores a cgroup v2 cpu.max line ("150000 100000" -> 2, rounded up) allows; 0 for "max" or junk. */
+int kg_cgroup_cpu_limit(const char *cpu_max);
 /* KENG_DEBUG level (0 = off): 1 logs each op with shapes, dtype, device and time. */
 int kg_debug_level(void);
 void kg_log(const char *fmt, ...);
@@ -394,6 +437,11 @@ const kg_profile_entry *kg_profile_entries(int *n);
 /* FLOPs counted by matmul, convolution and attention since start (for the benchmarks). */
 uint64_t kg_flop_count(void);
 void kg_flop_add(uint64_t n);
+/* For an algorithm that does fewer FLOPs than the direct formula (Winograd convolution): adds
+ * `direct` to kg_flop_count (what every peer counts for the op) and `performed` to
+ * kg_flop_count_performed (what the CPU actually executed). kg_flop_add adds n to both. */
+void kg_flop_add_algo(uint64_t direct, uint64_t performed);
+uint64_t kg_flop_count_performed(void);
 /* TF32 tensor cores for f32 matmul (cuBLASLt) and convolution (cuDNN) on cuda; off by default
  * (results then match f32 FMA arithmetic). No effect on the CPU. */
 void kg_set_allow_tf32(bool on);

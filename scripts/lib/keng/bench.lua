@@ -7,7 +7,8 @@
 -- Rules: `warmup` untimed calls first (they build and compile); then `steps` timed calls, each
 -- between two clock reads taken after keng.synchronize(), so queued device work is counted in
 -- the step that queued it. The FLOPs the engine counted (keng.flop_count(): matmul, conv,
--- attention) over the timed steps give TFLOP/s. `bench.run_diff` is the generate / diffusion
+-- attention) over the timed steps give TFLOP/s; r.flops_performed_per_step counts what the CPU
+-- executed (keng.flop_count_performed: fewer where Winograd skips products). `bench.run_diff` is the generate / diffusion
 -- rule: (time of a long run - time of a short run) / difference, so fixed costs cancel.
 -- `bench.graphed` turns a step into CUDA Graph replays on the GPU tier (fit and predict rows).
 local keng = require "keng"
@@ -15,6 +16,8 @@ local options = require "keng.options"
 local profile = require "keng.profile"
 
 local bench = {}
+
+local performed = keng.flop_count_performed or keng.flop_count
 
 local function sync()
   if keng.cuda.is_available() then keng.synchronize() end
@@ -57,8 +60,9 @@ function bench.timer(runs, clock)
 end
 
 -- fills the result table r from per-step seconds, FLOPs and items per step
-local function finish(r, secs, flops, items)
+local function finish(r, secs, flops, items, pflops)
   local s = bench.stats(secs)
+  r.flops_performed_per_step = (pflops or flops) / s.n
   r.steps, r.times_ms = s.n, {}
   for i, t in ipairs(secs) do r.times_ms[i] = t * 1e3 end
   r.mean_ms, r.median_ms, r.min_ms, r.max_ms, r.stddev_ms =
@@ -82,20 +86,21 @@ function bench.run(fn, opts)
   if steps < 1 then error("bench.run: steps must be >= 1, got " .. tostring(steps), 2) end
   local gc = opts.gc ~= false
   for i = 1, warmup do fn(-i) end
-  local secs, flops, profiles = {}, 0, {}
+  local secs, flops, profiles, pflops = {}, 0, {}, 0
   for i = 1, steps do
     if gc then collectgarbage() end
     sync()
     if opts.profile then profile.start() end
-    local f0, t0 = keng.flop_count(), keng.time()
+    local f0, p0, t0 = keng.flop_count(), performed(), keng.time()
     fn(i)
     sync()
     local t1, f1 = keng.time(), keng.flop_count()
+    pflops = pflops + (performed() - p0)
     if opts.profile then profiles[i] = {profile.stop(), 1 / steps} end
     secs[i], flops = t1 - t0, flops + (f1 - f0)
     if opts.on_step then opts.on_step(i, steps, secs[i] * 1e3) end
   end
-  local r = finish({warmup = warmup}, secs, flops, opts.items)
+  local r = finish({warmup = warmup}, secs, flops, opts.items, pflops)
   if opts.profile then r.profile = profile.combine(profiles) end
   return r
 end
@@ -111,30 +116,31 @@ function bench.run_diff(fn, opts)
   if long <= short then error("bench.run_diff: long must exceed short", 2) end
   local repeats = opts.repeats or 1
   fn(short)
-  local per, flops, raw, profiles = {}, 0, {}, {}
+  local per, flops, raw, profiles, pflops = {}, 0, {}, {}, 0
   for i = 1, repeats do
     local function clock(k)
       collectgarbage()
       sync()
       if opts.profile then profile.start() end
-      local f0, t0 = keng.flop_count(), keng.time()
+      local f0, p0, t0 = keng.flop_count(), performed(), keng.time()
       fn(k)
       sync()
-      local t, f = keng.time() - t0, keng.flop_count() - f0
+      local t, f, pf = keng.time() - t0, keng.flop_count() - f0, performed() - p0
       if opts.profile then      -- per repetition by the same rule: (long - short) / (long - short)
         local w = (k == long and 1 or -1) / ((long - short) * repeats)
         profiles[#profiles + 1] = {profile.stop(), w}
       end
-      return t, f
+      return t, f, pf
     end
-    local ts, fs = clock(short)
-    local tl, fl = clock(long)
+    local ts, fs, ps = clock(short)
+    local tl, fl, pl = clock(long)
     raw[i] = {short_ms = ts * 1e3, long_ms = tl * 1e3}               -- kept: noise can make tl < ts
     per[i] = math.max(tl - ts, 0) / (long - short)
     flops = flops + math.max(fl - fs, 0) / (long - short)
+    pflops = pflops + math.max(pl - ps, 0) / (long - short)
     if opts.on_step then opts.on_step(i, repeats, per[i] * 1e3) end
   end
-  local r = finish({warmup = 1, short = short, long = long}, per, flops, opts.items)
+  local r = finish({warmup = 1, short = short, long = long}, per, flops, opts.items, pflops)
   r.steps, r.raw = long - short, raw
   if opts.profile then r.profile = profile.combine(profiles) end
   return r
