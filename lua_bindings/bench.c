@@ -3,7 +3,6 @@
  *       -> {read = GB/s, triad = GB/s, threads = n, bytes = b}
  * The roofline of memory-bound rows (batch-1 decode); scripts/bench/stream.lua prints it. */
 #include "keng_lua.h"
-#include "../engine/cpu/bandwidth.h"
 
 static int l_memory_bandwidth(lua_State *L) {
   static const char *const valid[] = {"threads", "mib", "reps", NULL};

@@ -4,7 +4,6 @@
  *   keng.interpolate(x, {scale=2 | size={h, w}, mode="nearest"|"bilinear"|"bicubic", align_corners, antialias})
  * stride, padding, dilation and output_padding are a number or a {h, w} pair. */
 #include "keng_lua.h"
-#include "../engine/ops/interp.h"
 
 #include <limits.h>
 #include <math.h>

@@ -5,7 +5,6 @@
  *       (written in place at columns col [T] mod L, 0-based) -> q [B, heads, T, D]; inv_freq [D/2]
  *       and scale: a scaled RoPE's frequencies and cos/sin factor, as keng.rope takes them */
 #include "keng_lua.h"
-#include "../engine/ops/decode.h"
 
 #include <string.h>
 

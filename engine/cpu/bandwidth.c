@@ -1,9 +1,9 @@
-/* bandwidth.c (cpu) — STREAM-style bandwidth (bandwidth.h). Each thread owns one contiguous part
+/* bandwidth.c (cpu) — STREAM-style bandwidth (kg_cpu_bandwidth in keng.h). Each thread owns one contiguous part
  * of every buffer (first touched by that thread, as the timed passes split them), sums its part
  * with eight independent 512-bit accumulator chains over eight interleaved streams so that the
  * loads, not the adds, bound the loop, and the best of the passes is reported (a shared machine only ever slows
  * a pass). The triad is the STREAM kernel, written with plain C loops the compiler vectorises. */
-#include "bandwidth.h"
+#include <keng/keng.h>
 #include "cpu.h"
 
 #include <omp.h>

@@ -14,13 +14,15 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <keng/keng.h> /* the KG_INTERP_* modes (ops_api.h) */
+
 #ifdef __CUDACC__
 #define KG_INTERP_FN __host__ __device__ static inline
 #else
 #define KG_INTERP_FN static inline
 #endif
 
-enum { KG_INTERP_NEAREST = 0, KG_INTERP_BILINEAR = 1, KG_INTERP_BICUBIC = 2 };
+/* the modes KG_INTERP_NEAREST / BILINEAR / BICUBIC: <keng/ops_api.h> */
 
 typedef struct {
   int mode, antialias, align_corners, single;

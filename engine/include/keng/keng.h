@@ -382,6 +382,18 @@ typedef struct {
   double waiting;     /* cores' worth of time our threads sat runnable but not running, last window */
 } kg_thread_policy;
 kg_thread_policy kg_get_thread_policy(void);
+
+/* A STREAM-style memory bandwidth micro-benchmark (keng.memory_bandwidth, engine/cpu/bandwidth.c):
+ * the roofline of memory-bound kernels such as batch-1 decode, measured on the machine at hand. */
+typedef struct {
+  double read;  /* GB/s (1e9 B/s) of a read-only sum over one buffer of `bytes` */
+  double triad; /* GB/s of a[i] = b[i] + s·c[i] over three f32 arrays of bytes / 3 each, counted
+                   as STREAM counts it (3 × 4 bytes per element, the write-allocate read not counted) */
+  int threads;
+} kg_bandwidth;
+/* best of `reps` passes of each kernel on `threads` threads (0: kg_num_threads()) over `bytes`
+ * bytes in all (a buffer well past the last-level cache measures DRAM; a small one the cache) */
+kg_status kg_cpu_bandwidth(kg_bandwidth *out, size_t bytes, int threads, int reps);
 /* Called before each cpu op: at most every KG_THREADS_WINDOW_MS it measures the load and moves
  * the adaptive count (a coarse clock read otherwise). */
 void kg_threads_poll(void);

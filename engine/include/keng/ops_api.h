@@ -156,8 +156,9 @@ typedef struct {
   int stride[2], padding[2], dilation[2], output_padding[2];
   int groups;
 } kg_conv2d_params;
-/* mode: KG_INTERP_NEAREST / BILINEAR / BICUBIC (engine/ops/interp.h); scale_h/scale_w: the
- * user's scale factors (0 when a size was given), which PyTorch's source-index math uses */
+/* mode: KG_INTERP_NEAREST / BILINEAR / BICUBIC (the formulas: engine/ops/interp.h); scale_h/scale_w:
+ * the user's scale factors (0 when a size was given), which PyTorch's source-index math uses */
+enum { KG_INTERP_NEAREST = 0, KG_INTERP_BILINEAR = 1, KG_INTERP_BICUBIC = 2 };
 typedef struct {
   int64_t out_h, out_w;
   int mode;
@@ -263,5 +264,24 @@ kg_status kg_sgd_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *momen
 /* In place on param, m, v (param's shape; state usually in param's dtype). */
 kg_status kg_adam_step_(kg_tensor *param, const kg_tensor *grad, kg_tensor *m, kg_tensor *v,
                         const kg_adam_params *p);
+
+/* ---- the decode step (engine/ops/decode.c) ------------------------------------------------ */
+
+/* decode_qkv: heads H, kv_heads Hkv, RoPE base (unused with inv_freq), scale of cos and sin */
+typedef struct {
+  int64_t heads, kv_heads;
+  double base, scale;
+} kg_decode_qkv_params;
+
+/* q [B, H, T, D] <- RoPE(the q heads of qkv); cache_k[:, :, col[t] mod L] <- RoPE(the k heads);
+ * cache_v[:, :, col[t] mod L] <- the v heads. qkv [B, T, (H + 2·Hkv)·D] (q heads, then k, then v,
+ * as the concatenated projections give them), positions [B, T] or [T], col [T] (0-based cache
+ * columns, taken modulo L: a ring), caches [B, Hkv, L, D] contiguous in qkv's dtype, written in
+ * place. Not differentiable (a decode-time op). The rotation is keng.rope's: angle pos · inv_freq[i]
+ * (inv_freq NULL: base^(-2i/D); else floating [D/2], the frequencies of a scaled RoPE), cos and
+ * sin times scale (1 for plain RoPE; the attention factor of yarn / longrope). */
+kg_status kg_decode_qkv(kg_tensor **q, const kg_tensor *qkv, const kg_tensor *positions, kg_tensor *cache_k,
+                        kg_tensor *cache_v, const kg_tensor *col, const kg_tensor *inv_freq, int64_t heads,
+                        int64_t kv_heads, double base, double scale);
 
 #endif
