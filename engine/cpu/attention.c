@@ -259,6 +259,7 @@ kg_status kg_cpu_scaled_dot_product_attention(const kg_op_call *c) {
   if (P.D == 0) return kg_cpu_fill_value(c->out[1], P.S ? log((double)P.S) : -INFINITY); /* all scores 0 */
   kg_flop_add((uint64_t)(4 * P.B * P.H * P.T * P.S * P.D));
   if (c->out[1]->dtype == KG_F64) sdpa_fwd_f64(&P, c->out[0], kg_data(c->out[1]));
+  else if (use_avx2_tiles() && kg_attn_fwd_decode(&P, c->out[0], kg_data(c->out[1]))) return KG_OK;
   else if (use_avx2_tiles()) kg_attn_fwd_avx2(&P, c->out[0], kg_data(c->out[1]));
   else sdpa_fwd_f32(&P, c->out[0], kg_data(c->out[1]));
   return KG_OK;

@@ -65,5 +65,8 @@ bool kg_attn_avx2_available(void);
 /* AVX2 + FMA kernels (attention_avx2.c): the same contract as the BLAS tiles in attention.c */
 void kg_attn_fwd_avx2(const kg_attn_plan *P, kg_tensor *out, float *lse);
 void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c);
+/* the decode step's forward (attention_decode.c): at most 4 query rows over an f32 or bf16 KV
+ * cache read in place; false (nothing written) when the operands do not fit it */
+bool kg_attn_fwd_decode(const kg_attn_plan *P, kg_tensor *out, float *lse);
 
 #endif

@@ -357,12 +357,64 @@ function CausalLM:new_cache(B, L)
   return caches
 end
 
--- decode_weights() -> per layer the fused [q; k; v] weight (or nil: the layer runs unfused);
--- made once per generate call, so weights changed between calls are seen
+-- plain(m, class): m is a module of that class running its class's own forward on an
+-- unquantized weight in the weight's dtype (no LoRA adapter, no compute dtype of its own), so
+-- the decode step may call its kernel directly with the same result
+local function plain(m, class)
+  return m ~= nil and m.__name == class and not rawget(m, "forward") and not rawget(m, "_compute_dtype")
+    and keng.is_tensor(m.weight) and m.weight_scale == nil
+end
+
+-- the [gate; up] weight [2F, C] of an MLP for one GEMM, or nil (as fused_qkv)
+function MLP:fused_gate_up()
+  local g, u = self.gate_proj, self.up_proj
+  if not (plain(g, "Linear") and plain(u, "Linear")) or g.bias or u.bias or g.weight.dtype ~= u.weight.dtype then
+    return nil
+  end
+  return keng.cat({g.weight, u.weight}, 1)
+end
+
+-- decode_weights() -> per layer the fused [q; k; v] weight (or false: the layer runs unfused),
+-- and .mlp: per layer the fused [gate; up] weight (or false); made once per generate call, so
+-- weights changed between calls are seen
 function CausalLM:decode_weights()
-  local fused = {}
-  for i, layer in ipairs(self.model.layers) do fused[i] = layer.self_attn:fused_qkv() or false end
+  local fused = {mlp = {}}
+  for i, layer in ipairs(self.model.layers) do
+    fused[i] = layer.self_attn:fused_qkv() or false
+    fused.mlp[i] = layer.mlp:fused_gate_up() or false
+  end
   return fused
+end
+
+-- decode_plan(fused) -> the flat decode step's weights, or false when some module is not plain
+-- (then decode runs the modules). Per layer {n1, n2 (norm weights), qkv, gu ([gate; up]), o,
+-- ob, down, db (weights, biases)}. The step calls the kernels directly: a token costs no module
+-- plumbing, and the MLP is one GEMM for gate and up. Kept in fused (it holds only references).
+function CausalLM:decode_plan(fused)
+  if fused.plan ~= nil then return fused.plan end
+  local m, cfg = self.model, self.cfg
+  local ok = plain(m.embed_tokens, "Embedding") and plain(m.norm, "RMSNorm")
+    and (cfg.tie or (plain(self.lm_head, "Linear") and not self.lm_head.bias))
+  local layers, dtype = {}, m.embed_tokens.weight.dtype
+  ok = ok and (cfg.tie or self.lm_head.weight.dtype == dtype)
+  for i, layer in ipairs(m.layers) do
+    local a, mlp = layer.self_attn, layer.mlp
+    ok = ok and fused[i] and fused.mlp and fused.mlp[i] and layer.__name == "DecoderBlock"
+      and a.__name == "DecoderAttention" and mlp.__name == "GatedMLP" and not rawget(layer, "forward")
+      and not rawget(a, "forward") and not rawget(mlp, "forward") and plain(a.output, "Linear")
+      and plain(mlp.down_proj, "Linear") and plain(layer.input_layernorm, "RMSNorm")
+      and plain(layer.post_attention_layernorm, "RMSNorm")
+    if not ok then break end
+    for _, t in ipairs({a.output.weight, mlp.down_proj.weight, fused[i], fused.mlp[i]}) do
+      ok = ok and t.dtype == dtype                                  -- no cast between the kernels
+    end
+    if not ok then break end
+    layers[i] = {n1 = layer.input_layernorm.weight, n2 = layer.post_attention_layernorm.weight, qkv = fused[i],
+                 gu = fused.mlp[i], o = a.output.weight, ob = a.output.bias, down = mlp.down_proj.weight,
+                 db = mlp.down_proj.bias}
+  end
+  fused.plan = ok and layers or false
+  return fused.plan
 end
 
 -- prefill(ids [B, P], positions [B, P], mask [B, 1, P, P] or nil (causal), caches, raw) ->
@@ -378,8 +430,37 @@ end
 -- cache columns (S = keys), or to all L when keys is nil (every shape fixed by (B, L): the CUDA
 -- Graph step)
 function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
-  local h = self:hidden(ids, {positions = positions, mask = mask, col = col, fused = fused, keys = keys}, caches)
-  return self:head(h, raw):select(2, 1)                             -- [B, V]
+  local plan = fused and self:decode_plan(fused)
+  if not plan then
+    local h = self:hidden(ids, {positions = positions, mask = mask, col = col, fused = fused, keys = keys}, caches)
+    return self:head(h, raw):select(2, 1)                           -- [B, V]
+  end
+  -- the flat step: what hidden + head compute for plain modules, op for op
+  local cfg, m = self.cfg, self.model
+  local B, C, H, Hkv, D, F = ids.shape[1], cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn
+  local eps, norm_o = cfg.eps, {unit_offset = m.norm.unit_offset}
+  local ro = rope_options(cfg.rope, cfg.rope_base or 10000, D, positions, ids.device)
+  local dq = {heads = H, kv_heads = Hkv, base = ro.base, inv_freq = ro.inv_freq, scale = ro.scale}
+  local ao = {mask = mask}
+  local act = cfg.act
+  local x = keng.embedding(ids, m.embed_tokens.weight)              -- [B, 1, C]
+  if cfg.embed_scale then x = x * math.sqrt(C) end
+  for i, w in ipairs(plan) do
+    local cache = caches[i]
+    local q = keng.decode_qkv(keng.linear(keng.rms_norm(x, w.n1, eps, norm_o), w.qkv), positions, cache.k, cache.v,
+      col, dq)                                                      -- [B, H, 1, D]
+    local k, v = cache.k, cache.v                                   -- [B, Hkv, L, D]
+    if keys then k, v = k:narrow(3, 1, keys), v:narrow(3, 1, keys) end
+    local a = keng.scaled_dot_product_attention(q, k, v, ao):view{B, 1, H * D}  -- T = 1: [B, H, 1, D] is [B, 1, H·D]
+    x = x + keng.linear(a, w.o, w.ob)
+    local gu = keng.linear(keng.rms_norm(x, w.n2, eps, norm_o), w.gu)  -- [B, 1, 2F]
+    local g = gu:narrow(3, 1, F)
+    if act == "silu" then g = g:silu() elseif act == "gelu" then g = g:gelu() else g = g:gelu{approximate = "tanh"} end
+    x = x + keng.linear(g * gu:narrow(3, F + 1, F), w.down, w.db)
+  end
+  local h = keng.rms_norm(x, m.norm.weight, eps, norm_o):view{B, C}
+  local y = self.lm_head and keng.linear(h, self.lm_head.weight) or keng.linear(h, m.embed_tokens.weight)
+  return raw and y or y:float()                                     -- [B, V]
 end
 
 -- generate(prompts, opts) -> list of id lists (prompt + generated, EOS included), and the

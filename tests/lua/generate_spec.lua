@@ -483,3 +483,47 @@ describe("stop_strings against transformers", function()
     end
   end)
 end)
+
+describe("the flat decode step (CausalLM:decode_plan)", function()
+  -- two decode steps through the plan and through the modules (plan off), from one prefill
+  local function both(lm)
+    local B, P = 2, 5
+    local ids = keng.tensor({{2, 11, 12, 13, 14}, {2, 21, 22, 23, 24}}, {dtype = "i64"})
+    local function run(plan)
+      local fused = lm:decode_weights()
+      if not plan then fused.plan = false end
+      local caches = lm:new_cache(B, P + 2)
+      keng.no_grad(function() lm:prefill(ids, keng.arange(P), nil, caches, false) end)
+      local out = {}
+      for s = 1, 2 do
+        local col = keng.tensor({P + s - 1}, {dtype = "i64"})
+        local pos = keng.tensor({{P + s - 1}, {P + s - 1}}, {dtype = "i64"})
+        local mask = keng.zeros({B, 1, 1, P + s})
+        out[s] = keng.no_grad(function()
+          return lm:decode(keng.tensor({{30 + s}, {40 + s}}, {dtype = "i64"}), pos, mask, col, caches, fused, false, P + s)
+        end)
+      end
+      return out, fused
+    end
+    local a, fused = run(true)
+    assert.is_truthy(fused.plan, "the plan is used")
+    local b = run(false)
+    for s = 1, 2 do H.close(a[s], b[s], 0, "step " .. s) end
+  end
+
+  it("gives the module path's logits bit for bit (Gemma: GeGLU, tied head; Mistral: SwiGLU)", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      both(lm)
+      lm:to("bf16")
+      both(lm)
+    end
+  end)
+
+  it("is not used where a module is not plain (a LoRA adapter, an MLP with biases)", function()
+    local lm = lm_of("mistral")
+    assert.is_truthy(lm:decode_plan(lm:decode_weights()))
+    rawset(lm.model.layers[2].mlp.down_proj, "forward", function(self, x) return x end)
+    assert.is_false(lm:decode_plan(lm:decode_weights()))
+  end)
+end)

@@ -347,13 +347,16 @@ local function open(lm, rows, N, raw, reuse)
   local fused = lm:decode_weights()
   local W = cfg.window and cfg.window < L and cfg.window or nil     -- a window as long as the cache is none
   local flags = {}
-  for i, f in ipairs(fused) do flags[i] = f and "1" or "0" end
+  for i, f in ipairs(fused) do flags[i] = (f and "1" or "0") .. (fused.mlp and fused.mlp[i] and "1" or "0") end
   local key = table.concat({B, L, W or 0, raw and 1 or 0, lm:param_dtype(), dev, table.concat(flags)}, ":")
   -- reuse: the tensors a captured step reads (cache, mask, counters, ids) are kept on the model
   -- and refilled in place, so the next call of the same shape replays the same CUDA Graph
   local dec = reuse and rawget(lm, "_decode_state")
   if dec and dec.key == key then
-    for i, f in ipairs(dec.fused) do if f then f:copy_(fused[i]) end end  -- weights may have changed
+    for i, f in ipairs(dec.fused) do                                -- weights may have changed
+      if f then f:copy_(fused[i]) end
+      if dec.fused.mlp and dec.fused.mlp[i] then dec.fused.mlp[i]:copy_(fused.mlp[i]) end
+    end
   else
     dec = {key = key, B = B, L = L, dev = dev, i64 = i64, caches = lm:new_cache(B, L), fused = fused}
     if reuse then rawset(lm, "_decode_state", dec) end
