@@ -83,6 +83,43 @@ local function rope_options(r, base, D, positions, device)
 end
 M.rope_options = rope_options
 
+-- decode_rope_options(r, base, D, positions, device) -> rope_options' result for a decode
+-- step, with no host read: where the frequencies depend on the length (dynamic NTK, longrope)
+-- they are derived on the device from positions (seq_len = max + 1, as transformers), by the
+-- f64 operations of rope.frequencies in the same order (the same bits), so the step can be
+-- captured as a CUDA Graph and replayed at every length
+local function decode_rope_options(r, base, D, positions, device)
+  if not (r and rope.depends_on_length(r)) or positions.device == "meta" then
+    return rope_options(r, base, D, positions, device)
+  end
+  local per = FREQS[r] or {}
+  FREQS[r] = per
+  local key = string.format("%s/%d/device", device, D)
+  local c = per[key]
+  if not c then
+    local f64 = {dtype = "f64", device = device}
+    c = {}
+    if r.type == "dynamic" then
+      local e = {}
+      for i = 0, D // 2 - 1 do e[i + 1] = -2 * i / D end           -- plain()'s exponents
+      c.exps = keng.tensor(e, f64)
+    else
+      local short, scale = rope.frequencies(r, D, 0)
+      c.short, c.scale = keng.tensor(short, f64), scale
+      c.long = keng.tensor((rope.frequencies(r, D, r.original_max_position_embeddings + 1)), f64)
+    end
+    per[key] = c
+  end
+  local seq_len = positions:max():double() + 1                     -- [] f64, on the device
+  if r.type == "dynamic" then                                      -- base·((f·L / max) - (f - 1))^(D / (D - 2))
+    local L = seq_len:clamp{min = r.max_pos}
+    local b = ((L * r.factor) / r.max_pos - (r.factor - 1)) ^ (D / (D - 2)) * r.base
+    return {inv_freq = keng.pow(b:view{1}, c.exps), scale = 1}
+  end
+  return {inv_freq = keng.where(seq_len:gt(r.original_max_position_embeddings), c.long, c.short), scale = c.scale}
+end
+M.decode_rope_options = decode_rope_options
+
 -- x [B, T, C]; ctx.positions i64 [T] or [B, T] (0-based); ctx.mask bool [B, 1, T, S] or nil
 -- (nil: causal with the sliding window); ctx.cache {k=, v=} [B, Hkv, L, D] written at column
 -- ctx.start (1-based); ctx.rope: keng.rope's options (made per call when absent) -> [B, T, C].
@@ -96,7 +133,8 @@ M.rope_options = rope_options
 function Attention:forward(x, ctx)
   local B, T = x.shape[1], x.shape[2]
   local H, Hkv, D = self.heads, self.kv_heads, self.head_dim
-  local ro = ctx.rope or rope_options(self.rope, self.rope_base, D, ctx.positions, x.device)
+  local ro = ctx.rope or (ctx.col and decode_rope_options or rope_options)(self.rope, self.rope_base, D, ctx.positions,
+    x.device)
   local q, k, v
   local cache = ctx.cache
   -- decode_qkv rotates as keng.rope does with ro's options (plain or scaled RoPE)
@@ -241,7 +279,8 @@ function CausalLM:hidden(ids, ctx, caches)
   local x = self.model.embed_tokens(ids)                            -- [B, T, C]
   local own_rope = not ctx.rope                                     -- one frequency table per call
   if own_rope then
-    ctx.rope = rope_options(self.cfg.rope, self.cfg.rope_base or 10000, self.cfg.head_dim, ctx.positions, x.device)
+    ctx.rope = (ctx.col and decode_rope_options or rope_options)(self.cfg.rope, self.cfg.rope_base or 10000,
+      self.cfg.head_dim, ctx.positions, x.device)
   end
   if self.cfg.embed_scale then x = x * math.sqrt(self.cfg.hidden) end  -- rounded to x's dtype, as HF
   local fused = ctx.fused
@@ -439,7 +478,7 @@ function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
   local cfg, m = self.cfg, self.model
   local B, C, H, Hkv, D, F = ids.shape[1], cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn
   local eps, norm_o = cfg.eps, {unit_offset = m.norm.unit_offset}
-  local ro = rope_options(cfg.rope, cfg.rope_base or 10000, D, positions, ids.device)
+  local ro = decode_rope_options(cfg.rope, cfg.rope_base or 10000, D, positions, ids.device)
   local dq = {heads = H, kv_heads = Hkv, base = ro.base, inv_freq = ro.inv_freq, scale = ro.scale}
   local ao = {mask = mask}
   local act = cfg.act

@@ -213,6 +213,41 @@ describe("RoPE scaling", function()
     assert.are.equal(3, n)
   end)
 
+  it("decode steps derive dynamic / longrope frequencies on the device: the host's bits, no read-back", function()
+    local causal_lm = require "models.causal_lm"
+    local n = 0
+    for _, name in ipairs(names) do
+      local p = VARIANTS[name]
+      if p.rope_type == "dynamic" or p.rope_type == "longrope" then
+        n = n + 1
+        local lm = with_rope(p, 5, llama.from_pretrained)
+        local r, D = lm.cfg.rope, lm.cfg.head_dim
+        local edge = r.type == "dynamic" and r.max_pos or r.original_max_position_embeddings
+        for _, top in ipairs({1, edge - 1, edge, edge + 1, edge + 7, 3 * edge}) do   -- max position + 1 = top
+          local pos = keng.tensor({{math.max(top - 3, 0)}, {top - 1}}, {dtype = "i64"})
+          local want = causal_lm.rope_options(r, lm.cfg.rope_base, D, pos, "cpu")
+          local got = causal_lm.decode_rope_options(r, lm.cfg.rope_base, D, pos, "cpu")
+          H.close(got.inv_freq, want.inv_freq, 0, name .. " inv_freq at length " .. top)
+          assert.are.equal(want.scale, got.scale, name .. " scale at length " .. top)
+        end
+        -- generate reads back once per sync_every (8) tokens, not once per token for the frequencies
+        local mt = getmetatable(keng.zeros({1})).methods
+        local reads, saved = 0, {item = mt.item, tolist = mt.tolist, cpu = mt.cpu}
+        for k, f in pairs(saved) do mt[k] = function(...) reads = reads + 1; return f(...) end end
+        local function count(new)
+          reads = 0
+          local ok, e = pcall(lm.generate, lm, {{1, 5, 6, 7}}, {max_new_tokens = new, stop_token_ids = {}})
+          assert(ok, e)
+          return reads
+        end
+        local a, b = count(8), count(40)
+        for k, f in pairs(saved) do mt[k] = f end
+        assert.are.equal(4, b - a, name .. ": read-backs for 32 more tokens")
+      end
+    end
+    assert.are.equal(2, n)
+  end)
+
   it("changes the numbers (each variant differs from plain RoPE)", function()
     for _, name in ipairs(names) do
       if name ~= "default" then
