@@ -2,7 +2,7 @@
 -- (config.json, safetensors, tokenizer.model, tokenizer_config.json with a Gemma or Mistral
 -- instruct chat_template): each answer is printed token by token as generate decides it.
 --   keng examples/chat.lua path/to/gemma-2b-it [--dtype bf16] [--device cuda] [--max-new-tokens 256]
---                          [--temperature 0.7] [--top-p 0.9] [--template gemma|mistral]
+--                          [--temperature 0.7] [--top-p 0.9] [--template gemma|gemma3|mistral|mistral_v3]
 --   keng examples/chat.lua --demo        # random tiny Gemma + the test tokenizer (gibberish)
 -- Type a message and Enter; /reset forgets the conversation, /quit (or end of input) leaves.
 local keng = require "keng"
@@ -10,7 +10,7 @@ local keng = require "keng"
 local function usage(msg)
   io.stderr:write((msg and msg .. "\n" or "") ..
     "usage: keng examples/chat.lua <checkpoint dir> | --demo [--dtype f32|bf16] [--device cpu|cuda]\n" ..
-    "       [--max-new-tokens N] [--temperature T] [--top-p P] [--template gemma|mistral]\n")
+    "       [--max-new-tokens N] [--temperature T] [--top-p P] [--template gemma|gemma3|mistral|mistral_v3]\n")
   os.exit(2)
 end
 

@@ -290,6 +290,20 @@ static int graph_captured(lua_State *L) {
   return 1;
 }
 
+/* keng.cuda.defer_checks(on, device = "cuda") -> the previous state: the device's eager index
+ * checks report at the next synchronisation instead of each synchronising (kg_cuda_defer_checks);
+ * a device other than cuda has nothing to defer (false, nothing changes) */
+static int l_cuda_defer_checks(lua_State *L) {
+  if (!lua_isboolean(L, 1))
+    return luaL_error(L, "keng.cuda.defer_checks: on must be true or false, got %s", luaL_typename(L, 1));
+  kg_device dev = {KG_DEV_CUDA, 0};
+  if (!lua_isnoneornil(L, 2)) dev = kgl_device(L, 2);
+  bool was = false;
+  if (dev.type == KG_DEV_CUDA && kg_cuda_available()) KGL_CALL(L, kg_cuda_defer_checks(dev.index, lua_toboolean(L, 1), &was));
+  lua_pushboolean(L, was);
+  return 1;
+}
+
 static int l_cuda_graph(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   int warmup = 2;
@@ -350,6 +364,8 @@ void kgl_register_backends(lua_State *L, int methods, int keng) {
     lua_setfield(L, -2, "graph");
     lua_pushcfunction(L, l_on_replay);
     lua_setfield(L, -2, "on_replay");
+    lua_pushcfunction(L, l_cuda_defer_checks);
+    lua_setfield(L, -2, "defer_checks");
   }
   lua_pop(L, 1);
 }

@@ -52,6 +52,16 @@ bool kg_cuda_capturing(int device) {
   (void)device;
   return false;
 }
+bool kg_cuda_deferring(int device) {
+  (void)device;
+  return false;
+}
+kg_status kg_cuda_defer_checks(int device, bool on, bool *was) {
+  (void)device;
+  (void)on;
+  if (was) *was = false;
+  return KG_OK;
+}
 void kg_cuda_sdpa_caps(int device, int *sm, int *cudnn_version, int64_t *smem) {
   (void)device;
   *sm = 0, *cudnn_version = 0, *smem = 0;

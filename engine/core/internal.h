@@ -45,6 +45,7 @@ kg_status kg_cuda_memcpy(void *dst, kg_device ddev, const void *src, kg_device s
 kg_status kg_cuda_sync(int device);
 /* (the CUDA Graph API is public: keng.h) */
 bool kg_cuda_capturing(int device);
+bool kg_cuda_deferring(int device); /* kg_cuda_defer_checks is on for the device */
 
 /* kg_tensor_empty whose errors (bad shape, dtype or device) name op, the call the user made. */
 kg_status kg_tensor_empty_op(kg_tensor **out, int ndim, const int64_t *shape, kg_dtype dt, kg_device dev,

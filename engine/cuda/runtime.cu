@@ -55,6 +55,7 @@ static uint64_t *rng_bufs[KG_CUDA_MAX_DEVICES]; /* (seed, offset) read by captur
 #define FLAG_SLOTS 8
 static long long *deferred[KG_CUDA_MAX_DEVICES];
 static bool deferred_armed[KG_CUDA_MAX_DEVICES];
+static bool deferring[KG_CUDA_MAX_DEVICES]; /* kg_cuda_defer_checks: eager checks use the slots too */
 static const long long no_errors[FLAG_SLOTS] = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL,
                                                 0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL,
                                                 0x7fffffffffffffffLL, 0x7fffffffffffffffLL};
@@ -347,8 +348,8 @@ static kg_status check_deferred(int device) {
       cudaMemcpy(deferred[device], no_errors, sizeof no_errors, cudaMemcpyHostToDevice);
       cudaGetLastError();
       return kg_error(KG_ERR_VALUE, "cuda.graph", "an index or target was out of range in a replayed CUDA graph "
-                      "(gather, index_select, embedding, scatter_add_, index_add_, cross_entropy or multinomial; "
-                      "those entries were skipped): run the step eagerly to see which");
+                      "or under keng.cuda.defer_checks (gather, index_select, embedding, scatter_add_, index_add_, "
+                      "cross_entropy or multinomial; those entries were skipped): run the step eagerly to see which");
     }
   return KG_OK;
 }
@@ -409,11 +410,37 @@ __global__ void rng_set_kernel(uint64_t *buf, uint64_t seed, uint64_t offset) {
   buf[1] = offset;
 }
 
+/* the slots (allocated and cleared once per device) */
+static kg_status deferred_slots(int device, const char *op) {
+  if (deferred[device]) return KG_OK;
+  long long *p = NULL;
+  KG_TRY(kg_cuda_err(cudaMalloc((void **)&p, sizeof no_errors), op, "cudaMalloc"));
+  kg_status st = kg_cuda_err(cudaMemcpy(p, no_errors, sizeof no_errors, cudaMemcpyHostToDevice), op, "cudaMemcpy");
+  if (st) return cudaFree(p), st;
+  deferred[device] = p;
+  return KG_OK;
+}
+
 long long *kg_cuda_deferred_flags(int device) {
-  capture *c = device >= 0 && device < KG_CUDA_MAX_DEVICES ? captures[device] : NULL;
-  if (!c) return NULL;
-  c->checks = true;
+  if (device < 0 || device >= KG_CUDA_MAX_DEVICES) return NULL;
+  capture *c = captures[device];
+  if (c) c->checks = true;
+  else if (deferring[device]) deferred_armed[device] = true; /* read at the next synchronisation */
+  else return NULL;
   return deferred[device];
+}
+
+extern "C" bool kg_cuda_deferring(int device) {
+  return device >= 0 && device < KG_CUDA_MAX_DEVICES && deferring[device];
+}
+
+extern "C" kg_status kg_cuda_defer_checks(int device, bool on, bool *was) {
+  const char *op = "cuda.defer_checks";
+  if (!valid_device(device)) return kg_error(KG_ERR_DEVICE, op, "cuda:%d is not available", device);
+  if (on) KG_TRY(deferred_slots(device, op));
+  if (was) *was = deferring[device];
+  deferring[device] = on; /* turning it off keeps the slots armed: the next synchronisation reads them */
+  return KG_OK;
 }
 
 kg_cuda_rng kg_cuda_rng_key(kg_philox_state st, int device) {
@@ -430,13 +457,7 @@ extern "C" kg_status kg_cuda_graph_begin(int device) {
   cudaStream_t s = kg_cuda_stream(device);
   if (!rng_bufs[device]) /* plain cudaMalloc: lives forever, never a graph allocation */
     KG_TRY(kg_cuda_err(cudaMalloc((void **)&rng_bufs[device], 2 * sizeof(uint64_t)), op, "cudaMalloc"));
-  if (!deferred[device]) {
-    long long *p = NULL;
-    KG_TRY(kg_cuda_err(cudaMalloc((void **)&p, sizeof no_errors), op, "cudaMalloc"));
-    kg_status st = kg_cuda_err(cudaMemcpy(p, no_errors, sizeof no_errors, cudaMemcpyHostToDevice), op, "cudaMemcpy");
-    if (st) return cudaFree(p), st;
-    deferred[device] = p;
-  }
+  KG_TRY(deferred_slots(device, op));
   capture *c = new capture;
   c->rng0 = kg_rng_reserve(0);
   c->checks = false;

@@ -146,14 +146,15 @@ struct kg_cuda_buf {
 __device__ __forceinline__ void kg_flag(long long *flag, long long pos) { atomicMin(flag, pos); }
 
 /* The device's deferred-error slots (KG_FLAG_SLOTS long longs, runtime.cu): while a CUDA Graph
- * is captured, flags point there instead and nothing is read back; after a replay, the next
- * synchronisation (kg_cuda_sync, a device-to-host copy) reads them and raises if one was set. */
+ * is captured, or eager checks are deferred (kg_cuda_defer_checks), flags point there instead
+ * and nothing is read back; after a replay or a deferred check, the next synchronisation
+ * (kg_cuda_sync, a device-to-host copy) reads them and raises if one was set. */
 #define KG_FLAG_SLOTS 8
 long long *kg_cuda_deferred_flags(int dev);
 
 /* allocates and clears a flag of `n` slots (n <= KG_FLAG_SLOTS) */
 static inline kg_status kg_flag_init(kg_cuda_buf *b, int n, int dev, const char *op) {
-  if (kg_cuda_capturing(dev)) {
+  if (kg_cuda_capturing(dev) || kg_cuda_deferring(dev)) {
     b->dev = dev, b->borrowed = true;
     b->p = kg_cuda_deferred_flags(dev);
     return b->p ? KG_OK : kg_error(KG_ERR_DEVICE, op, "no deferred-error slots for cuda:%d", dev);
@@ -166,7 +167,7 @@ static inline kg_status kg_flag_init(kg_cuda_buf *b, int n, int dev, const char 
 }
 /* copies the flag back (synchronising the stream) */
 static inline kg_status kg_flag_read(const kg_cuda_buf *b, int n, long long *out, const char *op) {
-  if (b->borrowed) { /* captured: checked after the replay */
+  if (b->borrowed) { /* captured or deferred: checked at the next synchronisation */
     for (int i = 0; i < n; i++) out[i] = KG_NO_ERROR;
     return KG_OK;
   }

@@ -379,14 +379,37 @@ describe("chat templates", function()
   f:close()
 
   it("recognise the checkpoints' templates and render transformers' apply_chat_template strings", function()
-    for name, template in pairs(chat.templates) do assert.are.equal(name, CT.format_of(template)) end
-    assert.is_true(#chat.cases >= 12)
-    for i, c in ipairs(chat.cases) do
-      local tok = {chat_template = chat.templates[c.format], bos_token = c.format == "gemma" and "<bos>" or "<s>",
-                   eos_token = c.format == "gemma" and "<eos>" or "</s>"}
-      assert.are.equal(c.want, CT.apply(tok, c.messages, {add_generation_prompt = c.add_generation_prompt}),
-        "case " .. i .. " " .. c.format)
+    local formats = {}
+    for name, template in pairs(chat.templates) do
+      assert.are.equal(name, CT.format_of(template))
+      formats[#formats + 1] = name
     end
+    assert.are.equal(4, #formats)                                   -- gemma, gemma3, mistral, mistral_v3
+    assert.is_true(#chat.cases >= 72)
+    local raised = 0
+    for i, c in ipairs(chat.cases) do
+      local gemma_like = c.format:find("^gemma") ~= nil
+      local tok = {chat_template = chat.templates[c.format], bos_token = gemma_like and "<bos>" or "<s>",
+                   eos_token = gemma_like and "<eos>" or "</s>"}
+      local ok, got = pcall(CT.apply, tok, c.messages, {add_generation_prompt = c.add_generation_prompt})
+      if c.raises then                                              -- transformers' template raised too
+        assert.is_false(ok, "case " .. i .. " " .. c.format .. " renders what transformers refuses")
+        assert.is_truthy(tostring(got):find("apply_chat_template: ", 1, true), got)
+        raised = raised + 1
+      else
+        assert(ok, got)
+        assert.are.equal(c.want, got, "case " .. i .. " " .. c.format)
+      end
+    end
+    assert.is_true(raised >= 10)
+  end)
+
+  it("recognise a template whose strings hold newlines where the checkpoint has \\n escapes", function()
+    local t = chat.templates.gemma3:gsub("\\n", "\n")
+    assert.are_not.equal(chat.templates.gemma3, t)
+    assert.are.equal("gemma3", CT.format_of("  " .. t .. "\n"))
+    assert.are.equal("mistral_v3", CT.format_of((chat.templates.mistral_v3:gsub("\\n", "\n"))))
+    assert.is_nil(CT.format_of(chat.templates.gemma3:gsub("model", "assistant")))
   end)
 
   it("raise on an unknown template (naming it), a system turn, roles out of order, unknown options", function()
@@ -403,6 +426,14 @@ describe("chat templates", function()
     H.raises(function() CT.apply(g, {{role = "user", content = "x"}}, {add_generation = true}) end,
       "unknown option 'add_generation'")
     H.raises(function() CT.apply(g, {{role = "user"}}) end, "message 1 must be {role = <string>, content = <string>}")
+    local m3 = {chat_template = chat.templates.mistral_v3}
+    H.raises(function() CT.apply(m3, {{role = "user", content = "a"}, {role = "tool", content = "b"}}) end,
+      "message 2 is 'tool'; tool messages are not supported")
+    H.raises(function() CT.apply(m3, {{role = "system", content = "s"}, {role = "assistant", content = "b"}}) end,
+      "after the optional system message, conversation roles must alternate")
+    H.raises(function() CT.apply({chat_template = chat.templates.gemma3}, {{role = "system", content = "s"},
+      {role = "assistant", content = "b"}}) end, "roles must alternate user/assistant/user/assistant/... (message 2")
+    H.raises(function() CT.apply(tok, {{role = "user", content = "x"}}) end, "Mistral 7B Instruct v0.1 / v0.2 and v0.3")
   end)
 
   it("from_pretrained attaches tokenizer_config.json's template; tokenize = true gives ids", function()
@@ -525,5 +556,50 @@ describe("the flat decode step (CausalLM:decode_plan)", function()
     assert.is_truthy(lm:decode_plan(lm:decode_weights()))
     rawset(lm.model.layers[2].mlp.down_proj, "forward", function(self, x) return x end)
     assert.is_false(lm:decode_plan(lm:decode_weights()))
+  end)
+end)
+
+describe("deferred device index checks (keng.cuda.defer_checks)", function()
+  it("are on for the whole call (eager steps, beam search) and restored after it, also after an error", function()
+    local calls, state, saved = {}, false, generate.defer_checks
+    generate.defer_checks = function(on, dev)
+      calls[#calls + 1] = tostring(on) .. "@" .. dev
+      local was = state
+      state = on
+      return was
+    end
+    local lm = lm_of("mistral")
+    local seen = {}
+    local ok1, e1 = pcall(function()
+      lm:generate({{2, 5, 6}}, {max_new_tokens = 3, graph = false, on_token = function() seen[#seen + 1] = state end})
+      lm:generate({{2, 5, 6}}, {max_new_tokens = 3, num_beams = 2})
+    end)
+    local ok2, e2 = pcall(lm.generate, lm, {{2, 5}}, {max_new_tokens = 3, on_token = function() error("stop here") end})
+    generate.defer_checks = saved
+    assert(ok1, e1)
+    assert.is_false(ok2)
+    assert.is_truthy(tostring(e2):find("stop here", 1, true))
+    assert.are.same({true, true, true}, seen)
+    assert.are.same({"true@cpu", "false@cpu", "true@cpu", "false@cpu", "true@cpu", "false@cpu"}, calls)
+  end)
+
+  it("on CUDA: a bad id raises at the next read-back, not at the op (pending elsewhere)", function()
+    if not (keng.cuda and keng.cuda.is_available and keng.cuda.is_available()) then
+      return pending("CUDA is not available")
+    end
+    local w = keng.randn({10, 4}, {device = "cuda"})
+    local was = keng.cuda.defer_checks(true, "cuda")
+    local ok, y = pcall(keng.embedding, keng.tensor({{1, 12}}, {dtype = "i64", device = "cuda"}), w)
+    keng.cuda.defer_checks(was, "cuda")
+    assert(ok, y)                                                   -- no sync, no error yet
+    H.raises(function() y:tolist() end, "out of range in a replayed CUDA graph or under keng.cuda.defer_checks")
+    assert.are.equal(4, #keng.embedding(keng.tensor({{1}}, {dtype = "i64", device = "cuda"}), w):tolist()[1][1])
+    H.raises(function() keng.embedding(keng.tensor({{12}}, {dtype = "i64", device = "cuda"}), w) end, "embedding")
+  end)
+
+  it("do nothing off CUDA and refuse a non-boolean", function()
+    assert.is_false(keng.cuda.defer_checks(true, "cpu"))
+    assert.is_false(keng.cuda.defer_checks(false, "cpu"))
+    H.raises(function() keng.cuda.defer_checks(1) end, "keng.cuda.defer_checks: on must be true or false, got number")
   end)
 end)

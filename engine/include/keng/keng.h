@@ -118,6 +118,13 @@ kg_status kg_cuda_graph_begin(int device);
 kg_status kg_cuda_graph_end(int device, kg_cuda_graph **out);
 kg_status kg_cuda_graph_launch(kg_cuda_graph *g);
 void kg_cuda_graph_free(kg_cuda_graph *g);
+/* Deferred index checks on cuda:device (keng.cuda.defer_checks): while on, the ops that check
+ * indices on the device (gather, index_select, embedding, scatter_add_, index_add_,
+ * cross_entropy, multinomial) record a bad index in the device's deferred-error slots instead
+ * of reading a flag back (a stream sync per call), skip it as a replayed graph does, and the
+ * next synchronisation raises; *was gets the previous state (may be NULL). Without CUDA: a
+ * no-op (CPU checks cost no sync). */
+kg_status kg_cuda_defer_checks(int device, bool on, bool *was);
 
 /* ---- storage and tensors -------------------------------------------------------------- */
 

@@ -10,28 +10,165 @@
 --   CT.render("gemma", messages, opts)       -- by format name, no tokenizer
 --
 -- Formats: "gemma" (Gemma 1 / 2 instruct: <start_of_turn>user|model ... <end_of_turn>, no system
--- role) and "mistral" (Mistral 7B Instruct v0.1 / v0.2: [INST] ... [/INST], the answer followed
--- by EOS, no system role). A template that is none of them raises, naming its first characters.
+-- role), "gemma3" (Gemma 3: the same turns, a first system message put before the first user
+-- turn's text), "mistral" (Mistral 7B Instruct v0.1 / v0.2: [INST] ... [/INST], the answer
+-- followed by EOS, no system role) and "mistral_v3" (Mistral 7B Instruct v0.3: [INST] ...[/INST],
+-- " " + the trimmed answer + EOS, a first system message put in the last user turn when the
+-- conversation ends with one; its tool messages are not supported). A template that is none of
+-- them raises, naming its first characters.
 local CT = {}
 
 -- the known templates, exactly as the checkpoints' tokenizer_config.json carries them
 CT.TEMPLATES = {
   gemma = "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}",
   mistral = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
+  -- google/gemma-3-*-it
+  gemma3 = [==[{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+]==],
+  -- mistralai/Mistral-7B-Instruct-v0.3 (tokenizer v3; Mixtral 8x22B Instruct carries it too)
+  mistral_v3 = [==[{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "[TOOL_CALLS] [" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS] {"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+]==],
 }
 
 local OPTIONS = {add_generation_prompt = true, tokenize = true, template = true}
 
 local function fail(level, fmt, ...) error("apply_chat_template: " .. string.format(fmt, ...), level + 1) end
 
--- the format name of a template string (whitespace at the ends ignored), or nil
+-- a template as compared: whitespace at the ends dropped, and the escape \n written as a newline
+-- (Jinja reads the two alike inside its strings, and copies of a template differ there)
+local function canonical(t) return (t:match("^%s*(.-)%s*$"):gsub("\\n", "\n")) end
+local KNOWN = {}
+for name, t in pairs(CT.TEMPLATES) do KNOWN[canonical(t)] = name end
+
+-- the format name of a template string, or nil
 function CT.format_of(template)
   if type(template) ~= "string" then return nil end
-  local t = template:match("^%s*(.-)%s*$")
-  for name, known in pairs(CT.TEMPLATES) do
-    if t == known then return name end
-  end
-  return nil
+  return KNOWN[canonical(template)]
 end
 
 local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
@@ -56,6 +193,52 @@ function RENDER.gemma(messages, o, tokens, level)
     out[#out + 1] = "<start_of_turn>" .. role .. "\n" .. trim(m.content) .. "<end_of_turn>\n"
   end
   if o.add_generation_prompt then out[#out + 1] = "<start_of_turn>model\n" end
+  return table.concat(out)
+end
+
+-- Gemma 3: a first system message's text + "\n\n" starts the first turn's (untrimmed)
+function RENDER.gemma3(messages, o, tokens, level)
+  local prefix, first = "", 1
+  if messages[1].role == "system" then prefix, first = messages[1].content .. "\n\n", 2 end
+  local out = {tokens.bos}
+  for i = first, #messages do
+    local m, n = messages[i], i - first + 1
+    if (m.role == "user") ~= (n % 2 == 1) then
+      fail(level, "conversation roles must alternate user/assistant/user/assistant/... (message %d is '%s')", i, m.role)
+    end
+    local role = m.role == "assistant" and "model" or m.role
+    out[#out + 1] = "<start_of_turn>" .. role .. "\n" .. (n == 1 and prefix or "") .. trim(m.content) .. "<end_of_turn>\n"
+  end
+  if o.add_generation_prompt then out[#out + 1] = "<start_of_turn>model\n" end
+  return table.concat(out)
+end
+
+-- Mistral v0.3: the system message joins the last message when that is a user turn (else it is
+-- dropped, as the template does); no generation prompt (the [/INST] is one)
+function RENDER.mistral_v3(messages, _, tokens, level)
+  local sys, first = nil, 1
+  if messages[1].role == "system" then sys, first = messages[1].content, 2 end
+  for i = first, #messages do
+    local m = messages[i]
+    if m.role ~= "user" and m.role ~= "assistant" then
+      fail(level, "the mistral_v3 chat format takes user and assistant messages after an optional first system " ..
+        "message (message %d is '%s'; tool messages are not supported)", i, m.role)
+    end
+    if (m.role == "user") ~= ((i - first) % 2 == 0) then
+      fail(level, "after the optional system message, conversation roles must alternate user/assistant/user/assistant/..." ..
+        " (message %d is '%s')", i, m.role)
+    end
+  end
+  local out = {tokens.bos}
+  for i = first, #messages do
+    local m = messages[i]
+    if m.role == "user" then
+      local sp = (i == #messages and sys) and sys .. "\n\n" or ""
+      out[#out + 1] = "[INST] " .. sp .. m.content .. "[/INST]"
+    else
+      out[#out + 1] = " " .. trim(m.content) .. tokens.eos
+    end
+  end
   return table.concat(out)
 end
 
@@ -93,11 +276,15 @@ function CT.render(which, messages, opts, tokens, level)
   end
   local name = RENDER[which] and which or CT.format_of(which)
   if not name then
-    if type(which) ~= "string" then fail(level, "no chat template (the tokenizer has none; pass {template = \"gemma\" | \"mistral\"})") end
-    fail(level, "unknown chat template '%s...' (known: the gemma and mistral instruct templates)", which:sub(1, 60))
+    if type(which) ~= "string" then
+      fail(level, "no chat template (the tokenizer has none; pass {template = \"gemma\" | \"gemma3\" | \"mistral\" | " ..
+        "\"mistral_v3\"})")
+    end
+    fail(level, "unknown chat template '%s...' (known: the Gemma 1 / 2 and 3 and Mistral 7B Instruct v0.1 / v0.2 " ..
+      "and v0.3 templates)", which:sub(1, 60))
   end
   check_messages(messages, level + 1)
-  local defaults = name == "gemma" and {bos = "<bos>", eos = "<eos>"} or {bos = "<s>", eos = "</s>"}
+  local defaults = name:find("^gemma") and {bos = "<bos>", eos = "<eos>"} or {bos = "<s>", eos = "</s>"}
   tokens = tokens or {}
   return RENDER[name](messages, opts, {bos = tokens.bos or defaults.bos, eos = tokens.eos or defaults.eos}, level + 1), name
 end
@@ -133,7 +320,7 @@ function CT.apply(tok, messages, opts)
   local tokens = {bos = tok.bos_token, eos = tok.eos_token}
   local text, name = CT.render(which, messages, opts, tokens, 3)
   if not opts.tokenize then return text end
-  local defaults = name == "gemma" and {bos = "<bos>", eos = "<eos>"} or {bos = "<s>", eos = "</s>"}
+  local defaults = name:find("^gemma") and {bos = "<bos>", eos = "<eos>"} or {bos = "<s>", eos = "</s>"}
   return tokenize(tok, text, {bos = tokens.bos or defaults.bos, eos = tokens.eos or defaults.eos})
 end
 

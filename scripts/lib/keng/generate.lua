@@ -45,6 +45,9 @@ G.keep_state = false
 -- a function(fn, opts) standing in for keng.cuda.graph: the CPU specs run the capture wiring
 -- (the greedy step called without a key count, the graph and state kept for the next call)
 G.fake_graph = nil
+-- keng.cuda.defer_checks(on, device) -> the previous state; generate turns it on for the whole
+-- call (the specs stand in for it on the CPU, where checks cost no sync and it does nothing)
+function G.defer_checks(on, device) return keng.cuda.defer_checks(on, device) end
 
 local function fail(level, fmt, ...) error("generate: " .. string.format(fmt, ...), level + 1) end
 
@@ -668,6 +671,12 @@ function G.generate(lm, prompts, opts, level)
   if o.seed then keng.manual_seed(o.seed) end
   local was_training = lm.training
   lm:eval()
+  -- the device's index checks (the embedding's ids, index_add_, multinomial) report at the next
+  -- read-back instead of each synchronising: the eager step (graph = false, beam search) then
+  -- waits for nothing, as the captured one (the ids it feeds are argmax / multinomial results
+  -- and prompts checked on the host, so none can be out of range)
+  local dev = lm:param_device()
+  local deferred = G.defer_checks(true, dev)
   local ok, out = pcall(keng.no_grad, function()
     if o.num_beams > 1 then return G.beam_search(lm, rows, o, budget) end
     local n = o.num_return_sequences
@@ -678,6 +687,7 @@ function G.generate(lm, prompts, opts, level)
     end
     return loop(lm, rr, o, bb)
   end)
+  G.defer_checks(deferred, dev)
   if was_training then lm:train() end
   if not ok then error(out, 0) end
   if lm.tokenizer and (text or o.decode) then
