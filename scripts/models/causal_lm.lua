@@ -452,6 +452,7 @@ function CausalLM:decode_plan(fused)
                  gu = fused.mlp[i], o = a.output.weight, ob = a.output.bias, down = mlp.down_proj.weight,
                  db = mlp.down_proj.bias}
   end
+  if ok then layers.norm_o = {unit_offset = m.norm.unit_offset} end
   fused.plan = ok and layers or false
   return fused.plan
 end
@@ -477,9 +478,13 @@ function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
   -- the flat step: what hidden + head compute for plain modules, op for op
   local cfg, m = self.cfg, self.model
   local B, C, H, Hkv, D, F = ids.shape[1], cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn
-  local eps, norm_o = cfg.eps, {unit_offset = m.norm.unit_offset}
-  local ro = decode_rope_options(cfg.rope, cfg.rope_base or 10000, D, positions, ids.device)
-  local dq = {heads = H, kv_heads = Hkv, base = ro.base, inv_freq = ro.inv_freq, scale = ro.scale}
+  local eps, norm_o = cfg.eps, plan.norm_o
+  local dq = plan.dq                                                -- kept unless the frequencies follow the length
+  if not dq then
+    local ro = decode_rope_options(cfg.rope, cfg.rope_base or 10000, D, positions, ids.device)
+    dq = {heads = H, kv_heads = Hkv, base = ro.base, inv_freq = ro.inv_freq, scale = ro.scale}
+    if not (cfg.rope and rope.depends_on_length(cfg.rope)) then plan.dq = dq end
+  end
   local ao = {mask = mask}
   local act = cfg.act
   local x = keng.embedding(ids, m.embed_tokens.weight)              -- [B, 1, C]
@@ -491,11 +496,11 @@ function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
     local k, v = cache.k, cache.v                                   -- [B, Hkv, L, D]
     if keys then k, v = k:narrow(3, 1, keys), v:narrow(3, 1, keys) end
     local a = keng.scaled_dot_product_attention(q, k, v, ao):view{B, 1, H * D}  -- T = 1: [B, H, 1, D] is [B, 1, H·D]
-    x = x + keng.linear(a, w.o, w.ob)
+    x:add_(keng.linear(a, w.o, w.ob))                               -- x is this step's own: in place
     local gu = keng.linear(keng.rms_norm(x, w.n2, eps, norm_o), w.gu)  -- [B, 1, 2F]
     local g = gu:narrow(3, 1, F)
     if act == "silu" then g = g:silu() elseif act == "gelu" then g = g:gelu() else g = g:gelu{approximate = "tanh"} end
-    x = x + keng.linear(g * gu:narrow(3, F + 1, F), w.down, w.db)
+    x:add_(keng.linear(g * gu:narrow(3, F + 1, F), w.down, w.db))
   end
   local h = keng.rms_norm(x, m.norm.weight, eps, norm_o):view{B, C}
   local y = self.lm_head and keng.linear(h, self.lm_head.weight) or keng.linear(h, m.embed_tokens.weight)

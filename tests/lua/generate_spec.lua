@@ -148,6 +148,29 @@ describe("the decode step", function()
     end
   end)
 
+  it("refreshes the kept fused weights ([q; k; v], [gate; up]) when the weights change between calls", function()
+    for _, name in ipairs({"gemma", "mistral"}) do
+      local lm = lm_of(name)
+      local a = {{2, 5, 6}, {2, 9, 10, 11, 12, 13, 14, 15, 16, 17}}
+      generate.keep_state = true
+      local ok, got = pcall(function()
+        local first = lm:generate(a, {max_length = 20})
+        keng.no_grad(function()
+          for _, layer in ipairs(lm.model.layers) do
+            layer.mlp.up_proj.weight:mul_(-3)
+            layer.self_attn.key.weight:mul_(2)
+          end
+        end)
+        return {first, lm:generate(a, {max_length = 20})}
+      end)
+      generate.keep_state = false
+      generate.release(lm)
+      assert(ok, got)
+      assert.are.same(lm:generate(a, {max_length = 20}), got[2], name .. ": the changed weights are used")
+      assert.are_not.same(got[1], got[2], name .. ": the change matters")
+    end
+  end)
+
   it("wires the CUDA Graph path: one graph per shape, made once, called per step, kept across calls", function()
     for _, name in ipairs({"gemma", "mistral"}) do
       local lm = lm_of(name)

@@ -360,6 +360,7 @@ local function open(lm, rows, N, raw, reuse)
       if f then f:copy_(fused[i]) end
       if dec.fused.mlp and dec.fused.mlp[i] then dec.fused.mlp[i]:copy_(fused.mlp[i]) end
     end
+    dec.fused.plan = nil                                            -- made again from the modules' tensors
   else
     dec = {key = key, B = B, L = L, dev = dev, i64 = i64, caches = lm:new_cache(B, L), fused = fused}
     if reuse then rawset(lm, "_decode_state", dec) end
