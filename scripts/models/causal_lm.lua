@@ -447,12 +447,15 @@ function CausalLM:decode_plan(fused)
     for _, t in ipairs({a.output.weight, mlp.down_proj.weight, fused[i], fused.mlp[i]}) do
       ok = ok and t.dtype == dtype                                  -- no cast between the kernels
     end
+    for _, n in ipairs({layer.input_layernorm, layer.post_attention_layernorm}) do
+      ok = ok and n.eps == m.norm.eps and n.unit_offset == m.norm.unit_offset   -- one eps, one offset
+    end
     if not ok then break end
     layers[i] = {n1 = layer.input_layernorm.weight, n2 = layer.post_attention_layernorm.weight, qkv = fused[i],
                  gu = fused.mlp[i], o = a.output.weight, ob = a.output.bias, down = mlp.down_proj.weight,
                  db = mlp.down_proj.bias}
   end
-  if ok then layers.norm_o = {unit_offset = m.norm.unit_offset} end
+  if ok then layers.eps, layers.norm_o = m.norm.eps, {unit_offset = m.norm.unit_offset} end
   fused.plan = ok and layers or false
   return fused.plan
 end
@@ -478,7 +481,7 @@ function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
   -- the flat step: what hidden + head compute for plain modules, op for op
   local cfg, m = self.cfg, self.model
   local B, C, H, Hkv, D, F = ids.shape[1], cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn
-  local eps, norm_o = cfg.eps, plan.norm_o
+  local eps, norm_o = plan.eps, plan.norm_o
   local dq = plan.dq                                                -- kept unless the frequencies follow the length
   if not dq then
     local ro = decode_rope_options(cfg.rope, cfg.rope_base or 10000, D, positions, ids.device)

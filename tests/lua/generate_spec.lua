@@ -618,6 +618,7 @@ describe("deferred device index checks (keng.cuda.defer_checks)", function()
     H.raises(function() y:tolist() end, "out of range in a replayed CUDA graph or under keng.cuda.defer_checks")
     assert.are.equal(4, #keng.embedding(keng.tensor({{1}}, {dtype = "i64", device = "cuda"}), w):tolist()[1][1])
     H.raises(function() keng.embedding(keng.tensor({{12}}, {dtype = "i64", device = "cuda"}), w) end, "embedding")
+    H.raises(function() keng.cuda.defer_checks(true, "cuda:99") end, "cuda.defer_checks: cuda:99 is not available")
   end)
 
   it("do nothing off CUDA and refuse a non-boolean", function()
