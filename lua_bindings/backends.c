@@ -299,7 +299,8 @@ static int l_cuda_defer_checks(lua_State *L) {
   kg_device dev = {KG_DEV_CUDA, 0};
   if (!lua_isnoneornil(L, 2)) dev = kgl_device(L, 2);
   bool was = false;
-  if (dev.type == KG_DEV_CUDA && kg_cuda_available()) KGL_CALL(L, kg_cuda_defer_checks(dev.index, lua_toboolean(L, 1), &was));
+  if (dev.type == KG_DEV_CUDA && kg_cuda_available())
+    KGL_CALL(L, kg_cuda_defer_checks(dev.index, lua_toboolean(L, 1), &was));
   lua_pushboolean(L, was);
   return 1;
 }

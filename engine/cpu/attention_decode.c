@@ -61,7 +61,8 @@ static bool fits(const kg_attn_plan *P) {
 }
 
 /* s[j] = scale·(q·k_j) for j in [lo, hi): four keys at a time, each its own register chain */
-static AVX2 void scores(const kg_attn_plan *P, const float *q, int64_t b, int64_t hk, int64_t lo, int64_t hi, float *s) {
+static AVX2 void scores(const kg_attn_plan *P, const float *q, int64_t b, int64_t hk, int64_t lo, int64_t hi,
+                        float *s) {
   int64_t D = P->D;
   bool bf = P->k.dt == KG_BF16;
   float sc = (float)P->scale;

@@ -427,8 +427,9 @@ end
 
 -- decode_plan(fused) -> the flat decode step's weights, or false when some module is not plain
 -- (then decode runs the modules). Per layer {n1, n2 (norm weights), qkv, gu ([gate; up]), o,
--- ob, down, db (weights, biases)}. The step calls the kernels directly: a token costs no module
--- plumbing, and the MLP is one GEMM for gate and up. Kept in fused (it holds only references).
+-- ob, down, db (weights, biases), act}; eps and norm_o (rms_norm's options) for all. The step
+-- calls the kernels directly: a token costs no module plumbing, and the MLP is one GEMM for gate
+-- and up. Kept in fused (it holds only references).
 function CausalLM:decode_plan(fused)
   if fused.plan ~= nil then return fused.plan end
   local m, cfg = self.model, self.cfg
@@ -453,7 +454,7 @@ function CausalLM:decode_plan(fused)
     if not ok then break end
     layers[i] = {n1 = layer.input_layernorm.weight, n2 = layer.post_attention_layernorm.weight, qkv = fused[i],
                  gu = fused.mlp[i], o = a.output.weight, ob = a.output.bias, down = mlp.down_proj.weight,
-                 db = mlp.down_proj.bias}
+                 db = mlp.down_proj.bias, act = mlp.act}
   end
   if ok then layers.eps, layers.norm_o = m.norm.eps, {unit_offset = m.norm.unit_offset} end
   fused.plan = ok and layers or false
@@ -489,7 +490,6 @@ function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
     if not (cfg.rope and rope.depends_on_length(cfg.rope)) then plan.dq = dq end
   end
   local ao = {mask = mask}
-  local act = cfg.act
   local x = keng.embedding(ids, m.embed_tokens.weight)              -- [B, 1, C]
   if cfg.embed_scale then x = x * math.sqrt(C) end
   for i, w in ipairs(plan) do
@@ -502,7 +502,9 @@ function CausalLM:decode(ids, positions, mask, col, caches, fused, raw, keys)
     x:add_(keng.linear(a, w.o, w.ob))                               -- x is this step's own: in place
     local gu = keng.linear(keng.rms_norm(x, w.n2, eps, norm_o), w.gu)  -- [B, 1, 2F]
     local g = gu:narrow(3, 1, F)
-    if act == "silu" then g = g:silu() elseif act == "gelu" then g = g:gelu() else g = g:gelu{approximate = "tanh"} end
+    if w.act == "silu" then g = g:silu()
+    elseif w.act == "gelu" then g = g:gelu()                        -- exact (erf)
+    else g = g:gelu{approximate = "tanh"} end
     x:add_(keng.linear(g * gu:narrow(3, F + 1, F), w.down, w.db))
   end
   local h = keng.rms_norm(x, m.norm.weight, eps, norm_o):view{B, C}

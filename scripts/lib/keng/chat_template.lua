@@ -207,7 +207,8 @@ function RENDER.gemma3(messages, o, tokens, level)
       fail(level, "conversation roles must alternate user/assistant/user/assistant/... (message %d is '%s')", i, m.role)
     end
     local role = m.role == "assistant" and "model" or m.role
-    out[#out + 1] = "<start_of_turn>" .. role .. "\n" .. (n == 1 and prefix or "") .. trim(m.content) .. "<end_of_turn>\n"
+    local text = (n == 1 and prefix or "") .. trim(m.content)
+    out[#out + 1] = "<start_of_turn>" .. role .. "\n" .. text .. "<end_of_turn>\n"
   end
   if o.add_generation_prompt then out[#out + 1] = "<start_of_turn>model\n" end
   return table.concat(out)
@@ -225,8 +226,8 @@ function RENDER.mistral_v3(messages, _, tokens, level)
         "message (message %d is '%s'; tool messages are not supported)", i, m.role)
     end
     if (m.role == "user") ~= ((i - first) % 2 == 0) then
-      fail(level, "after the optional system message, conversation roles must alternate user/assistant/user/assistant/..." ..
-        " (message %d is '%s')", i, m.role)
+      fail(level, "after the optional system message, conversation roles must alternate " ..
+        "user/assistant/user/assistant/... (message %d is '%s')", i, m.role)
     end
   end
   local out = {tokens.bos}
@@ -277,8 +278,8 @@ function CT.render(which, messages, opts, tokens, level)
   local name = RENDER[which] and which or CT.format_of(which)
   if not name then
     if type(which) ~= "string" then
-      fail(level, "no chat template (the tokenizer has none; pass {template = \"gemma\" | \"gemma3\" | \"mistral\" | " ..
-        "\"mistral_v3\"})")
+      fail(level, "no chat template (the tokenizer has none; pass {template = \"gemma\" | \"gemma3\" | " ..
+        "\"mistral\" | \"mistral_v3\"})")
     end
     fail(level, "unknown chat template '%s...' (known: the Gemma 1 / 2 and 3 and Mistral 7B Instruct v0.1 / v0.2 " ..
       "and v0.3 templates)", which:sub(1, 60))
