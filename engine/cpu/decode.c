@@ -28,6 +28,13 @@ kg_status kg_cpu_decode_qkv(const kg_op_call *c) {
     inv[i] = freq ? kg_load_as_double(kg_data(freq), freq->dtype, i) : pow(p->base, -2.0 * (double)i / (double)D);
   for (int64_t bt = 0; bt < B * T; bt++) {
     double ps = kg_load_as_double(kg_data(pos), pos->dtype, pos->ndim == 2 ? bt : bt % T);
+    int64_t same = -1; /* a row of the same position (a decode batch's rows mostly share it): copied */
+    for (int64_t r = bt - 1; r >= 0 && r >= bt - 4; r--)
+      if (kg_load_as_double(kg_data(pos), pos->dtype, pos->ndim == 2 ? r : r % T) == ps) same = r;
+    if (same >= 0) {
+      memcpy(tab + 2 * bt * half, tab + 2 * same * half, sizeof(double) * (size_t)(2 * half));
+      continue;
+    }
     for (int64_t i = 0; i < half; i++) {
       double th = ps * inv[i];
       tab[2 * (bt * half + i)] = cos(th) * p->scale;

@@ -56,6 +56,26 @@ describe("keng.decode_qkv", function()
     end
   end)
 
+  it("rows that share a position (the kernel reuses their cos/sin) equal the reference bit for bit", function()
+    for _, p in ipairs({{{7}, {7}, {3}, {7}, {3}, {3}}, {{4, 5}, {4, 5}, {4, 6}}, {4, 5}}) do
+      keng.manual_seed(5)
+      local pos = keng.tensor(p, {dtype = "i64", device = DEV})
+      local T = pos.ndim == 2 and pos.shape[2] or pos.shape[1]
+      local B = pos.ndim == 2 and pos.shape[1] or 3
+      local H, Hkv, D, L = 2, 1, 8, 6
+      local qkv = keng.randn({B, T, (H + 2 * Hkv) * D}, {device = DEV}):to("bf16")
+      local ck = keng.zeros({B, Hkv, L, D}, {device = DEV}):to("bf16")
+      local cv = ck:clone()
+      local rk, rv = ck:clone(), cv:clone()
+      local cols = {}
+      for t = 1, T do cols[t] = t end
+      local q = keng.decode_qkv(qkv, pos, ck, cv, keng.tensor(cols, {device = DEV}), {heads = H, kv_heads = Hkv})
+      local want = reference(qkv, pos, rk, rv, cols, H, Hkv, 10000)
+      H_.close(q, want, 0, "q")
+      H_.close(ck, rk, 0, "cache_k")
+    end
+  end)
+
   it("rotates by a scaled RoPE's inv_freq and scale as keng.rope does, bit for bit", function()
     for _, dt in ipairs({"f32", "f64", "bf16"}) do
       for _, c in ipairs({{2, 1, 4, 2, 8, 6, {2}, true}, {1, 3, 2, 2, 16, 9, {4, 5, 6}, false}}) do
