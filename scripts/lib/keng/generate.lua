@@ -17,9 +17,10 @@
 -- that met a stop id, a stop string or their length there (later ids of a stopped row are
 -- dropped). So a step builds no tensor from Lua values and waits for nothing. Eagerly it attends
 -- to the filled columns only; on CUDA the step (greedy or sampling) attends to all L (one shape
--- for every token), is captured once with keng.cuda.graph and replayed (the embedding's id check
--- is then deferred to the next read-back). Beam search (num_beams > 1) orders the beams on the host each
--- step (one read-back per token).
+-- for every token), is captured once with keng.cuda.graph and replayed. The device's index
+-- checks (the embedding's ids) report at the next read-back, captured or eager
+-- (keng.cuda.defer_checks, on for the whole call). Beam search (num_beams > 1) orders the beams
+-- on the host each step (one read-back per token).
 --
 -- Shape letters: B rows (prompts × num_return_sequences), P padded prompt length, N new tokens,
 -- L cache length (P + N), V vocabulary, K beams.
