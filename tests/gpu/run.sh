@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh — the one device call of the GPU check (docs/cuda.md "GPU check"). First, HERE:
-#   bash tests/gpu/prepare.sh     # -> build-gpu-deps/prefix (Lua, OpenBLAS, readline, libpng, zlib
-#                                 #    headers, pkgconf, busted) and build-gpu-deps/wheels (diffusers)
+#   bash tests/gpu/prepare.sh     # -> build-gpu-deps/prefix/prefix.tar.xz (Lua, OpenBLAS, readline,
+#                                 #    libpng, zlib headers, pkgconf, busted, Open MPI; unpacked here in
+#                                 #    build-gpu-deps/root) and build-gpu-deps/wheels (diffusers)
 # then one device `run`: command "bash tests/gpu/run.sh", carry ["build-gpu-deps/prefix",
 # "build-gpu-deps/wheels"], timeout_s 540. In that one call it
 #   1. builds keng + its Lua module (not the C tests or labs) for sm_90 only, all cores, in build-gpu/
@@ -76,7 +77,13 @@ meta() { printf '%s\t%s\n' "$1" "$2" >>"$work/meta.tsv"; }
 stage() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >>"$work/stages.tsv"; }
 tailf() { [ -f "$1" ] && tail -n "$2" "$1"; }
 
-pre="$top/build-gpu-deps/prefix/usr"
+deps="$top/build-gpu-deps"
+# prepare.sh's staged tree: carried packed (build-gpu-deps/prefix/prefix.tar.xz: the tree itself is
+# more than the device tool carries) and unpacked into build-gpu-deps/root by stage 0 below (here
+# prepare.sh leaves it unpacked); a tree from an older prepare.sh (prefix/usr) is used as it is
+root="$deps/root"
+[ -d "$deps/prefix/usr" ] && root="$deps/prefix"
+pre="$root/usr"
 lib="$pre/lib/x86_64-linux-gnu"
 # keng (and the carried lua5.4) run with the prefix's libraries; python3 does not see them
 keng_ld="$lib:$lib/openblas-openmp"
@@ -145,6 +152,20 @@ meta budget "$budget"
 meta dry "$DRY"
 
 # ---- 0. the staged prefix ---------------------------------------------------------------
+unpacked=""
+if [ ! -d "$pre" ] && [ -f "$deps/prefix/prefix.tar.xz" ]; then
+  t0=$(now)
+  rm -rf "$root.part" && mkdir -p "$root.part"
+  if timeout 120 tar -C "$root.part" -xJf "$deps/prefix/prefix.tar.xz" 2>"$work/unpack.log" ||
+     { rm -rf "$root.part" && mkdir -p "$root.part" &&      # no xz there: Python's lzma
+       timeout 120 python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+         "$deps/prefix/prefix.tar.xz" "$root.part" 2>>"$work/unpack.log"; }; then
+    rm -rf "$root" && mv "$root.part" "$root"
+    unpacked=", unpacked in $(( $(now) - t0 )) s"
+  else
+    cat "$work/unpack.log"
+  fi
+fi
 missing=""
 for f in include/png.h include/zlib.h include/lua5.4/lua.h include/x86_64-linux-gnu/openblas-openmp/cblas.h \
     lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so lib/x86_64-linux-gnu/libreadline.so \
@@ -153,10 +174,10 @@ for f in include/png.h include/zlib.h include/lua5.4/lua.h include/x86_64-linux-
 done
 if [ -n "$missing" ]; then
   stage prefix failed 0 "missing:$missing — run tests/gpu/prepare.sh and carry build-gpu-deps/prefix"
-  echo "run.sh: the staged prefix lacks:$missing (run tests/gpu/prepare.sh here, carry build-gpu-deps/prefix)"
+  echo "run.sh: the staged prefix $root lacks:$missing (run tests/gpu/prepare.sh here, carry build-gpu-deps/prefix)"
   finish 2
 fi
-stage prefix ok 0 "$(du -sh "$pre" | cut -f1)"
+stage prefix ok 0 "$(du -sh "$pre" | cut -f1)$unpacked"
 
 # ---- 1. the machine ------------------------------------------------------------------------
 stamp "== machine"

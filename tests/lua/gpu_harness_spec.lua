@@ -84,6 +84,23 @@ describe("tests/gpu/prepare.sh", function()
   end)
 end)
 
+describe("tests/gpu/prepare.sh and run.sh", function()
+  local prep, run = read("tests/gpu/prepare.sh"), read("tests/gpu/run.sh")
+
+  it("carry the staged tree packed (the unpacked tree is over the device tool's 64 MiB) and unpack it there", function()
+    assert.truthy(prep:find('"$deps/prefix/prefix.tar.xz"', 1, true), "prepare.sh does not write prefix/prefix.tar.xz")
+    assert.truthy(run:find('-xJf "$deps/prefix/prefix.tar.xz"', 1, true), "run.sh does not unpack prefix/prefix.tar.xz")
+    assert.truthy(prep:find("64 * 1048576", 1, true), "prepare.sh does not check the size the call sends")
+    -- the unpacked tree stays out of the carried folders
+    assert.truthy(prep:find('p="$deps/root"', 1, true))
+    assert.truthy(run:find('root="$deps/root"', 1, true))
+  end)
+
+  it("stage libudev (hwloc, under Open MPI, needs it; the device image may lack it)", function()
+    assert.truthy(provides(prep)["ompi-c"]:find("libudev1", 1, true))
+  end)
+end)
+
 describe("tests/gpu/run.sh", function()
   local text = read("tests/gpu/run.sh")
 
