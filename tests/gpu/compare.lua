@@ -338,6 +338,16 @@ end
 do
   local x = input({4, 5000}, "f32")
   check("topk 5 of [4,5000] (selection passes)", "f32", function(dev) return {on(x, dev):topk(5, 2)} end)
+  -- long rows asking for more than 64: the bitonic network in global memory, a launch per step
+  check("topk 100 of [4,5000] (global sort)", "f32", function(dev) return {on(x, dev):topk(100, 2)} end)
+  local tie = ints({2, 70000}, -3, 4, "f64"):to("bf16")           -- ties everywhere: index order decides
+  local function second(a, b) return b end                        -- the indices alone, compared exactly
+  check("topk all of [2,70000] smallest, indices", "i64", function(dev)
+    return second(on(tie, dev):topk(70000, 2, {largest = false}))
+  end)
+  check("topk 3000 of [70000,2] dim 1 (strided), indices", "i64", function(dev)
+    return second(on(tie, dev):transpose(1, 2):topk(3000, 1))
+  end)
   check("max dim 2 of [4,5000]", "f32", function(dev) return {on(x, dev):max(2)} end)
   local n = input({3, 9}, "f32")
   n = keng.where(n:gt(keng.full({}, 1.0)), keng.full({}, 0 / 0), n)
@@ -515,6 +525,11 @@ do
   check("multinomial without replacement", "i64", function(dev)
     keng.manual_seed(6)
     return keng.multinomial(on(p, dev), 10)
+  end)
+  local q = input({2, 3000}, "f32", function(t) return t:abs() end)
+  check("multinomial 100 of 3000 without replacement", "i64", function(dev)  -- its keys ranked by a global sort
+    keng.manual_seed(7)
+    return keng.multinomial(on(q, dev), 100)
   end)
 end
 

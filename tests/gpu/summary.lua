@@ -145,6 +145,17 @@ function M.build(work)
     end
     rows[#rows + 1] = row
   end
+  -- rows the peer ran that keng did not reach (a failed build: the peer runs beside it)
+  local seen = {}
+  for _, r in ipairs(rows) do seen[r.id] = true end
+  for _, p in ipairs(peer and type(peer.rows) == "table" and peer.rows or {}) do
+    if type(p.id) == "string" and not seen[p.id] then
+      seen[p.id] = true
+      rows[#rows + 1] = {id = p.id, batch = p.batch, dtype = p.dtype, status = "not run",
+                         reason = "keng did not reach this row", peer_status = p.status,
+                         peer_ms = p.status == "ok" and p.mean_ms or nil, peer_reason = p.status ~= "ok" and p.reason or nil}
+    end
+  end
   local cmp = {}
   for _, l in ipairs(lines(work .. "/compare.log")) do
     local total, on, passed, failed = l:match("^(%d+) cases on (%S+): (%d+) passed, (%d+) failed")

@@ -188,7 +188,8 @@ describe("tests/gpu/summary.lua", function()
     max_length = 50, shapes = {prompts = {1, 6}}, flops_per_step = 1e9, keras = {best = 703.46}}}}))
   write("peer.json", json.encode({framework = "pytorch", rows = {
     {id = "gemma_generate_1", status = "ok", mean_ms = 623.2},
-    {id = "gemma_fit", status = "failed", reason = "OutOfMemoryError: CUDA out of memory"}}}))
+    {id = "gemma_fit", status = "failed", reason = "OutOfMemoryError: CUDA out of memory"},
+    {id = "sam_fit", status = "ok", mean_ms = 120.5, batch = 1, dtype = "f32"}}}))
 
   it("pairs keng rows with the peer's and computes the H200 floor", function()
     local res = summary.write(tmp, tmp .. "/out")
@@ -205,6 +206,13 @@ describe("tests/gpu/summary.lua", function()
     assert.are.equal(1, res.compare.failed)
   end)
 
+  it("lists the rows only the peer ran (keng stopped early: the peer runs beside the build)", function()
+    local r = summary.build(tmp).rows[4]
+    assert.are.equal("sam_fit", r.id)
+    assert.are.equal("not run", r.status)
+    assert.are.equal(120.5, r.peer_ms)
+  end)
+
   it("writes summary.md and results.json", function()
     local md = io.open(tmp .. "/out/summary.md"):read("a")
     assert.truthy(md:find("| gemma_generate_1 | 1 | bf16 | 3 | 311.60 (300.00, 290.00) | 623.20 | 0.50 | 155.8 (HBM) | 50% | 703.46 | ok |", 1, true))
@@ -213,7 +221,7 @@ describe("tests/gpu/summary.lua", function()
     assert.truthy(md:find("gemma_fit: OutOfMemoryError", 1, true))
     local doc = json.decode(io.open(tmp .. "/out/results.json"):read("a"))
     assert.are.equal("keng-gpu-check/1", doc.schema)
-    assert.are.equal(3, #doc.rows)
+    assert.are.equal(4, #doc.rows)
   end)
 
   it("has no floor off an H200 (the dry run on a CPU)", function()

@@ -42,6 +42,14 @@ G.fixed_shape = false
 -- true: keep the decode state on the model between calls on the CPU too, as a greedy CUDA
 -- generate does for its captured step (the specs check the in-place refill with it)
 G.keep_state = false
+-- whether lm's RoPE follows the largest position (dynamic NTK, longrope): its step reads the
+-- positions on the host (models/causal_lm.lua rope_options), which a CUDA Graph capture refuses,
+-- so such models decode eagerly
+function G.rope_per_length(lm)
+  local r = type(lm.cfg) == "table" and lm.cfg.rope
+  return r and require("models.rope").depends_on_length(r) or false
+end
+
 -- a function(fn, opts) standing in for keng.cuda.graph: the CPU specs run the capture wiring
 -- (the greedy step called without a key count, the graph and state kept for the next call)
 G.fake_graph = nil
@@ -113,6 +121,10 @@ function G.check(lm, opts, level)
   o.progress = opts.progress
   if opts.graph ~= nil and type(opts.graph) ~= "boolean" then fail(level, "graph must be true or false") end
   o.graph = opts.graph
+  if o.graph and G.rope_per_length(lm) then
+    fail(level, "graph = true: this model's RoPE (%s) recomputes its frequencies from the positions every step, "
+      .. "which a CUDA Graph cannot capture (leave graph out: it decodes eagerly)", lm.cfg.rope.type)
+  end
   if o.graph and not tostring(lm.param_device and lm:param_device() or ""):find("^cuda") then
     fail(level, "graph = true needs a CUDA device (the model is on %s)", tostring(lm.param_device and lm:param_device()))
   end
@@ -443,7 +455,8 @@ local function loop(lm, rows, o, budget)
   -- first replay draws what the capture reserved, later ones fresh positions), so a replayed run
   -- draws what the eager run of the same seed draws. Without processors or sampling the captured
   -- step and its state are kept for the next call.
-  local capture = o.graph ~= false and (lm:param_device():find("^cuda") ~= nil or G.fake_graph ~= nil)
+  local capture = o.graph ~= false and not G.rope_per_length(lm)
+    and (lm:param_device():find("^cuda") ~= nil or G.fake_graph ~= nil)
   local dec = open(lm, rows, N, raw, (capture or G.keep_state) and raw)
   local st = processors(lm, o, dec)
   local P, col, feed, buf = dec.P, dec.col, dec.feed, dec.buf
