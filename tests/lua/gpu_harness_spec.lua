@@ -148,6 +148,19 @@ describe("tests/gpu/run.sh", function()
     assert.are.equal("gemma_fit", ids[2])
   end)
 
+  it("names only files that exist (specs, check scripts, bench files, the peer)", function()
+    local seen = 0
+    for path in text:gmatch("[%w_/]+%.[%a]+") do
+      if path:match("^tests/") or path:match("^scripts/") then
+        seen = seen + 1
+        local f = io.open(root .. "/" .. path)
+        assert.truthy(f, "run.sh names " .. path .. ", which does not exist")
+        if f then f:close() end
+      end
+    end
+    assert.is_true(seen >= 10, seen .. " paths found in run.sh")
+  end)
+
   it("and prepare.sh parse (bash -n)", function()
     for _, f in ipairs({"tests/gpu/run.sh", "tests/gpu/prepare.sh"}) do
       assert.is_true(os.execute("bash -n " .. sh_quote(root .. "/" .. f)) == true, f)
