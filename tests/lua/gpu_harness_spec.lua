@@ -237,6 +237,29 @@ describe("tests/gpu/summary.lua", function()
     assert.are.equal(4, #doc.rows)
   end)
 
+  it("reads JSON without the keng module as the engine does (plain lua5.4 runs it when the build failed)", function()
+    local docs = {'{"a": [1, 2.5, -3e2, null, true, false], "b": {"c": "x\\"y\\\\z\\n\\u00e9\\ud83d\\ude00"}, "d": []}',
+                  '[NaN, Infinity, -Infinity, 0, {"e": null}]', '  {"rows": [{"id": "gemma_fit", "mean_ms": 232.5}]} '}
+    for _, d in ipairs(docs) do
+      local got = summary.plain_json_decode(d, json.null, json.array_mt)
+      local want = json.decode(d)
+      assert.are.equal(json.encode(want), json.encode(got), d)
+    end
+    assert.are.equal(json.array_mt, getmetatable(summary.plain_json_decode("[]", json.null, json.array_mt)))
+    assert.has_error(function() summary.plain_json_decode('{"a": 1', json.null, json.array_mt) end)
+    assert.has_error(function() summary.plain_json_decode('[1] x', json.null, json.array_mt) end)
+  end)
+
+  it("runs under plain lua5.4 (no keng module) where one is installed", function()
+    if not os.execute("command -v lua5.4 >/dev/null 2>&1") then return pending("no lua5.4 here") end
+    local out = tmp .. "/plain"
+    assert(os.execute("mkdir -p " .. sh_quote(out)))
+    assert.is_true(os.execute("cd " .. sh_quote(root) .. " && lua5.4 tests/gpu/summary.lua " .. sh_quote(tmp) .. " " ..
+      sh_quote(out) .. " 2>&1") == true)
+    local md = io.open(out .. "/summary.md"):read("a")
+    assert.truthy(md:find("| gemma_generate_1 | 1 | bf16 | 3 | 311.60 (300.00, 290.00) | 623.20 | 0.50 |", 1, true))
+  end)
+
   it("has no floor off an H200 (the dry run on a CPU)", function()
     assert.is_nil(summary.floor({device = "Intel Xeon", task = "fit", dtype = "f32", flops_per_step = 1e12}))
     local ms, by = summary.floor({device = "NVIDIA H200", task = "fit", dtype = "f32", flops_per_step = 494.7e12, tf32 = true})
