@@ -12,9 +12,10 @@
 #   3. runs each benchmark row of the GPU tier in its own process under its own `timeout`, in the
 #      priority order of ROWS below (so one hang or crash costs only that row)
 #   4. the PyTorch peer (scripts/bench/peers/pytorch_gpu.py), the same rows on the same GPU, runs
-#      in the background from before the build until PEER_BUDGET seconds (default 170) have
-#      passed, on the last 4 cores (taskset; the build and checks get the others), so it costs the
-#      rows no time; the rows start once it has ended, with the whole machine
+#      beside the build (which needs no GPU) for PEER_BUDGET seconds (default 120), on the last 4
+#      cores (taskset; nvcc gets the others); the checks wait for it, so nothing shares the GPU
+#      with a timed PyTorch step; after keng's rows, the peer rows it did not reach run with the
+#      time left
 #   5. writes the report: exactly the files of OUT_FILES in $OUT (at most 8: the device tool
 #      returns no more), rewritten after every stage and row so a call cut short still returns what
 #      it measured.
@@ -37,9 +38,9 @@ cd "$top"
 
 DRY=${KENG_GPU_DRY_RUN:-0}
 if [ "$DRY" = 1 ]; then
-  budget=${BUDGET:-900}; peer_budget=${PEER_BUDGET:-240}; build=${BUILD:-build-gpu-dry}
+  budget=${BUDGET:-900}; peer_budget=${PEER_BUDGET:-150}; build=${BUILD:-build-gpu-dry}
 else
-  budget=${BUDGET:-500}; peer_budget=${PEER_BUDGET:-170}; build=${BUILD:-build-gpu}
+  budget=${BUDGET:-500}; peer_budget=${PEER_BUDGET:-120}; build=${BUILD:-build-gpu}
 fi
 deadline=$((start + budget))
 final_margin=15                                  # kept for the last summary after the peer
@@ -133,12 +134,18 @@ publish() {
       echo '```'; cat "$work/stages.tsv" "$work/rows.tsv" 2>/dev/null; echo '```'; } | put summary.md
   fi
 }
+peer_pid=""
+wait_peer() {                                    # the peer's phase A, running beside the build
+  [ -n "${peer_pid:-}" ] || return 0
+  stamp "== waiting for the PyTorch peer (phase A)"
+  wait "$peer_pid"
+  peer_pid=""
+  grep -vE "^WARNING|^$" "$work/peer.log" 2>/dev/null | tail -15
+  publish
+}
 finish() {
   local rc=$1
-  if [ -n "${peer_pid:-}" ]; then                 # a stage failed early: the peer's rows still count
-    stamp "== waiting for the PyTorch peer"
-    wait "$peer_pid"
-  fi
+  wait_peer                                      # a stage failed early: the peer's rows still count
   stage total done $(( $(now) - start )) "exit $rc"
   publish
   stamp "done: exit $rc (report in $out: ${OUT_FILES[*]})"
@@ -210,52 +217,60 @@ if [ "$cuda" = ON ] && ! ls /usr/local/cuda/lib64/libnccl.so* >/dev/null 2>&1 &&
 fi
 echo "NCCL root: ${NCCL_ROOT:-(toolkit)}"
 
-# the peer's cores: the last 4 (of 8 or more, with taskset), so that the build and the checks
-# running meanwhile do not slow its Python; `pin` runs a command on the other cores
+# the peer's cores: the last 4 (of 8 or more, with taskset), so that the build running meanwhile
+# does not slow its Python; `pin` runs the build on the others
 ncpu=$(nproc)
 pin=(); peer_pin=(); jobs=$ncpu
 if [ "${PEER:-1}" != 0 ] && [ "$ncpu" -ge 8 ] && command -v taskset >/dev/null; then
   pin=(taskset -c "0-$((ncpu - 5))"); peer_pin=(taskset -c "$((ncpu - 4))-$((ncpu - 1))"); jobs=$((ncpu - 4))
 fi
 
-# ---- the PyTorch peer on the same GPU, in the background (waited for before the rows) ----------
-peer_pid=""
-peer_ids() {
+# ---- the PyTorch peer on the same GPU: phase A beside the build, phase B after keng's rows ------
+peer_ids() {                                     # the rows, in ROWS order, less those in $1 (a,b,..)
   local ids="" spec id
   for spec in "${ROWS[@]}"; do
     id=${spec%%:*}
     if [ -n "${ROWS_ONLY:-}" ] && [[ ",$ROWS_ONLY," != *",$id,"* ]]; then continue; fi
+    [[ ",${1:-}," == *",$id,"* ]] && continue
     ids="$ids${ids:+,}$id"
   done
   echo "$ids"
 }
+peer_args() {
+  if [ "$DRY" = 1 ]; then echo "--device cpu --tiny --steps 1"; else echo "--steps 5 --gen-steps 3"; fi
+}
+# run_peer PHASE BUDGET IDS JSON: one pytorch_gpu.py process (its log appended to peer.log)
+run_peer() {
+  local phase=$1 avail=$2 ids=$3 json=$4 t1 prc
+  t1=$(now)
+  # diffusers for the SD rows, from the carried wheels (not in the device image)
+  local pyenv=(env PYTHONUNBUFFERED=1)
+  if [ -d "$work/site" ]; then pyenv+=(PYTHONPATH="$work/site")
+  elif ! timeout 60 python3 -c "import diffusers" 2>/dev/null && ls build-gpu-deps/wheels/*.whl >/dev/null 2>&1; then
+    if timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" \
+        build-gpu-deps/wheels/*.whl >>"$work/pip.log" 2>&1; then
+      pyenv+=(PYTHONPATH="$work/site")
+    else
+      { echo "== pip install of the carried wheels failed:"; cat "$work/pip.log"; } >>"$work/peer.log"
+    fi
+  fi
+  avail=$(( avail - ($(now) - t1) ))
+  echo "== phase $phase: $ids (budget $avail s)" >>"$work/peer.log"
+  # its --budget starts after its imports (torch, transformers, diffusers: 10-20 s there)
+  # shellcheck disable=SC2046
+  timeout -k 5 $(( avail + 40 )) "${peer_pin[@]}" "${pyenv[@]}" python3 scripts/bench/peers/pytorch_gpu.py \
+    $(peer_args) --budget "$avail" --only "$ids" --out "$json" >>"$work/peer.log" 2>&1
+  prc=$?
+  stage "pytorch peer ($phase)" "$([ $prc = 0 ] && echo ok || echo "exit $prc$([ $prc = 124 ] && echo ' (timeout)')")" \
+    $(( $(now) - t1 )) "$ids"
+}
 if [ "${PEER:-1}" != 0 ]; then
   ids=$(peer_ids)
-  pargs=(--steps 5 --gen-steps 3)
-  if [ "$DRY" = 1 ]; then
-    pargs=(--device cpu --tiny --steps 1); ids=gemma_generate_1,bert_predict
-  fi
-  stamp "== PyTorch peer in the background (${peer_budget} s${peer_pin[*]:+, ${peer_pin[*]}}: $ids)"
-  (
-    t1=$(now)
-    # diffusers for the SD rows, from the carried wheels (not in the device image)
-    pyenv=(env PYTHONUNBUFFERED=1)
-    if ! timeout 60 python3 -c "import diffusers" 2>/dev/null && ls build-gpu-deps/wheels/*.whl >/dev/null 2>&1; then
-      timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" \
-        build-gpu-deps/wheels/*.whl >"$work/pip.log" 2>&1 && pyenv+=(PYTHONPATH="$work/site")
-    fi
-    avail=$(( peer_budget - ($(now) - t1) ))
-    # its --budget starts after its imports (torch, transformers, diffusers: 10-20 s there)
-    timeout -k 5 $(( avail + 40 )) "${peer_pin[@]}" "${pyenv[@]}" python3 scripts/bench/peers/pytorch_gpu.py \
-      "${pargs[@]}" --budget "$avail" --only "$ids" --out "$work/peer.json" >"$work/peer.log" 2>&1
-    prc=$?
-    [ -f "$work/pip.log" ] && cat "$work/pip.log" >>"$work/peer.log"
-    stage "pytorch peer" "$([ $prc = 0 ] && echo ok || echo "exit $prc$([ $prc = 124 ] && echo ' (timeout)')")" \
-      $(( $(now) - t1 )) "in the background${peer_pin[*]:+, ${peer_pin[*]}}"
-  ) </dev/null &
+  [ "$DRY" = 1 ] && ids=gemma_generate_1                        # and bert_predict in phase B
+  stamp "== PyTorch peer beside the build (${peer_budget} s${peer_pin[*]:+, ${peer_pin[*]}}: $ids)"
+  run_peer A "$peer_budget" "$ids" "$work/peer.json" </dev/null &
   peer_pid=$!
 fi
-
 # ---- 2. configure + build --------------------------------------------------------------------
 stamp "== configure + build ($build, CUDA $cuda, sm_${ARCH:-90})"
 t0=$(now)
@@ -323,6 +338,7 @@ publish
 cmp_env=()
 [ "$DRY" = 1 ] && cmp_env=(KENG_COMPARE_DEVICE=cpu KENG_COMPARE_TIER=small)
 checks_rc=${no_gpu:-0}
+wait_peer                                        # the GPU to keng alone from here on
 # the checks together end by CHECKS_WINDOW seconds (default 220) after the build, so that hung
 # checks leave the rows their time; each check's timeout is its cap or what is left of the window
 checks_end=$(( $(now) + ${CHECKS_WINDOW:-220} ))
@@ -336,7 +352,7 @@ run_check() {                                     # run_check NAME TIMEOUT LOG c
     return 0
   fi
   stamp "== $name (timeout $tmo s)"
-  timeout -k 5 "$tmo" "${pin[@]}" env "${cmp_env[@]}" LD_LIBRARY_PATH="$keng_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@" \
+  timeout -k 5 "$tmo" env "${cmp_env[@]}" LD_LIBRARY_PATH="$keng_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@" \
     >"$work/$log.log" 2>&1
   rc=$?
   grep -vE " ok$|^$" "$work/$log.log" | tail -25
@@ -378,13 +394,6 @@ if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null && [ $(( 
 fi
 
 # ---- 4. the benchmark rows, one process each ----------------------------------------------------
-if [ -n "$peer_pid" ]; then                      # the GPU and all cores to keng's rows
-  stamp "== waiting for the PyTorch peer"
-  wait "$peer_pid"
-  peer_pid=""
-  tail -15 "$work/peer.log" 2>/dev/null
-  publish
-fi
 tier=gpu
 [ "$DRY" = 1 ] && tier=cpu
 rows_deadline=$(( deadline - final_margin ))
@@ -422,7 +431,38 @@ for spec in "${ROWS[@]}"; do
 done
 stage rows done $(( $(now) - t_rows )) "$n_ok ok"
 
-# ---- 5. the dry run: the GPU-tier peer models at docs/benchmarks.md's parameter counts ------------
+# ---- 5. the peer's phase B: the rows phase A did not reach, with the time left -------------------
+if [ "${PEER:-1}" != 0 ]; then
+  reached=$(python3 -c 'import json, sys
+print(",".join(r["id"] for r in json.load(open(sys.argv[1]))["rows"] if r.get("status") != "skipped"))' \
+    "$work/peer.json" 2>/dev/null)
+  ids=$(peer_ids "$reached")
+  if [ "$DRY" = 1 ]; then ids=bert_predict; [[ ",$reached," == *",bert_predict,"* ]] && ids=""; fi
+  avail=$(( deadline - final_margin - $(now) ))
+  if [ -n "$ids" ] && [ "$avail" -ge 45 ]; then
+    stamp "== PyTorch peer, phase B ($avail s: $ids)"
+    peer_pin=()
+    run_peer B "$(( avail - 40 ))" "$ids" "$work/peer_b.json"
+    # merged into peer.json: phase A's rows, then B's for the ids A did not reach
+    python3 - "$work/peer.json" "$work/peer_b.json" <<'PY' 2>>"$work/peer.log"
+import json, os, sys
+a_path, b_path = sys.argv[1], sys.argv[2]
+b = json.load(open(b_path))
+a = json.load(open(a_path)) if os.path.exists(a_path) else dict(b, rows=[])
+again = {r["id"] for r in b["rows"]}             # B ran only rows A skipped or did not reach
+a["rows"] = [r for r in a["rows"] if r["id"] not in again] + b["rows"]
+with open(a_path + ".tmp", "w") as f:
+    json.dump(a, f, indent=2, sort_keys=True)
+os.replace(a_path + ".tmp", a_path)
+PY
+    grep -vE "^WARNING|^$" "$work/peer.log" | tail -8
+    publish
+  elif [ -n "$ids" ]; then
+    stage "pytorch peer (B)" skipped 0 "$avail s left: $ids"
+  fi
+fi
+
+# ---- 6. the dry run: the GPU-tier peer models at docs/benchmarks.md's parameter counts ------------
 if [ "$DRY" = 1 ] && [ "${PEER:-1}" != 0 ]; then
   # (meta device: no GPU, no memory)
   t1=$(now)
