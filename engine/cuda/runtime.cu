@@ -341,11 +341,15 @@ static kg_status check_deferred(int device) {
   if (!deferred_armed[device]) return KG_OK;
   deferred_armed[device] = false;
   long long got[FLAG_SLOTS];
-  KG_TRY(kg_cuda_err(cudaMemcpy(got, deferred[device], sizeof got, cudaMemcpyDeviceToHost), "cuda.graph",
+  cudaStream_t s = kg_cuda_stream(device); /* the compute stream, never the legacy one */
+  KG_TRY(kg_cuda_err(cudaMemcpyAsync(got, deferred[device], sizeof got, cudaMemcpyDeviceToHost, s), "cuda.graph",
                      "reading the deferred checks"));
+  KG_TRY(kg_cuda_err(cudaStreamSynchronize(s), "cuda.graph", "reading the deferred checks"));
   for (int i = 0; i < FLAG_SLOTS; i++)
     if (got[i] != no_errors[i]) {
-      cudaMemcpy(deferred[device], no_errors, sizeof no_errors, cudaMemcpyHostToDevice);
+      /* on the compute stream: a plain cudaMemcpy (the legacy stream) is not ordered before the
+       * next replay on the non-blocking compute stream, which could then set a slot this clears */
+      cudaMemcpyAsync(deferred[device], no_errors, sizeof no_errors, cudaMemcpyHostToDevice, s);
       cudaGetLastError();
       return kg_error(KG_ERR_VALUE, "cuda.graph", "an index or target was out of range in a replayed CUDA graph "
                       "or under keng.cuda.defer_checks (gather, index_select, embedding, scatter_add_, index_add_, "
@@ -415,7 +419,9 @@ static kg_status deferred_slots(int device, const char *op) {
   if (deferred[device]) return KG_OK;
   long long *p = NULL;
   KG_TRY(kg_cuda_err(cudaMalloc((void **)&p, sizeof no_errors), op, "cudaMalloc"));
-  kg_status st = kg_cuda_err(cudaMemcpy(p, no_errors, sizeof no_errors, cudaMemcpyHostToDevice), op, "cudaMemcpy");
+  /* on the compute stream: ordered before the kernels launched or captured next (see check_deferred) */
+  kg_status st = kg_cuda_err(cudaMemcpyAsync(p, no_errors, sizeof no_errors, cudaMemcpyHostToDevice,
+                                             kg_cuda_stream(device)), op, "cudaMemcpyAsync");
   if (st) return cudaFree(p), st;
   deferred[device] = p;
   return KG_OK;

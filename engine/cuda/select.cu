@@ -5,25 +5,20 @@
  *
  * Rows: x viewed as [kept dims..., dim]; the outputs are contiguous in the kept dims' order.
  * max/min: a block per row (a thread per row for short rows). cumsum: a thread per row, the
- * running sum sequential in double exactly as on the CPU. topk: a block per row; rows of up to
- * 2048 elements are bitonic-sorted in shared memory (a total order, so the result equals the
- * CPU's qsort); longer rows take k selection passes (each finds the best element ranked after
- * the previous pick), O(k·n). */
+ * running sum sequential in double exactly as on the CPU. topk (topk_plan.h: the order and the
+ * network, tested on the CPU): rows of up to 2048 elements are bitonic-sorted in shared memory, a
+ * block per row (a total order, so the result equals the CPU's qsort); longer rows take k
+ * selection passes (each finds the best element ranked after the previous pick, O(k·n)) for
+ * k <= 64, else the same bitonic network in global memory, a launch per step. */
 #include "util.cuh"
 
-struct item {
-  double v;
-  long long i; /* -1: padding, ranks after everything */
-};
+#include "topk_plan.h"
+
+typedef kg_topk_item item;
 
 /* does a come before b? (max: largest first, NaN first; min: smallest first, NaN last; ties by index) */
 __device__ __forceinline__ bool before(const item &a, const item &b, bool largest) {
-  if (a.i < 0) return false;
-  if (b.i < 0) return true;
-  bool an = a.v != a.v, bn = b.v != b.v;
-  if (an != bn) return largest ? an : bn;
-  if (!an && a.v != b.v) return largest ? a.v > b.v : a.v < b.v;
-  return a.i < b.i;
+  return kg_topk_before(&a, &b, largest);
 }
 
 /* ---- max / min / argmax / argmin ------------------------------------------------------------ */
@@ -122,7 +117,7 @@ extern "C" kg_status kg_cuda_cumsum(const kg_op_call *c) {
 
 /* ---- topk ------------------------------------------------------------------------------------ */
 
-#define SORT_MAX 2048
+#define SORT_MAX KG_TOPK_SORT_MAX
 #define SORT_THREADS 512
 
 /* a block sorts one row of n <= npad (a power of two) items in shared memory */
@@ -139,16 +134,7 @@ __global__ void topk_sort_kernel(kg_cuda_rows rx, kg_cuda_rows ro, const char *x
     __syncthreads();
     for (int size = 2; size <= npad; size <<= 1)
       for (int stride = size >> 1; stride > 0; stride >>= 1) {
-        for (int t = threadIdx.x; t < npad / 2; t += blockDim.x) {
-          int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
-          bool up = (lo & size) == 0; /* this half sorts in the `before` order */
-          bool swap = up ? before(it[hi], it[lo], largest) : before(it[lo], it[hi], largest);
-          if (swap) {
-            item tmp = it[lo];
-            it[lo] = it[hi];
-            it[hi] = tmp;
-          }
-        }
+        for (int t = threadIdx.x; t < npad / 2; t += blockDim.x) kg_bitonic_exchange(it, t, size, stride, largest);
         __syncthreads();
       }
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
@@ -156,6 +142,35 @@ __global__ void topk_sort_kernel(kg_cuda_rows rx, kg_cuda_rows ro, const char *x
       io[oo + j * ro.s] = it[j].i;
     }
     __syncthreads();
+  }
+}
+
+/* long rows, many picks: every row padded to npad items in global memory (buf [nout, npad]) and
+ * bitonic-sorted there, one launch per step; then the first k of each row stored */
+__global__ void topk_load_kernel(kg_cuda_rows rx, const char *x, int xdt, int64_t npad, item *buf) {
+  KG_CUDA_FOR(e, rx.nout * npad) {
+    int64_t o = e / npad, j = e - o * npad;
+    item it = {0, -1};
+    if (j < rx.n) it.v = kg_load<double>(x, xdt, kg_row_offset(rx, o) + j * rx.s), it.i = j;
+    buf[e] = it;
+  }
+}
+
+__global__ void topk_step_kernel(item *buf, int64_t nout, int64_t npad, int64_t size, int64_t stride, bool largest) {
+  int64_t half = npad / 2;
+  KG_CUDA_FOR(e, nout * half) {
+    int64_t o = e / half;
+    kg_bitonic_exchange(buf + o * npad, e - o * half, size, stride, largest);
+  }
+}
+
+__global__ void topk_store_kernel(kg_cuda_rows ro, const item *buf, int64_t nout, int64_t npad, int64_t k, char *vo,
+                                  int vdt, int64_t *io) {
+  KG_CUDA_FOR(e, nout * k) {
+    int64_t o = e / k, j = e - o * k, oo = kg_row_offset(ro, o) + j * ro.s;
+    const item &it = buf[o * npad + j];
+    if (vo) kg_store(vo, vdt, oo, it.v);
+    io[oo] = it.i;
   }
 }
 
@@ -200,10 +215,23 @@ kg_status kg_cuda_topk_rows(const char *name, const kg_tensor *x, int dim, int64
   int vdt = vo ? vo->dtype : 0;
   const char *xb = (const char *)kg_data(x);
   if (rx.n <= SORT_MAX) {
-    int npad = 32;
-    while (npad < rx.n) npad <<= 1;
+    int npad = (int)kg_topk_pad(rx.n);
     topk_sort_kernel<<<kg_grid(rx.nout), SORT_THREADS, sizeof(item) * (size_t)npad, s>>>(
         rx, ro, xb, x->dtype, k, largest, npad, vb, vdt, (int64_t *)kg_data(io));
+  } else if (kg_topk_global_sort(rx.n, k)) {
+    int64_t npad = kg_topk_pad(rx.n);
+    kg_cuda_buf buf; /* stream-ordered: freed after the launches below */
+    KG_TRY(buf.alloc(sizeof(item) * (size_t)(rx.nout * npad), dev, name));
+    item *b = (item *)buf.p;
+    topk_load_kernel<<<kg_cuda_blocks(rx.nout * npad), KG_CUDA_THREADS, 0, s>>>(rx, xb, x->dtype, npad, b);
+    KG_TRY(kg_cuda_check(name, dev));
+    unsigned g = kg_cuda_blocks(rx.nout * npad / 2);
+    for (int64_t size = 2; size <= npad; size <<= 1)
+      for (int64_t stride = size >> 1; stride > 0; stride >>= 1)
+        topk_step_kernel<<<g, KG_CUDA_THREADS, 0, s>>>(b, rx.nout, npad, size, stride, largest);
+    KG_TRY(kg_cuda_check(name, dev));
+    topk_store_kernel<<<kg_cuda_blocks(rx.nout * k), KG_CUDA_THREADS, 0, s>>>(ro, b, rx.nout, npad, k, vb, vdt,
+                                                                             (int64_t *)kg_data(io));
   } else {
     topk_select_kernel<<<kg_grid(rx.nout), 256, 0, s>>>(rx, ro, xb, x->dtype, k, largest, vb, vdt,
                                                         (int64_t *)kg_data(io));

@@ -9,10 +9,22 @@
  *     (full sum, row sum, bias gradient) is the coalesced one;
  *   - a source rule of engine/cuda/<file>.cu: a kernel that draws random numbers reads its Philox key
  *     with kg_rng_load (a kg_cuda_rng), never as a (seed, offset) passed by value, which CUDA
- *     Graph capture would bake into the graph so that every replay drew the same numbers.
+ *     Graph capture would bake into the graph so that every replay drew the same numbers;
+ *   - topk's bitonic network (engine/cuda/topk_plan.h), run step by step as the kernels run it
+ *     (shared memory for short rows, a launch per step for long ones), sorts rows with NaNs, ties
+ *     and padding exactly as qsort orders them by the same (value, index) order;
+ *   - source rules of every engine/cuda/ source (.cu, .cuh) and engine/dist/nccl.cu: every kernel launch names a
+ *     stream (`<<<grid, block, smem, stream>>>`: a launch without one goes to the legacy default
+ *     stream, which is not ordered with keng's non-blocking compute stream), and no synchronous
+ *     cudaMemcpy / cudaMemset / cudaDeviceSynchronize (also legacy-stream operations: unordered
+ *     with that stream, and illegal while it is being captured).
  * Run: ctest -R test_cuda_launch; exits non-zero when a check fails. */
 #include "cuda/reduce_plan.h"
+#include "cuda/topk_plan.h"
 
+#include <math.h>
+
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,6 +366,116 @@ static void test_rng_sources(void) {
          "%s", "a kg_cuda_rng key refused");
 }
 
+/* ---- topk's sorting network ------------------------------------------------------------------ */
+
+static bool qsort_largest;
+static int cmp_item(const void *a, const void *b) {
+  const kg_topk_item *x = a, *y = b;
+  return kg_topk_before(x, y, qsort_largest) ? -1 : kg_topk_before(y, x, qsort_largest) ? 1 : 0;
+}
+
+static void test_topk_network(void) {
+  static const int64_t ns[] = {1, 2, 3, 31, 32, 33, 100, 1000, 2047, 2048, 2049, 5000, 70000};
+  uint64_t rng = 12345;
+  for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+    for (int largest = 0; largest < 2; largest++) {
+      int64_t n = ns[a], npad = kg_topk_pad(n);
+      CHECKM(npad >= n && npad >= 32 && (npad & (npad - 1)) == 0 && (npad == 32 || npad / 2 < n), "pad of %lld: %lld",
+             (long long)n, (long long)npad);
+      kg_topk_item *row = malloc(sizeof *row * (size_t)npad), *want = malloc(sizeof *want * (size_t)n);
+      for (int64_t j = 0; j < npad; j++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        int r = (int)(rng >> 33) % 50; /* few distinct values: many ties; some NaN, some -inf */
+        double v = r == 0 ? NAN : r == 1 ? -INFINITY : (double)(r % 17) - 8;
+        row[j] = j < n ? (kg_topk_item){v, j} : (kg_topk_item){0, -1};
+      }
+      memcpy(want, row, sizeof *want * (size_t)n);
+      qsort_largest = largest;
+      qsort(want, (size_t)n, sizeof *want, cmp_item);
+      /* the steps of both kernels: every (size, stride), every compare-exchange t < npad / 2 */
+      for (int64_t size = 2; size <= npad; size <<= 1)
+        for (int64_t stride = size >> 1; stride > 0; stride >>= 1)
+          for (int64_t t = 0; t < npad / 2; t++) kg_bitonic_exchange(row, t, size, stride, largest != 0);
+      int64_t bad = -1;
+      for (int64_t j = 0; j < n && bad < 0; j++)
+        if (row[j].i != want[j].i) bad = j;
+      CHECKM(bad < 0, "n %lld %s: position %lld holds index %lld, qsort has %lld", (long long)n,
+             largest ? "largest" : "smallest", (long long)bad, bad < 0 ? 0LL : row[bad].i, bad < 0 ? 0LL : want[bad].i);
+      for (int64_t j = n; j < npad; j++) CHECKM(row[j].i == -1, "n %lld: padding not last", (long long)n);
+      free(row);
+      free(want);
+    }
+  /* which rows sort in global memory: long ones asking for many items (top_p over a vocabulary) */
+  CHECKM(!kg_topk_global_sort(2048, 2048), "%s", "a 2048 row sorts in shared memory");
+  CHECKM(!kg_topk_global_sort(256000, 50), "%s", "top_k 50 of 256000: selection passes");
+  CHECKM(kg_topk_global_sort(256000, 256000), "%s", "top_p of 256000: a global sort, not 256000 passes");
+  CHECKM(kg_topk_global_sort(2049, 65), "%s", "k 65 of 2049: a global sort");
+}
+
+/* ---- streams: no launch or copy on the legacy default stream --------------------------------- */
+
+/* the violations of one file's text (printed when `say`): launches whose <<< >>> holds fewer than
+ * four arguments, and calls of the synchronous legacy-stream API */
+static int check_stream_file(const char *name, const char *src, bool say) {
+  int bad = 0;
+  for (const char *p = strstr(src, "<<<"); p; p = strstr(p + 3, "<<<")) {
+    const char *end = strstr(p + 3, ">>>");
+    if (!end) break;
+    int commas = 0, depth = 0;
+    for (const char *q = p + 3; q < end; q++) {
+      if (*q == '(' || *q == '[' || *q == '{') depth++;
+      else if (*q == ')' || *q == ']' || *q == '}') depth--;
+      else if (*q == ',' && depth == 0) commas++;
+    }
+    if (commas < 3) {
+      bad++;
+      if (say) fprintf(stderr, "%s: a launch without a stream: %.*s\n", name, (int)(end + 3 - p), p);
+    }
+  }
+  static const char *banned[] = {"cudaMemcpy(", "cudaMemset(", "cudaDeviceSynchronize(", "cudaMemcpyToSymbol("};
+  for (size_t i = 0; i < sizeof banned / sizeof *banned; i++)
+    for (const char *p = strstr(src, banned[i]); p; p = strstr(p + 1, banned[i])) {
+      bad++;
+      if (say) fprintf(stderr, "%s: %.*s on the legacy default stream\n", name, (int)strlen(banned[i]) - 1, banned[i]);
+    }
+  return bad;
+}
+
+static void test_stream_sources(void) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/engine/cuda", KENG_SOURCE_DIR);
+  DIR *d = opendir(dir);
+  CHECKM(d != NULL, "cannot list %s", dir);
+  if (!d) return;
+  int files = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t n = strlen(e->d_name);
+    bool cu = n > 3 && !strcmp(e->d_name + n - 3, ".cu"), cuh = n > 4 && !strcmp(e->d_name + n - 4, ".cuh");
+    if (!cu && !cuh) continue;
+    char path[1300];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    char *src = slurp(path);
+    CHECKM(src != NULL, "cannot read %s", path);
+    if (!src) continue;
+    files++;
+    CHECKM(check_stream_file(e->d_name, src, true) == 0, "%s: launches or copies on the legacy default stream", e->d_name);
+    free(src);
+  }
+  closedir(d);
+  CHECKM(files >= 15, "found only %d CUDA sources in %s", files, dir);
+  char path[1300];
+  snprintf(path, sizeof path, "%s/engine/dist/nccl.cu", KENG_SOURCE_DIR);
+  char *src = slurp(path);
+  CHECKM(src != NULL, "cannot read %s", path);
+  if (src) CHECKM(check_stream_file("nccl.cu", src, true) == 0, "%s", "nccl.cu: the legacy default stream");
+  free(src);
+  /* the rule catches what it is for, and passes the forms it asks for */
+  CHECKM(check_stream_file("", "k<<<kg_grid(n), 256>>>(a); cudaMemcpy(d, s, n, cudaMemcpyHostToDevice);", false) == 2,
+         "%s", "a launch without a stream and a synchronous copy not both caught");
+  CHECKM(check_stream_file("", "k<<<f(a, b), 256, 0, s>>>(a); cudaMemcpyAsync(d, s, n, k, st);", false) == 0,
+         "%s", "a launch with a stream, or an async copy, refused");
+}
+
 int main(void) {
   test_splits();
   test_launches();
@@ -361,6 +483,8 @@ int main(void) {
   test_merge();
   test_form();
   test_rng_sources();
+  test_stream_sources();
+  test_topk_network();
   printf("test_cuda_launch: %d checks, %d failed\n", checks, failures);
   return failures != 0;
 }

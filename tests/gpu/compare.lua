@@ -15,7 +15,7 @@ if DEV ~= "cpu" and not keng.cuda.is_available() then
   return
 end
 
-local TOL = {f64 = 1e-10, f32 = 2e-5, bf16 = 1.6e-2, f16 = 2e-3, i32 = 0, i64 = 0, bool = 0, u8 = 0}
+local TOL = {f64 = 1e-10, f32 = 2e-5, bf16 = 1.6e-2, f16 = 2e-3, i32 = 0, i64 = 0, bool = 0, u8 = 0, i8 = 0}
 local failed, total = 0, 0
 
 -- worst relative error of a (device result) against b (cpu result), NaNs equal to NaNs; large
@@ -338,10 +338,76 @@ end
 do
   local x = input({4, 5000}, "f32")
   check("topk 5 of [4,5000] (selection passes)", "f32", function(dev) return {on(x, dev):topk(5, 2)} end)
+  -- long rows asking for more than 64: the bitonic network in global memory, a launch per step
+  check("topk 100 of [4,5000] (global sort)", "f32", function(dev) return {on(x, dev):topk(100, 2)} end)
+  local tie = ints({2, 70000}, -3, 4, "f64"):to("bf16")           -- ties everywhere: index order decides
+  local function second(a, b) return b end                        -- the indices alone, compared exactly
+  check("topk all of [2,70000] smallest, indices", "i64", function(dev)
+    return second(on(tie, dev):topk(70000, 2, {largest = false}))
+  end)
+  check("topk 3000 of [70000,2] dim 1 (strided), indices", "i64", function(dev)
+    return second(on(tie, dev):transpose(1, 2):topk(3000, 1))
+  end)
   check("max dim 2 of [4,5000]", "f32", function(dev) return {on(x, dev):max(2)} end)
   local n = input({3, 9}, "f32")
   n = keng.where(n:gt(keng.full({}, 1.0)), keng.full({}, 0 / 0), n)
   check("max with NaN (NaN wins)", "f32", function(dev) return {on(n, dev):max(2)} end)
+end
+
+-- ---- int8 / int4 weight-only ops (quant.cu): the codes and scales exactly, the GEMVs within the
+-- dtype's tolerance (a warp tree sums where the CPU sums in order); both sides get the CPU's codes
+do
+  for _, wdt in ipairs({"f32", "bf16"}) do
+    local w = input({37, 96}, wdt)                                  -- 37 rows: a partial block of 8 warps
+    check("quantize_q8 codes (w " .. wdt .. ")", "i8", function(dev) return ({keng.quantize_q8(on(w, dev))})[1] end)
+    check("quantize_q8 scales (w " .. wdt .. ")", "f32", function(dev) return ({keng.quantize_q8(on(w, dev))})[2] end)
+    check("quantize_q4 codes (w " .. wdt .. ")", "u8", function(dev) return ({keng.quantize_q4(on(w, dev))})[1] end)
+    check("quantize_q4 scales (w " .. wdt .. ")", "f16", function(dev) return ({keng.quantize_q4(on(w, dev))})[2] end)
+  end
+  local w, b = input({37, 96}, "f32"), input({37}, "f32")
+  local q8, s8 = keng.quantize_q8(w)
+  local q4, s4 = keng.quantize_q4(w)
+  check("dequantize_q4", "f32", function(dev) return keng.dequantize_q4(on(q4, dev), on(s4, dev)) end)
+  for _, dt in ipairs(FLOATS) do
+    local x = input({2, 3, 96}, dt)                                 -- K % 16 == 0: 16 codes a lane a load
+    check("linear_q8 [2,3,96] + b", dt, function(dev)
+      return keng.linear_q8(on(x, dev), on(q8, dev), on(s8, dev), on(b, dev):to(dt))
+    end, dt == "f32" and 1e-4 or nil)
+    check("linear_q4 [2,3,96] + b", dt, function(dev)
+      return keng.linear_q4(on(x, dev), on(q4, dev), on(s4, dev), on(b, dev):to(dt))
+    end, dt == "f32" and 1e-4 or nil)
+  end
+  local xn = input({96, 5}, "f32")                                  -- x with a strided last dim: no vector loads
+  check("linear_q8 (non-contiguous x)", "f32", function(dev)
+    return keng.linear_q8(on(xn, dev):transpose(1, 2), on(q8, dev), on(s8, dev))
+  end, 1e-4)
+  local w40 = input({9, 40}, "f32")                                 -- K = 40: not a multiple of 16
+  local q40, s40 = keng.quantize_q8(w40)
+  local x40 = input({4, 40}, "f32")
+  check("linear_q8 K=40", "f32", function(dev) return keng.linear_q8(on(x40, dev), on(q40, dev), on(s40, dev)) end, 1e-4)
+end
+
+-- ---- decode_qkv (decode.cu): RoPE with a scaled RoPE's inv_freq and scale, k and v into the cache
+-- at columns taken modulo L; q and both caches compared ([B, T] positions, T = 3, a column past L)
+for _, dt in ipairs({"f32", "f64", "bf16"}) do
+  local B, T, H, Hkv, D, L = 2, 3, 4, 2, 64, 20
+  local qkv = input({B, T, (H + 2 * Hkv) * D}, dt)
+  local ck, cv = input({B, Hkv, L, D}, dt), input({B, Hkv, L, D}, dt)
+  local pos = keng.tensor({{7, 8, 9}, {30, 31, 32}}, {dtype = "i64"})
+  local col = keng.tensor({18, 19, 21}, {dtype = "i64"})            -- 21 mod 20 = column 1
+  local freq = keng.tensor((function()
+    local f = {}
+    for i = 1, D // 2 do f[i] = 10000 ^ (-2 * (i - 1) / D) / (i % 3 + 1) end
+    return f
+  end)(), {dtype = "f64"})
+  for _, o in ipairs({{}, {inv_freq = true, scale = 0.87}}) do
+    check("decode_qkv" .. (o.inv_freq and " inv_freq, scale" or "") .. " [2,3] positions", dt, function(dev)
+      local k, v = on(ck, dev):clone(), on(cv, dev):clone()
+      local q = keng.decode_qkv(on(qkv, dev), on(pos, dev), k, v, on(col, dev),
+        {heads = H, kv_heads = Hkv, inv_freq = o.inv_freq and on(freq, dev) or nil, scale = o.scale})
+      return {q, k, v}
+    end)
+  end
 end
 
 -- ---- losses --------------------------------------------------------------------------------
@@ -515,6 +581,11 @@ do
   check("multinomial without replacement", "i64", function(dev)
     keng.manual_seed(6)
     return keng.multinomial(on(p, dev), 10)
+  end)
+  local q = input({2, 3000}, "f32", function(t) return t:abs() end)
+  check("multinomial 100 of 3000 without replacement", "i64", function(dev)  -- its keys ranked by a global sort
+    keng.manual_seed(7)
+    return keng.multinomial(on(q, dev), 100)
   end)
 end
 

@@ -3,11 +3,14 @@
 # The GPU machine (see docs/cuda.md "GPU check") has nvcc, CMake, ninja, gcc and python3 with
 # PyTorch + transformers, but no Lua, no Debian -dev packages and no network. This script
 # `apt-get download`s what keng's CMakeLists.txt and the busted stack need, unpacks each .deb with
-# `dpkg -x` into build-gpu-deps/prefix (no root install: run.sh points CMake, pkg-config,
-# LUA_PATH/LUA_CPATH and LD_LIBRARY_PATH at it), drops what the build does not use, and
-# downloads the wheels of the PyTorch peer's Stable Diffusion rows (diffusers, not in the image)
-# into build-gpu-deps/wheels. Both folders are ignored by git (/build-*/); the device call
-# carries them: carry ["build-gpu-deps/prefix", "build-gpu-deps/wheels"].
+# `dpkg -x` into build-gpu-deps/root (no root install: run.sh points CMake, pkg-config,
+# LUA_PATH/LUA_CPATH and LD_LIBRARY_PATH at it), drops what the build does not use, packs that
+# tree into build-gpu-deps/prefix/prefix.tar.xz (about 13 MB; the tree is over 70 MB, more than
+# the device tool carries: at most 64 MiB with the repo; run.sh unpacks it there), and downloads
+# the wheels of the PyTorch peer's Stable Diffusion rows (diffusers, not in the image) into
+# build-gpu-deps/wheels. All are ignored by git (/build-*/); the device call carries
+#   carry ["build-gpu-deps/prefix", "build-gpu-deps/wheels"]
+# and this script ends by printing the size that call would send (it fails over 64 MiB).
 #
 #   bash tests/gpu/prepare.sh          # WHEELS=0 skips the wheels (the SD peer rows then say so)
 #
@@ -30,7 +33,7 @@ provides=(
   "PNG:libpng-dev libpng16-16"
   "JPEG:libjpeg62-turbo-dev libjpeg62-turbo"
   "ZLIB:zlib1g-dev"
-  "ompi-c:libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1 librdmacm1"
+  "ompi-c:libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1 librdmacm1 libudev1"
   "CUDAToolkit:(image)"
   "nccl:(image)"
   "nccl.h:(image)"
@@ -47,16 +50,16 @@ for entry in "${provides[@]}"; do
   for p in ${entry#*:}; do [ "$p" = "(image)" ] || pkgs+=("$p"); done
 done
 
-rm -rf "$deps/prefix"
-mkdir -p "$deps/debs" "$deps/prefix"
+rm -rf "$deps/prefix" "$deps/root"
+mkdir -p "$deps/debs" "$deps/root"
 if ! (cd "$deps/debs" && rm -f ./*.deb && apt-get download "${pkgs[@]}" >../download.log 2>&1); then
   grep -v "^W: Download is performed unsandboxed" "$deps/download.log" | tail -5
   echo "prepare.sh: apt-get download failed (stale package lists? run apt-get update first)"
   exit 1
 fi
-for f in "$deps"/debs/*.deb; do dpkg -x "$f" "$deps/prefix"; done
+for f in "$deps"/debs/*.deb; do dpkg -x "$f" "$deps/root"; done
 
-p="$deps/prefix"
+p="$deps/root"
 arch=x86_64-linux-gnu
 lib="$p/usr/lib/$arch"
 # Debian 12 keeps readline, tinfo and zlib in /lib: gather every library in usr/lib/<arch>
@@ -81,7 +84,7 @@ rm -rf "$p/usr/share/lua/5.4" && mv "$p/usr/share/lua/5.4.copy" "$p/usr/share/lu
 find "$p" \( -name '*.a' -o -name 'liblapack*' -o -name 'libblas*' -o -name 'liblua5.[123]-*' -o -name '*c++*' \
   -o -name '*lapack*.pc' -o -name 'blas-*.pc' \) -exec rm -rf {} +
 rm -rf "$p/usr/share/doc" "$p/usr/share/man" "$p/usr/share/info" "$p/usr/share/lintian" \
-  "$p"/usr/share/lua/5.[123] "$p"/usr/lib/$arch/lua/5.[123] "$p/etc"
+  "$p"/usr/share/lua/5.[123] "$p"/usr/lib/$arch/lua/5.[123] "$p/etc" "$lib/fortran"
 # relocatable pkg-config files: the prefix relative to the .pc file itself
 sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' "$lib"/pkgconfig/*.pc
 # luaconf.h includes "lua5.4-deb-multiarch.h", which Debian keeps in the multiarch include dir
@@ -107,4 +110,28 @@ if [ "${WHEELS:-1}" != 0 ]; then
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
     -d "$deps/wheels" "${wheels[@]}" || echo "prepare.sh: wheels not downloaded (the SD peer rows will say 'not available')"
 fi
-echo "prefix ready: $p ($(du -sh "$p" | cut -f1)); wheels: $(du -sh "$deps/wheels" 2>/dev/null | cut -f1)"
+
+# the tree (over 70 MB, OpenBLAS alone 36) is more than the device tool carries: what travels is
+# the tree packed (about 13 MB); run.sh unpacks it into build-gpu-deps/root there
+mkdir -p "$deps/prefix"
+cp "$p/PACKAGES" "$deps/prefix/PACKAGES"
+tar -C "$p" --owner=0 --group=0 --numeric-owner -cf - . | xz -T0 -6 >"$deps/prefix/prefix.tar.xz.tmp"
+mv "$deps/prefix/prefix.tar.xz.tmp" "$deps/prefix/prefix.tar.xz"
+echo "prefix ready: $p ($(du -sh "$p" | cut -f1)), packed $deps/prefix ($(du -sh "$deps/prefix" | cut -f1)); wheels: $(du -sh "$deps/wheels" 2>/dev/null | cut -f1)"
+
+# what the device call would send: the tracked files, the untracked ones git does not ignore, shared/
+# and the two carried folders — at most 64 MiB, or the tool refuses the call
+cd "$top"
+bytes() { xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | bytes)
+shared=0
+[ -d shared ] && shared=$(find shared -type f -print0 | bytes)
+carried=$(find "$deps/prefix" "$deps/wheels" -type f -print0 2>/dev/null | bytes)
+total=$((tree + shared + carried))
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+echo "the device call sends $(mib $total): tree $(mib $tree), shared/ $(mib $shared), carried $(mib $carried) (limit 64 MiB)"
+if [ "$total" -gt $((64 * 1048576)) ]; then
+  echo "prepare.sh: that is over the device tool's 64 MiB: the call would be refused (WHEELS=0 drops the wheels)"
+  exit 1
+fi
+echo 'device call: run(command "bash tests/gpu/run.sh", carry ["build-gpu-deps/prefix", "build-gpu-deps/wheels"], timeout_s 540)'

@@ -17,9 +17,98 @@
 -- HBM3e 4.8 TB/s. Only for rows run on an H200 (the dry run on a CPU has no floor).
 local here = (arg and arg[0] or ""):match("^(.*)/tests/gpu/[^/]*$") or "."
 package.path = here .. "/scripts/lib/?.lua;" .. package.path
+
+-- JSON text -> value as the engine's reader (keng.json_decode(s, null, array_mt)) gives it: keng.json
+-- decodes through the engine, which plain lua5.4 (the carried interpreter, run when the build
+-- failed) does not have; there this stands in for it. NaN / Infinity read as Python writes them.
+local function plain_json_decode(s, null, array_mt)
+  local i = 1
+  local function fail(what) error(string.format("JSON: %s at byte %d", what, i), 0) end
+  local function ws() i = s:find("[^ \t\r\n]", i) or #s + 1 end
+  local ESC = {['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t"}
+  local WORDS = {{"true", true}, {"false", false}, {"null", null}, {"NaN", 0 / 0}, {"Infinity", math.huge},
+                 {"-Infinity", -math.huge}}
+  local value
+  local function str()
+    local out, j = {}, i + 1
+    while true do
+      local k = s:find('["\\]', j) or fail("unterminated string")
+      out[#out + 1] = s:sub(j, k - 1)
+      if s:sub(k, k) == '"' then
+        i = k + 1
+        return table.concat(out)
+      end
+      local e = s:sub(k + 1, k + 1)
+      if e == "u" then
+        local cp = tonumber(s:sub(k + 2, k + 5), 16) or fail("bad \\u escape")
+        j = k + 6
+        local lo = s:sub(j, j + 1) == "\\u" and tonumber(s:sub(j + 2, j + 5), 16)
+        if cp >= 0xD800 and cp < 0xDC00 and lo and lo >= 0xDC00 and lo < 0xE000 then
+          cp, j = 0x10000 + (cp - 0xD800) * 0x400 + (lo - 0xDC00), j + 6
+        end
+        out[#out + 1] = utf8.char(cp)
+      else
+        out[#out + 1] = ESC[e] or fail("bad escape")
+        j = k + 2
+      end
+    end
+  end
+  local function list(close, item)                                  -- items up to `close`
+    i = i + 1
+    ws()
+    if s:sub(i, i) == close then i = i + 1; return end
+    while true do
+      item()
+      ws()
+      local d = s:sub(i, i)
+      i = i + 1
+      if d == close then return end
+      if d ~= "," then fail("expected ',' or '" .. close .. "'") end
+    end
+  end
+  function value()
+    ws()
+    local c = s:sub(i, i)
+    if c == "{" then
+      local t = {}
+      list("}", function()
+        ws()
+        if s:sub(i, i) ~= '"' then fail("expected a key") end
+        local k = str()
+        ws()
+        if s:sub(i, i) ~= ":" then fail("expected ':'") end
+        i = i + 1
+        t[k] = value()
+      end)
+      return t
+    elseif c == "[" then
+      local t, n = setmetatable({}, array_mt), 0
+      list("]", function() n = n + 1; t[n] = value() end)
+      return t
+    elseif c == '"' then
+      return str()
+    end
+    for _, w in ipairs(WORDS) do
+      if s:sub(i, i + #w[1] - 1) == w[1] then
+        i = i + #w[1]
+        return w[2]
+      end
+    end
+    local tok = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
+    local v = tok and tonumber(tok) or fail("unexpected character")
+    i = i + #tok
+    return v
+  end
+  local v = value()
+  ws()
+  if i <= #s then fail("trailing characters") end
+  return v
+end
+if not pcall(require, "keng") then package.loaded.keng = {json_decode = plain_json_decode} end
 local json = require "keng.json"
 
 local M = {}
+M.plain_json_decode = plain_json_decode
 
 M.H200 = {bf16 = 989e12, tf32 = 494.7e12, f32 = 66.9e12, f16 = 989e12, bytes_per_s = 4.8e12}
 local DTYPE_BYTES = {bf16 = 2, f16 = 2, f32 = 4, f64 = 8}
@@ -144,6 +233,17 @@ function M.build(work)
       end
     end
     rows[#rows + 1] = row
+  end
+  -- rows the peer ran that keng did not reach (a failed build: the peer runs beside it)
+  local seen = {}
+  for _, r in ipairs(rows) do seen[r.id] = true end
+  for _, p in ipairs(peer and type(peer.rows) == "table" and peer.rows or {}) do
+    if type(p.id) == "string" and not seen[p.id] then
+      seen[p.id] = true
+      rows[#rows + 1] = {id = p.id, batch = p.batch, dtype = p.dtype, status = "not run",
+                         reason = "keng did not reach this row", peer_status = p.status,
+                         peer_ms = p.status == "ok" and p.mean_ms or nil, peer_reason = p.status ~= "ok" and p.reason or nil}
+    end
   end
   local cmp = {}
   for _, l in ipairs(lines(work .. "/compare.log")) do

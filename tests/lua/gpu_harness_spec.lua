@@ -84,6 +84,23 @@ describe("tests/gpu/prepare.sh", function()
   end)
 end)
 
+describe("tests/gpu/prepare.sh and run.sh", function()
+  local prep, run = read("tests/gpu/prepare.sh"), read("tests/gpu/run.sh")
+
+  it("carry the staged tree packed (the unpacked tree is over the device tool's 64 MiB) and unpack it there", function()
+    assert.truthy(prep:find('"$deps/prefix/prefix.tar.xz"', 1, true), "prepare.sh does not write prefix/prefix.tar.xz")
+    assert.truthy(run:find('-xJf "$deps/prefix/prefix.tar.xz"', 1, true), "run.sh does not unpack prefix/prefix.tar.xz")
+    assert.truthy(prep:find("64 * 1048576", 1, true), "prepare.sh does not check the size the call sends")
+    -- the unpacked tree stays out of the carried folders
+    assert.truthy(prep:find('p="$deps/root"', 1, true))
+    assert.truthy(run:find('root="$deps/root"', 1, true))
+  end)
+
+  it("stage libudev (hwloc, under Open MPI, needs it; the device image may lack it)", function()
+    assert.truthy(provides(prep)["ompi-c"]:find("libudev1", 1, true))
+  end)
+end)
+
 describe("tests/gpu/run.sh", function()
   local text = read("tests/gpu/run.sh")
 
@@ -131,6 +148,19 @@ describe("tests/gpu/run.sh", function()
     assert.are.equal("gemma_fit", ids[2])
   end)
 
+  it("names only files that exist (specs, check scripts, bench files, the peer)", function()
+    local seen = 0
+    for path in text:gmatch("[%w_/]+%.[%a]+") do
+      if path:match("^tests/") or path:match("^scripts/") then
+        seen = seen + 1
+        local f = io.open(root .. "/" .. path)
+        assert.truthy(f, "run.sh names " .. path .. ", which does not exist")
+        if f then f:close() end
+      end
+    end
+    assert.is_true(seen >= 10, seen .. " paths found in run.sh")
+  end)
+
   it("and prepare.sh parse (bash -n)", function()
     for _, f in ipairs({"tests/gpu/run.sh", "tests/gpu/prepare.sh"}) do
       assert.is_true(os.execute("bash -n " .. sh_quote(root .. "/" .. f)) == true, f)
@@ -171,7 +201,8 @@ describe("tests/gpu/summary.lua", function()
     max_length = 50, shapes = {prompts = {1, 6}}, flops_per_step = 1e9, keras = {best = 703.46}}}}))
   write("peer.json", json.encode({framework = "pytorch", rows = {
     {id = "gemma_generate_1", status = "ok", mean_ms = 623.2},
-    {id = "gemma_fit", status = "failed", reason = "OutOfMemoryError: CUDA out of memory"}}}))
+    {id = "gemma_fit", status = "failed", reason = "OutOfMemoryError: CUDA out of memory"},
+    {id = "sam_fit", status = "ok", mean_ms = 120.5, batch = 1, dtype = "f32"}}}))
 
   it("pairs keng rows with the peer's and computes the H200 floor", function()
     local res = summary.write(tmp, tmp .. "/out")
@@ -188,6 +219,13 @@ describe("tests/gpu/summary.lua", function()
     assert.are.equal(1, res.compare.failed)
   end)
 
+  it("lists the rows only the peer ran (keng stopped early: the peer runs beside the build)", function()
+    local r = summary.build(tmp).rows[4]
+    assert.are.equal("sam_fit", r.id)
+    assert.are.equal("not run", r.status)
+    assert.are.equal(120.5, r.peer_ms)
+  end)
+
   it("writes summary.md and results.json", function()
     local md = io.open(tmp .. "/out/summary.md"):read("a")
     assert.truthy(md:find("| gemma_generate_1 | 1 | bf16 | 3 | 311.60 (300.00, 290.00) | 623.20 | 0.50 | 155.8 (HBM) | 50% | 703.46 | ok |", 1, true))
@@ -196,7 +234,30 @@ describe("tests/gpu/summary.lua", function()
     assert.truthy(md:find("gemma_fit: OutOfMemoryError", 1, true))
     local doc = json.decode(io.open(tmp .. "/out/results.json"):read("a"))
     assert.are.equal("keng-gpu-check/1", doc.schema)
-    assert.are.equal(3, #doc.rows)
+    assert.are.equal(4, #doc.rows)
+  end)
+
+  it("reads JSON without the keng module as the engine does (plain lua5.4 runs it when the build failed)", function()
+    local docs = {'{"a": [1, 2.5, -3e2, null, true, false], "b": {"c": "x\\"y\\\\z\\n\\u00e9\\ud83d\\ude00"}, "d": []}',
+                  '[NaN, Infinity, -Infinity, 0, {"e": null}]', '  {"rows": [{"id": "gemma_fit", "mean_ms": 232.5}]} '}
+    for _, d in ipairs(docs) do
+      local got = summary.plain_json_decode(d, json.null, json.array_mt)
+      local want = json.decode(d)
+      assert.are.equal(json.encode(want), json.encode(got), d)
+    end
+    assert.are.equal(json.array_mt, getmetatable(summary.plain_json_decode("[]", json.null, json.array_mt)))
+    assert.has_error(function() summary.plain_json_decode('{"a": 1', json.null, json.array_mt) end)
+    assert.has_error(function() summary.plain_json_decode('[1] x', json.null, json.array_mt) end)
+  end)
+
+  it("runs under plain lua5.4 (no keng module) where one is installed", function()
+    if not os.execute("command -v lua5.4 >/dev/null 2>&1") then return pending("no lua5.4 here") end
+    local out = tmp .. "/plain"
+    assert(os.execute("mkdir -p " .. sh_quote(out)))
+    assert.is_true(os.execute("cd " .. sh_quote(root) .. " && lua5.4 tests/gpu/summary.lua " .. sh_quote(tmp) .. " " ..
+      sh_quote(out) .. " 2>&1") == true)
+    local md = io.open(out .. "/summary.md"):read("a")
+    assert.truthy(md:find("| gemma_generate_1 | 1 | bf16 | 3 | 311.60 (300.00, 290.00) | 623.20 | 0.50 |", 1, true))
   end)
 
   it("has no floor off an H200 (the dry run on a CPU)", function()
