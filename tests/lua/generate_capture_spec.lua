@@ -4,7 +4,6 @@
 -- decode_rope_options), never reading them on the host, which a capture would refuse. The capture
 -- itself is stood in for by generate.fake_graph (as in generate_spec.lua), so this runs without a
 -- GPU; llama_spec.lua counts the step's read-backs.
-local H = require "helper"
 local gemma = require "models.gemma"
 local generate = require "keng.generate"
 
