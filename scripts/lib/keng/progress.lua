@@ -58,7 +58,7 @@ Bar.__index = Bar
 -- progress.new(total, opts): total steps (nil when unknown); opts: verbose (1|2), tty (bool),
 -- width (30), out (a file, default io.stdout)
 function progress.new(total, opts)
-  opts = opts or {}
+  opts = require("keng.options").check("progress.new", opts, {"verbose", "tty", "width", "out"})
   local tty = opts.tty
   if tty == nil then tty = progress.is_terminal() end
   return setmetatable({total = total, verbose = opts.verbose or 1, tty = tty, width = opts.width or 30,
@@ -153,7 +153,7 @@ end
 -- progress.task(label, total, {enabled = nil|true|false, tty =, out = io.stderr, width = 30,
 -- unit = "step"}) -> a Task; `task.active` is false when it prints nothing
 function progress.task(label, total, opts)
-  opts = opts or {}
+  opts = require("keng.options").check("progress.task", opts, {"enabled", "tty", "out", "width", "unit"})
   local tty = opts.tty
   if tty == nil then tty = progress.stderr_is_terminal() end
   local active
@@ -258,8 +258,8 @@ end
 -- 291 tensors, 1.2 GB in 3.4s (350 MB/s)"), on stderr when it is a terminal and the checkpoint
 -- holds at least min_bytes (enabled = true: always; false: never)
 function progress.loading(path, fn, opts)
-  opts = opts or {}
-  local t = progress.task("loading", nil, opts)
+  opts = require("keng.options").check("progress.loading", opts, {"enabled", "out", "tty", "min_bytes"})
+  local t = progress.task("loading", nil, {enabled = opts.enabled, out = opts.out, tty = opts.tty})
   if not t.active then return fn() end
   local bytes = progress.checkpoint_bytes(path)
   if opts.enabled == nil and bytes < (opts.min_bytes or 32 * 2^20) then return fn() end

@@ -222,7 +222,7 @@ end
 -- (glorot_uniform). shape may be a tensor, which becomes the parameter (storage shared).
 -- opts: dtype, device, requires_grad (true), and options for the initialiser.
 function Module:param(name, shape, init, opts)
-  opts = opts or {}
+  opts = opts or {}                          -- open: the initialiser's own options pass through
   if type(name) ~= "string" then error("param: name must be a string, got " .. type(name), 2) end
   local dtype = opts.dtype or rawget(self, "_param_dtype") or precision.variable_dtype()
   local device = opts.device or rawget(self, "_device") or "cpu"
@@ -423,6 +423,7 @@ end
 function Module:to(arg)
   local dtype, device
   if type(arg) == "table" then
+    options.check("to", arg, {"dtype", "device"})
     dtype, device = arg.dtype, arg.device
   elseif is_device(arg) then
     device = arg

@@ -1,0 +1,127 @@
+-- options_coverage_spec.lua — every public Lua function that takes an options table (the
+-- libraries under scripts/lib/keng and the models under scripts/models) refuses a misspelt key,
+-- naming it (keng.options.check): nothing is silently ignored. One row per function; a new
+-- function that takes options gets a row here.
+local keng = require "keng"
+local nn = require "keng.nn"
+
+-- each row: {what, key, fn(bad)}: fn calls the function with `bad` (a table holding the misspelt
+-- key) as its options; the error must name the key
+local rows = {}
+local function row(what, key, fn) rows[#rows + 1] = {what, key, fn} end
+
+local u8 = function(...) return keng.zeros({...}, {dtype = "u8"}) end
+local tmp = os.tmpname()
+
+-- keng.* libraries
+row("json.encode", "indnet", function(o) return require("keng.json").encode({1}, o) end)
+row("json.decode", "null_as_nill", function(o) return require("keng.json").decode("{}", o) end)
+row("image.write", "qualty", function(o) return require("keng.image").write(tmp .. ".jpg", u8(2, 2, 3), o) end)
+row("image.resize", "longest", function(o) return require("keng.image").resize(u8(2, 2, 3), o) end)
+row("image.pad", "rigth", function(o) return require("keng.image").pad(u8(2, 2, 3), o) end)
+row("image.grid", "colums", function(o) return require("keng.image").grid(u8(1, 2, 2, 3), o) end)
+row("keng.interpolate", "antialiass", function(o) o.size = 3; return keng.interpolate(keng.zeros({1, 1, 2, 2}), o) end)
+row("profile.report", "topp", function(o) return require("keng.profile").report({ops = {}, entries = {}, total_ms = 0}, o) end)
+row("progress.new", "verbos", function(o) return require("keng.progress").new(3, o) end)
+row("progress.task", "enable", function(o) return require("keng.progress").task("x", 3, o) end)
+row("progress.loading", "min_byte", function(o) return require("keng.progress").loading("x", function() return {} end, o) end)
+row("bench.run", "step", function(o) return require("keng.bench").run(function() end, o) end)
+row("bench.run_diff", "repeat_count", function(o) return require("keng.bench").run_diff(function() end, o) end)
+row("quantize", "group", function(o) return require("keng.quantize").quantize(nn.Linear(4, 4), "int8", o) end)
+row("lora.enable", "rnak", function(o) o.rank = 1; return require("keng.lora").enable(nn.Linear(2, 2), o) end)
+row("lora.save_adapters", "fromat", function(o) return require("keng.lora").save_adapters(nn.Linear(2, 2), tmp .. "_l", o) end)
+row("chat_template.apply", "add_generation", function(o)
+  return require("keng.chat_template").apply({chat_template = "x"}, {{role = "user", content = "hi"}}, o)
+end)
+row("tokenizers.from_dir", "max_len", function(o) return require("keng.tokenizers").from_dir("tests/fixtures/bert", o) end)
+row("tokenizers.find", "max_len", function(o) return require("keng.tokenizers").find("tests/fixtures/bert", o) end)
+row("tokenizers.bert", "lowercse", function(o) return require("keng.tokenizers").bert("tests/fixtures/bert/vocab.txt", o) end)
+row("tokenizers.from_file", "bos", function(o) return require("keng.tokenizers").from_file("tests/fixtures/tf5/mistral/tokenizer.json", o) end)
+row("Json:encode", "add_special", function(o)
+  return require("keng.tokenizers").from_file("tests/fixtures/tf5/mistral/tokenizer.json"):encode("hi", o)
+end)
+row("Json:encode_batch", "max_len", function(o)
+  return require("keng.tokenizers").from_file("tests/fixtures/tf5/mistral/tokenizer.json"):encode_batch({"hi"}, o)
+end)
+row("Bert:encode_batch", "max_len", function(o)
+  return require("keng.tokenizers").bert("tests/fixtures/bert/vocab.txt"):encode_batch({"hi"}, o)
+end)
+row("clip_tokenize.load", "max_len", function(o) return require("keng.clip_tokenize").load("tests/fixtures/clip/tokenizer", o) end)
+row("clip tokenizer:encode_batch", "pad", function(o)
+  return require("keng.clip_tokenize").load("tests/fixtures/clip/tokenizer"):encode_batch({"a cat"}, o)
+end)
+row("callbacks.ModelCheckpoint", "save_best", function(o) return require("keng.callbacks").ModelCheckpoint(tmp, o) end)
+row("callbacks.EarlyStopping", "patient", function(o) return require("keng.callbacks").EarlyStopping(o) end)
+row("callbacks.TerminateOnNaN", "verbos", function(o) return require("keng.callbacks").TerminateOnNaN(o) end)
+row("callbacks.CSVLogger", "appnd", function(o) return require("keng.callbacks").CSVLogger(tmp .. ".csv", o) end)
+row("optim.SGD", "momentun", function(o) o.lr = 0.1; return require("keng.optim").SGD(nn.Linear(2, 2):parameters(), o) end)
+row("optim.AdamW", "weight_decy", function(o) o.lr = 0.1; return require("keng.optim").AdamW(nn.Linear(2, 2):parameters(), o) end)
+row("optim.schedules.cosine", "warmup_step", function(o) return require("keng.optim").schedules.cosine(0.1, 10, o) end)
+row("fit", "epoch", function(o) return nn.Linear(2, 2):fit({keng.zeros({2, 2}), keng.zeros({2, 2})}, o) end)
+row("predict", "batchsize", function(o) return nn.Linear(2, 2):predict(keng.zeros({2, 2}), o) end)
+row("evaluate", "batchsize", function(o) return nn.Linear(2, 2):evaluate({keng.zeros({2, 2}), keng.zeros({2, 2})}, o) end)
+row("distributed.data_parallel", "bucket", function(o) return require("keng.distributed").data_parallel(nn.Linear(2, 2), o) end)
+
+-- nn modules and their methods
+row("nn.Linear", "use_bias", function(o) return nn.Linear(2, 2, o) end)
+row("nn.Embedding", "padding", function(o) return nn.Embedding(2, 2, o) end)
+row("nn.LayerNorm", "epsilon", function(o) return nn.LayerNorm(2, o) end)
+row("nn.RMSNorm", "epsilon", function(o) return nn.RMSNorm(2, o) end)
+row("nn.GroupNorm", "epsilon", function(o) return nn.GroupNorm(1, 2, o) end)
+row("nn.Conv2d", "padd", function(o) return nn.Conv2d(1, 1, 3, o) end)
+row("nn.ConvTranspose2d", "padd", function(o) return nn.ConvTranspose2d(1, 1, 3, o) end)
+row("nn.GELU", "approx", function(o) return nn.GELU(o) end)
+row("nn.MultiHeadAttention", "dropuot", function(o) return nn.MultiHeadAttention(4, 2, o) end)
+row("nn.TransformerEncoderLayer", "dropuot", function(o) return nn.TransformerEncoderLayer(4, 2, 8, o) end)
+row("Module:to", "dtpye", function(o) return nn.Linear(2, 2):to(o) end)
+row("Module:state_dict", "keepvars", function(o) return nn.Linear(2, 2):state_dict(o) end)
+row("Module:load_state_dict", "strict_mode", function(o) local m = nn.Linear(2, 2); return m:load_state_dict(m:state_dict(), o) end)
+row("Module:quantize", "group", function(o) return nn.Linear(4, 4):quantize("int8", o) end)
+
+-- models
+row("bert.from_preset", "num_labels", function(o) o.device = "meta"; return require("models.bert").from_preset("bert_tiny", o) end)
+row("bert.from_pretrained", "torch_dtype", function(o) return require("models.bert").from_pretrained("tests/fixtures/bert", o) end)
+row("bert:save_pretrained", "max_shard", function(o) return require("models.bert").from_preset("bert_tiny"):save_pretrained(tmp .. "_b", o) end)
+row("clip.from_preset", "precision", function(o) return require("models.clip").from_preset("sd_tiny_text", o) end)
+row("clip.from_pretrained", "dtyp", function(o) return require("models.clip").from_pretrained("tests/fixtures/clip/text_encoder", o) end)
+row("gemma.from_preset", "dtyp", function(o) o.device = "meta"; return require("models.gemma").from_preset("gemma_tiny", o) end)
+row("gemma.from_pretrained", "dtyp", function(o) return require("models.gemma").from_pretrained("tests/fixtures/gemma", o) end)
+row("sam.from_preset", "normalise", function(o) return require("models.sam").from_preset("sam_tiny", o) end)
+row("sam.from_pretrained", "weights", function(o) return require("models.sam").from_pretrained("tests/fixtures/sam", o) end)
+row("sam:predict", "multimask_output", function(o)
+  return require("models.sam").from_preset("sam_tiny"):predict({images = keng.zeros({1, 3, 64, 64})}, o)
+end)
+row("sam_processor.new", "longest_edge", function(o) return require("models.sam_processor").new(o) end)
+row("sam_processor.for_model", "longest_edge", function(o)
+  return require("models.sam_processor").for_model(require("models.sam").from_preset("sam_tiny"), o)
+end)
+row("sam_amg.generate", "points_per_sid", function(o)
+  return require("models.sam_amg").generate(require("models.sam").from_preset("sam_tiny"), u8(8, 8, 3), o)
+end)
+row("unet.from_preset", "seeds", function(o) o.device = "meta"; return require("models.unet").from_preset("sd_tiny", o) end)
+row("unet.from_pretrained", "dtyp", function(o) return require("models.unet").from_pretrained("tests/fixtures/sd/unet", o) end)
+row("vae.from_pretrained", "dtyp", function(o) return require("models.vae").from_pretrained("tests/fixtures/sd/vae", o) end)
+row("stable_diffusion.from_pretrained", "safety_checker", function(o)
+  return require("models.stable_diffusion").from_pretrained("tests/fixtures/sd", o)
+end)
+local pipe
+local function sd() pipe = pipe or require("models.stable_diffusion").from_preset("sd_tiny"); return pipe end
+row("stable_diffusion.from_preset", "schedular", function(o) return require("models.stable_diffusion").from_preset("sd_tiny", o) end)
+row("pipe:text_to_image", "num_step", function(o) return sd():text_to_image("a cat", o) end)
+row("pipe:img2img", "strenght", function(o) return sd():img2img("a cat", u8(64, 64, 3), o) end)
+row("pipe:inpaint", "strenght", function(o) return sd():inpaint("a cat", u8(64, 64, 3), u8(64, 64), o) end)
+row("pipe:denoise", "guidance", function(o) return sd():denoise(keng.randn({1, 4, 8, 8}), keng.randn({1, 5, 64}), nil, o) end)
+row("pipe:load_lora", "scal", function(o) return sd():load_lora("x.safetensors", o) end)
+row("pipe:save_pretrained", "max_shard", function(o) return sd():save_pretrained(tmp .. "_sd", o) end)
+
+describe("options tables", function()
+  for _, r in ipairs(rows) do
+    it(r[1] .. " refuses a misspelt key, naming it", function()
+      local ok, err = pcall(r[3], {[r[2]] = 1})
+      assert.is_false(ok, r[1] .. " accepted the misspelt key '" .. r[2] .. "'")
+      err = tostring(err)
+      assert(err:find("'" .. r[2] .. "'", 1, true), r[1] .. ": the error does not name '" .. r[2] .. "': " .. err)
+      assert(err:find("unknown", 1, true), r[1] .. ": not an unknown-key error: " .. err)
+    end)
+  end
+end)
