@@ -527,6 +527,7 @@ function Module:load_state_dict(sd, opts)
     error(table.concat(lines, "\n"), 2)
   end
   local done = {}  -- old tensor -> its loaded replacement, so tied tensors load once
+  local progress, loads = require "keng.progress", {}              -- a checkpoint's per-tensor progress
   keng.no_grad(function()
     for _, e in ipairs(entries) do
       local src, t, owner, name, kind = sd[e[1]], e[2], e[3], e[4], e[5]
@@ -543,9 +544,12 @@ function Module:load_state_dict(sd, opts)
           t:copy_(src)
         end
         done[t] = new
+        local load = progress.loaded_tensor(src)
+        if load then loads[load] = true end
       end
     end
   end)
+  progress.finish_loads(loads)
   return {missing = missing, unexpected = unexpected}
 end
 
