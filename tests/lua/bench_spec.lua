@@ -342,6 +342,19 @@ describe("all.lua smoke (child process)", function()
     end
   end)
 
+  it("stops on a corrupt cpu-peak cache, naming the file and the JSON error (never measured over silently)", function()
+    assert.is_truthy(KENG, "no keng binary found")
+    local out_dir = tmp .. "/badcache"
+    assert(os.execute("mkdir -p " .. sh_quote(out_dir)))
+    H.write(out_dir .. "/cpu-peak.json", "{\"x\": 1,}")
+    local out, code = H.run(string.format(
+      "cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --tier cpu --steps 1 --only bert_predict --out %s 2>&1",
+      sh_quote(root), sh_quote(KENG), sh_quote(out_dir)))
+    assert.are.equal(2, code, out)
+    assert.is_truthy(out:find("all.lua: cpu-peak cache: " .. out_dir .. "/cpu-peak.json: json: invalid JSON at line 1", 1, true), out)
+    assert.is_truthy(out:find("(delete the file to measure the peaks again)", 1, true), out)
+  end)
+
   it("--quantize int8 adds a quantized twin after each generate row, with ms and weight bytes per token", function()
     assert.is_truthy(KENG, "no keng binary found")
     local out_dir = tmp .. "/quant"
