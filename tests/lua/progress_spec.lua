@@ -78,6 +78,22 @@ describe("progress task", function()
     assert.truthy(lines[1]:find("/tensor - 0.0/0.1 kB", 1, true), lines[1])
     assert.truthy(lines[4]:find("^loaded " .. name:gsub("%p", "%%%0") .. ": 4/4 tensors, 0%.1 kB in [%d.]+s %(.+/s%) *$"), lines[4])
     assert.is_nil(text():find("\r", 1, true))
+    -- a model that takes part of the checkpoint ends the load there ("2/4"); loading the rest
+    -- later reports nothing more
+    keng.save(path, src:state_dict())
+    s, text = sink()
+    sd = progress.loading(path, function() return keng.load(path) end, {enabled = true, tty = false, out = s})
+    os.remove(path)
+    local calls = 0
+    progress.on_tensor = function() calls = calls + 1 end
+    nn.Sequential(nn.Linear(4, 3)):load_state_dict(sd, {strict = false})
+    assert.are.equal(2, calls)
+    assert.truthy(text():find(": 2/4 tensors, ", 1, true), text())
+    local before = text()
+    nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)):load_state_dict(sd)
+    progress.on_tensor = nil
+    assert.are.equal(2, calls)
+    assert.are.equal(before, text())
     -- a terminal redraws one line
     s, text = sink()
     keng.save(path, src:state_dict())

@@ -304,8 +304,8 @@ end
 -- registered it -> that load, or nil when t is not a registered checkpoint tensor
 function progress.loaded_tensor(t)
   local load = owner[t]
-  if not load then return nil end
   owner[t] = nil
+  if not load or load.finished then return nil end                  -- a later load_state_dict of the same table
   load.done, load.done_bytes = load.done + 1, load.done_bytes + tensor_bytes(t)
   load.task:update(load.done, bytes_pair(load.done_bytes, load.bytes))
   if progress.on_tensor then progress.on_tensor(load.path, load.done, load.total, load.done_bytes, load.bytes) end
@@ -315,6 +315,7 @@ end
 -- ends the lines of the loads (a set {load = true}, from loaded_tensor) with their totals
 function progress.finish_loads(loads)
   for load in pairs(loads) do
+    load.finished = true
     local t = load.task
     if t.active and not t.finished then
       t.finished = true
