@@ -146,8 +146,10 @@ function CT.attach(tok, dir)
   if type(tok) ~= "table" then return tok end
   local jinja = io.open(dir .. "/chat_template.jinja", "rb")
   if jinja then
-    tok.chat_template = jinja:read("a")
+    local text, err = jinja:read("a")
     jinja:close()
+    if not text then error(string.format("chat_template.attach: %s/chat_template.jinja: %s", dir, tostring(err)), 2) end
+    tok.chat_template = text
   end
   -- absent: nothing to attach; malformed: raises naming the file (never silently skipped)
   local j = require("keng.util").read_json(dir .. "/tokenizer_config.json", "chat_template.attach", 2)
