@@ -149,6 +149,14 @@ static int l_flop_count_performed(lua_State *L) {
   return 1;
 }
 
+/* keng.cpu_simd() -> "avx512", "avx2" or "none": the vector paths the CPU kernels take
+ * (KENG_NO_SIMD=1 gives "none") */
+static int l_cpu_simd(lua_State *L) {
+  static const char *const names[] = {"none", "avx2", "avx512"};
+  lua_pushstring(L, names[kg_cpu_simd()]);
+  return 1;
+}
+
 void kgl_register_runtime(lua_State *L, int methods, int keng) {
   (void)methods;
   kgl_set(L, 0, keng, "manual_seed", l_manual_seed);
@@ -178,4 +186,5 @@ void kgl_register_runtime(lua_State *L, int methods, int keng) {
     lua_setfield(L, -2, kg_dtype_info[d].name);
   }
   lua_setfield(L, keng, "dtype_sizes");
+  kgl_set(L, 0, keng, "cpu_simd", l_cpu_simd);
 }

@@ -30,8 +30,9 @@ void kg_cpu_philox_words(uint32_t *w, uint64_t seed, uint64_t offset, uint64_t i
  * run both); used by the vector kernels of elementwise.c and rows_simd.h. Defined in iter.c. */
 bool kg_cpu_avx2_fma(void);
 /* the widest float vectors the CPU has for a kernel with AVX2/AVX-512 variants: 2 AVX-512F,
- * 1 AVX2+FMA, 0 neither; capped by the registry switch cap_env (engine/core/env.def; 0 = the
- * kernel off; a lab switches variants with setenv + kg_env_reload) */
+ * 1 AVX2+FMA, 0 neither or KENG_NO_SIMD=1 (kg_cpu_simd, <keng/keng.h>); capped by the registry
+ * switch cap_env (engine/core/env.def; 0 = the kernel off; a lab switches variants with setenv +
+ * kg_env_reload) */
 int kg_cpu_vector_isa(kg_env_id cap_env);
 
 /* The copy and fill kernels (copy.c, creation.c), for kernels that build on them; fill_value

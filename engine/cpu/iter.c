@@ -24,7 +24,7 @@ bool kg_cpu_avx2_fma(void) {
   return have == 1 && !kg_env_bool(KG_ENV_KENG_NO_SIMD);
 }
 
-int kg_cpu_vector_isa(kg_env_id cap_env) {
+int kg_cpu_simd(void) {
   static int have = -1;
   if (have < 0) {
     int h = 0;
@@ -35,6 +35,11 @@ int kg_cpu_vector_isa(kg_env_id cap_env) {
 #endif
     have = h;
   }
+  return kg_env_bool(KG_ENV_KENG_NO_SIMD) ? 0 : have; /* read each call: the labs switch it */
+}
+
+int kg_cpu_vector_isa(kg_env_id cap_env) {
+  int have = kg_cpu_simd();
   long long cap = kg_env_int(cap_env);
   return have < cap ? have : (int)cap;
 }
@@ -49,7 +54,7 @@ static bool use_avx2(void) {
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
   }
-  return have_avx2 == 1;
+  return have_avx2 == 1 && !kg_env_bool(KG_ENV_KENG_NO_SIMD);
 }
 
 /* bf16 -> f32 is exact: the 16 bits become the high half of the float */

@@ -138,19 +138,18 @@ local date = os.date("%Y-%m-%d")
 -- a CPU figure measured once per cpu, thread count and name, cached in DIR/cpu-peak.json
 local function cpu_cached(name, measure)
   local file, key = opts.out .. "/cpu-peak.json", device_name .. " / " .. threads .. " threads / " .. name
-  local cache = {}
-  local f = io.open(file)
-  if f then
-    local ok, c = pcall(json.decode, f:read("a"))
-    f:close()
-    if ok and type(c) == "table" then cache = c end
-  end
+  -- a corrupt cache stops the run rather than being silently measured over (delete it to re-measure)
+  local ok, c = pcall(require("keng.util").read_json, file, "cpu-peak cache", 1)
+  if not ok then die(tostring(c) .. " (delete the file to measure the peaks again)") end
+  local cache = c or {}
   if type(cache[key]) == "number" then return cache[key] end
   local v = measure()
   cache[key] = v
   os.execute("mkdir -p '" .. opts.out .. "'")
-  local w = io.open(file, "w")
-  if w then w:write(json.encode(cache, {indent = "  "}), "\n"); w:close() end
+  local w, err = io.open(file, "w")
+  if not w then die("cannot write the cpu-peak cache: " .. tostring(err)) end
+  w:write(json.encode(cache, {indent = "  "}), "\n")
+  w:close()
   return v
 end
 

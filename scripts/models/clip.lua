@@ -155,8 +155,44 @@ end
 
 local HF_ACT = {quick_gelu = "quick_gelu", gelu = "gelu"}
 
--- Hugging Face CLIPTextConfig (json table) -> our config
+-- CLIPTextConfig's keys: those keng reads, and those that leave the text model's forward pass as
+-- it is (the CLIPModel's projection, initialisation, token ids, PretrainedConfig's bookkeeping).
+-- Any other key may change the numbers and raises naming it, as the causal LMs' configs do.
+M.CONFIG_KEYS = {}
+for k in ([[vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads
+  max_position_embeddings hidden_act layer_norm_eps attention_dropout dropout projection_dim
+  initializer_range initializer_factor bos_token_id eos_token_id pad_token_id
+  _name_or_path architectures model_type transformers_version torch_dtype dtype use_cache id2label
+  label2id is_encoder_decoder is_decoder output_attentions output_hidden_states return_dict
+  chunk_size_feed_forward problem_type tokenizer_class use_bfloat16 torchscript pruned_heads
+  tie_word_embeddings tie_encoder_decoder add_cross_attention finetuning_task prefix sep_token_id
+  decoder_start_token_id task_specific_params _attn_implementation _attn_implementation_autoset
+  _commit_hash]]):gmatch("%S+") do
+  M.CONFIG_KEYS[k] = true
+end
+-- of those, the ones keng implements at one value only (dropout in training; a text config of
+-- another model family)
+M.CONFIG_RULES = {attention_dropout = 0, dropout = 0, is_decoder = false, add_cross_attention = false}
+local MODEL_TYPES = {clip_text_model = true, clip = true}
+
+-- Hugging Face CLIPTextConfig (json table) -> our config; a key outside CONFIG_KEYS, a
+-- CONFIG_RULES key at another value, or another model_type raises naming it
 function M.config_from_hf(j)
+  for k in pairs(j) do
+    if not M.CONFIG_KEYS[k] then
+      local read = {}
+      for key in pairs(M.CONFIG_KEYS) do
+        if key:sub(1, 1) ~= "_" then read[#read + 1] = key end
+      end
+      table.sort(read)
+      error(string.format("clip: config.json key '%s' is not implemented by keng's CLIP text model (it knows: %s)",
+        tostring(k), table.concat(read, ", ")), 3)
+    end
+  end
+  if j.model_type ~= nil and not MODEL_TYPES[j.model_type] then
+    error(string.format("clip: config.json model_type '%s' is not a CLIP text model (clip_text_model)", tostring(j.model_type)), 3)
+  end
+  options.config("clip: config.json", j, M.CONFIG_RULES, 3)
   local act = HF_ACT[j.hidden_act or "quick_gelu"]
   if not act then error("clip: unsupported hidden_act '" .. tostring(j.hidden_act) .. "'", 3) end
   return {vocab = j.vocab_size, width = j.hidden_size, layers = j.num_hidden_layers, heads = j.num_attention_heads,

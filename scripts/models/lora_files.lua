@@ -80,7 +80,8 @@ local function metadata_config(meta, path)
   local s = meta and meta.lora_adapter_metadata
   if not s then return {} end
   local ok, j = pcall(json.decode, s)
-  if not ok or type(j) ~= "table" then error("lora_files.load: " .. path .. ": unreadable lora_adapter_metadata", 3) end
+  if ok and type(j) ~= "table" then ok, j = false, "not a JSON object" end
+  if not ok then error("lora_files.load: " .. path .. ": unreadable lora_adapter_metadata: " .. tostring(j), 3) end
   local cfg = {}
   for k, v in pairs(j) do
     local part, field = k:match("^(%w[%w_]-)%.(.+)$")

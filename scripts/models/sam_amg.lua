@@ -9,11 +9,12 @@
 -- The work, per crop of the photo (the whole photo, plus 4^i crops in layer i when crops_n_layers
 -- > 0): the processor resizes / normalises / pads it, the image encoder runs once; a grid of
 -- points_per_crop² points goes through the prompt encoder and mask decoder points_per_batch at a
--- time (one prompt set per point: predict's point batches) for the three multimask outputs; the
--- masks go back to the crop's size (post_process_masks), and those whose predicted IoU is at most
--- pred_iou_thresh or whose stability score (the IoU of the mask thresholded at mask_threshold ±
--- stability_score_offset) is at most stability_score_thresh are dropped, as are masks touching an
--- inner crop edge (20 pixels). Their boxes then go through greedy non-maximum suppression (box
+-- time (one prompt set per point: predict's point batches) for the three multimask outputs; those
+-- whose predicted IoU is at most pred_iou_thresh are dropped at once, the others go back to the
+-- crop's size (post_process_masks) a chunk at a time (M.upsample_elements: 64 MB of f32, where the
+-- whole batch was 800 MB at 1024² for 64 points), and those whose stability score (the IoU of the
+-- mask thresholded at mask_threshold ± stability_score_offset) is at most stability_score_thresh
+-- are dropped, as are masks touching an inner crop edge (20 pixels). Their boxes then go through greedy non-maximum suppression (box
 -- IoU > crops_nms_thresh suppresses the lower score), run in Lua over the kept boxes.
 local keng = require "keng"
 local image = require "keng.image"
@@ -25,6 +26,9 @@ local M = {}
 M.defaults = {points_per_crop = 32, points_per_batch = 64, pred_iou_thresh = 0.88, stability_score_thresh = 0.95,
   stability_score_offset = 1, mask_threshold = 0, crops_nms_thresh = 0.7, crops_n_layers = 0,
   crop_overlap_ratio = 512 / 1500, crop_n_points_downscale_factor = 1}
+-- the most mask values upsampled at once (f32: 64 MB): a batch's masks that pass the IoU
+-- threshold go to the crop's size in chunks of this many pixels, whatever points_per_batch is
+M.upsample_elements = 2^24
 local KEYS = {"processor", "progress"}
 for k in pairs(M.defaults) do KEYS[#KEYS + 1] = k end
 table.sort(KEYS)
@@ -187,23 +191,44 @@ function M.generate(m, img, opts)
         local P = math.min(o.points_per_batch, total - s + 1)
         local p = pts:narrow(1, s, P):view{1, P, 1, 2}
         local out = m:predict{image_embeddings = emb, points = p, labels = keng.ones({1, P, 1})}
-        local low = out.masks:narrow(3, 2, 3)                       -- the three multimask outputs
-        -- on the model's device (f32): the upsampling and the scores; the kept masks come to the CPU
-        local up = proc:post_process_masks(low, inputs.original_sizes, inputs.reshaped_sizes, {binarize = false})[1]
-        up = up:reshape{P * 3, ch, cw}
+        local low = out.masks:narrow(3, 2, 3)                       -- [1, P, 3, h, w] the multimask outputs
+        local hl, wl = low.shape[4], low.shape[5]
         local iou = out.iou_pred:narrow(3, 2, 3):reshape{P * 3}:float()
-        local keep = keng.ones({P * 3}, {dtype = "bool", device = iou.device})
-        if o.pred_iou_thresh > 0 then keep = keep * iou:gt(o.pred_iou_thresh) end
-        if o.stability_score_thresh > 0 then
-          local st = M.stability_scores(up, o.mask_threshold, o.stability_score_offset)
-          keep = keep * st:gt(o.stability_score_thresh)
+        -- the IoU threshold needs no upsampling: only its survivors are upsampled, in chunks of
+        -- M.upsample_elements values (64 MB of f32), not the whole batch (3·P masks at the crop's size)
+        local cand = {}
+        if o.pred_iou_thresh > 0 then
+          for i, v in ipairs(iou:gt(o.pred_iou_thresh):tolist()) do if v then cand[#cand + 1] = i - 1 end end
+        else
+          for i = 1, P * 3 do cand[i] = i - 1 end
         end
-        local ids = {}
-        for i, k in ipairs(keep:tolist()) do if k then ids[#ids + 1] = i - 1 end end
-        if #ids > 0 then
-          local idx = keng.tensor(ids, {dtype = "i64", device = up.device})
-          local masks = up:index_select(1, idx):gt(o.mask_threshold):to{device = "cpu"}  -- bool [k, ch, cw]
-          local scores = iou:index_select(1, idx):tolist()
+        local flat = low:reshape{P * 3, hl, wl}
+        local chunk = math.max(1, M.upsample_elements // (ch * cw))
+        local kept_masks, kept_ids = {}, {}
+        for c0 = 1, #cand, chunk do
+          local ids = table.move(cand, c0, math.min(c0 + chunk - 1, #cand), 1, {})
+          local idx = keng.tensor(ids, {dtype = "i64", device = flat.device})
+          -- on the model's device (f32): the upsampling and the scores; the kept masks come to the CPU
+          local up = proc:post_process_masks(flat:index_select(1, idx):view{1, #ids, hl, wl}, inputs.original_sizes,
+            inputs.reshaped_sizes, {binarize = false})[1]            -- [k, ch, cw]
+          local sel = ids
+          if o.stability_score_thresh > 0 then
+            local st = M.stability_scores(up, o.mask_threshold, o.stability_score_offset)
+            local rows = {}
+            sel = {}
+            for i, v in ipairs(st:gt(o.stability_score_thresh):tolist()) do
+              if v then rows[#rows + 1], sel[#sel + 1] = i - 1, ids[i] end
+            end
+            up = #rows > 0 and up:index_select(1, keng.tensor(rows, {dtype = "i64", device = up.device})) or nil
+          end
+          if up and #sel > 0 then
+            kept_masks[#kept_masks + 1] = up:gt(o.mask_threshold):to{device = "cpu"}   -- bool [k', ch, cw]
+            table.move(sel, 1, #sel, #kept_ids + 1, kept_ids)
+          end
+        end
+        if #kept_ids > 0 then
+          local masks = #kept_masks == 1 and kept_masks[1] or keng.cat(kept_masks, 1)
+          local scores = iou:index_select(1, keng.tensor(kept_ids, {dtype = "i64", device = iou.device})):tolist()
           local boxes = M.mask_boxes(masks):tolist()
           for i, b in ipairs(boxes) do
             local bb = {b[1] + x0, b[2] + y0, b[3] + x0, b[4] + y0}

@@ -266,7 +266,8 @@ end
 -- after_step(i, latents) -> latents may then edit them. `timesteps` (a tail of the scheduler's,
 -- set_timesteps already called) replaces set_timesteps(num_steps): img2img's later start.
 function Pipeline:denoise(latents, cond, uncond, opts)
-  opts = opts or {}
+  opts = options.check("denoise", opts, {"guidance_scale", "scheduler", "timesteps", "num_steps", "progress",
+    "condition", "after_step", "callback"})
   local g = opts.guidance_scale or 7.5
   local sched = opts.scheduler or self.scheduler
   local ts = opts.timesteps or sched:set_timesteps(opts.num_steps or 50)

@@ -68,16 +68,30 @@ describe("keng.bench statistics", function()
     assert.is_true(r.items_per_s > 0)
   end)
 
+  -- on a simulated clock (fn(k) takes exactly 10 ms fixed + 2 ms per call), so the rule is
+  -- checked exactly however loaded the machine is (a busy-wait on the wall clock was not)
   it("applies the difference rule for generate: (t(long) - t(short)) / (long - short)", function()
-    local seen = {}
+    local seen, now = {}, 0
+    local clock = function() return now end
     local r = bench.run_diff(function(k)
       seen[#seen + 1] = k
-      local t0 = keng.time()
-      while keng.time() - t0 < 0.01 + 0.002 * k do end                -- 10 ms fixed + 2 ms per call
-    end, {short = 1, steps = 5})
+      now = now + 0.010 + 0.002 * k
+    end, {short = 1, steps = 5, clock = clock})
     assert.are.same({1, 1, 6}, seen)                                  -- untimed, short, long
     assert.are.equal(5, r.steps)
-    assert.is_true(math.abs(r.mean_ms - 2) < 1.5, "per-call time " .. r.mean_ms .. " ms, expected ~2")
+    H.close(r.mean_ms, 2, 1e-9)                                       -- (22 - 12) ms / 5 calls
+    H.close(r.raw[1].short_ms, 12, 1e-9)
+    H.close(r.raw[1].long_ms, 22, 1e-9)
+    -- repeats: one value per repeat; short = 2, long = 4 given
+    seen = {}
+    r = bench.run_diff(function(k) seen[#seen + 1] = k; now = now + 0.010 + 0.002 * k end,
+      {short = 2, long = 4, repeats = 3, clock = clock})
+    assert.are.same({2, 2, 4, 2, 4, 2, 4}, seen)
+    assert.are.equal(3, #r.times_ms)
+    for _, ms in ipairs(r.times_ms) do H.close(ms, 2, 1e-9) end
+    -- and the default clock is the wall clock: a real workload gives a time >= 0
+    r = bench.run_diff(function(k) for _ = 1, k do keng.ones({64}):sum() end end, {short = 1, steps = 3})
+    assert.is_true(r.mean_ms >= 0)
   end)
 end)
 
@@ -326,6 +340,19 @@ describe("all.lua smoke (child process)", function()
       assert.is_truthy(out:find("· TF32 off", 1, true), out)
       assert.is_false(keng.backends.allow_tf32)
     end
+  end)
+
+  it("stops on a corrupt cpu-peak cache, naming the file and the JSON error (never measured over silently)", function()
+    assert.is_truthy(KENG, "no keng binary found")
+    local out_dir = tmp .. "/badcache"
+    assert(os.execute("mkdir -p " .. sh_quote(out_dir)))
+    H.write(out_dir .. "/cpu-peak.json", "{\"x\": 1,}")
+    local out, code = H.run(string.format(
+      "cd %s && KENG_PROGRESS=0 %s scripts/bench/all.lua --tier cpu --steps 1 --only bert_predict --out %s 2>&1",
+      sh_quote(root), sh_quote(KENG), sh_quote(out_dir)))
+    assert.are.equal(2, code, out)
+    assert.is_truthy(out:find("all.lua: cpu-peak cache: " .. out_dir .. "/cpu-peak.json: json: invalid JSON at line 1", 1, true), out)
+    assert.is_truthy(out:find("(delete the file to measure the peaks again)", 1, true), out)
   end)
 
   it("--quantize int8 adds a quantized twin after each generate row, with ms and weight bytes per token", function()

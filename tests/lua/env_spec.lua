@@ -72,6 +72,21 @@ describe("environment registry", function()
     assert.truthy(tonumber(out) >= 1)
   end)
 
+  it("KENG_NO_SIMD=1 switches every vector path off, the ISA-dispatched kernels' too", function()
+    local isa = run("-u KENG_NO_SIMD", "-e 'io.write(keng.cpu_simd())'")
+    assert.truthy(isa == "avx512" or isa == "avx2" or isa == "none", isa)
+    assert.are.equal("none", (run("KENG_NO_SIMD=1", "-e 'io.write(keng.cpu_simd())'")))
+    assert.are.equal(isa, (run("KENG_NO_SIMD=0", "-e 'io.write(keng.cpu_simd())'")))
+    -- a direct conv (kg_cpu_vector_isa's kernel) on the scalar path gives the vector path's values
+    local conv = "-e 'keng.manual_seed(1); local y = keng.conv2d(keng.randn({1, 8, 9, 9}), keng.randn({16, 8, 3, 3})); " ..
+      "io.write(string.format(\"%.6f %.6f\", y:sum():item(), y:abs():sum():item()))'"
+    local a, b = run("-u KENG_NO_SIMD", conv), run("KENG_NO_SIMD=1", conv)
+    local a1, a2 = a:match("(%S+) (%S+)")
+    local b1, b2 = b:match("(%S+) (%S+)")
+    assert.truthy(a1 and b1, a .. " / " .. b)
+    assert.truthy(math.abs(a1 - b1) < 1e-3 and math.abs(a2 - b2) < 1e-3, a .. " / " .. b)
+  end)
+
   it("values reach the engine (KENG_NUM_THREADS, KENG_CHECK_NUMERICS)", function()
     local out = run("KENG_NUM_THREADS=1", "-e 'io.write(keng.num_threads())'")
     assert.are.equal("1", out)

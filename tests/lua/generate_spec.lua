@@ -287,11 +287,7 @@ describe("the decode step", function()
 end)
 
 describe("against transformers", function()
-  local json = require "keng.json"
-  local function read(path)
-    local f = assert(io.open(path, "rb")); local s = f:read("a"); f:close()
-    return json.decode(s)
-  end
+  local read = H.read_json
   local cases = read(FIX .. "generate/cases.json")
   local models = {}
 
@@ -397,9 +393,7 @@ end)
 describe("chat templates", function()
   local json = require "keng.json"
   local CT = require "keng.chat_template"
-  local f = assert(io.open(FIX .. "generate/chat.json", "rb"))
-  local chat = json.decode(f:read("a"))
-  f:close()
+  local chat = H.read_json(FIX .. "generate/chat.json")
 
   it("recognise the checkpoints' templates and render transformers' apply_chat_template strings", function()
     local formats = {}
@@ -462,14 +456,9 @@ describe("chat templates", function()
   it("from_pretrained attaches tokenizer_config.json's template; tokenize = true gives ids", function()
     if not keng.sentencepiece then return pending("keng.sentencepiece is not present") end
     local lm = H.with_model_dir(FIX .. "gemma", function() end, function(dir)
-      local function cp(src, dst)
-        local a = assert(io.open(src, "rb")); local data = a:read("a"); a:close()
-        local b = assert(io.open(dir .. "/" .. dst, "wb")); b:write(data); b:close()
-      end
-      cp(FIX .. "sentencepiece/bpe_gemma.model", "tokenizer.model")
-      local b = assert(io.open(dir .. "/tokenizer_config.json", "wb"))
-      b:write(json.encode({chat_template = chat.templates.gemma, bos_token = "<bos>", eos_token = "<eos>"}))
-      b:close()
+      H.copy_files({["tokenizer.model"] = FIX .. "sentencepiece/bpe_gemma.model"}, dir)
+      H.write(dir .. "/tokenizer_config.json",
+        json.encode({chat_template = chat.templates.gemma, bos_token = "<bos>", eos_token = "<eos>"}))
       return gemma.from_pretrained(dir)
     end)
     local tok = lm.tokenizer
@@ -487,13 +476,8 @@ end)
 describe("examples/chat.lua", function()
   it("chats through a pipe in --demo mode (streams, keeps the history, /reset, ends at EOF)", function()
     if not keng.sentencepiece then return pending("keng.sentencepiece is not present") end
-    local function sh(cmd) local p = io.popen(cmd, "r"); local s = p:read("a"); p:close(); return (s:gsub("%s+$", "")) end
-    local bin = os.getenv("KENG_BIN") or sh("readlink /proc/$PPID/exe 2>/dev/null")
-    if not bin:match("keng$") then bin = (arg and arg[-1]) or "./build/keng" end
-    local p = io.popen("printf 'hello\\nhow are you\\n/reset\\nbye\\n' | " .. bin ..
-      " examples/chat.lua --demo --max-new-tokens 5 2>&1; echo \"rc=$?\"", "r")
-    local out = p:read("a")
-    p:close()
+    local out = H.run("printf 'hello\\nhow are you\\n/reset\\nbye\\n' | " .. H.sh_quote(H.keng_bin()) ..
+      " examples/chat.lua --demo --max-new-tokens 5 2>&1; echo \"rc=$?\"")
     assert.is_truthy(out:find("rc=0", 1, true), out)
     local _, turns = out:gsub("model> ", "")
     assert.are.equal(3, turns, out)
@@ -523,10 +507,7 @@ end)
 describe("stop_strings against transformers", function()
   it("stops where transformers' StopStringCriteria stops (greedy, a tiny Gemma over a real tokenizer)", function()
     if not keng.sentencepiece then return pending("keng.sentencepiece is not present") end
-    local json = require "keng.json"
-    local f = assert(io.open(FIX .. "generate/stop_strings.json", "rb"))
-    local cases = json.decode(f:read("a"))
-    f:close()
+    local cases = H.read_json(FIX .. "generate/stop_strings.json")
     local lm = gemma.from_pretrained(FIX .. "generate/stop_gemma")
     assert.is_true(#cases >= 6)
     for i, c in ipairs(cases) do

@@ -168,10 +168,14 @@ describe("tests/gpu/run.sh", function()
   end)
 end)
 
-describe("the PyTorch peers", function()
-  it("use the row ids of config.lua", function()
+describe("the PyTorch and Keras peers", function()
+  it("use the row ids of config.lua (peer_spec.py, which both import)", function()
     local got, want = {}, {}
-    local body = assert(read("scripts/bench/peers/peer_rows.py"):match("\nROWS = %[(.-)\n%]"))
+    local body = assert(read("scripts/bench/peers/peer_spec.py"):match("\nROWS = %[(.-)\n%]"))
+    for _, peer in ipairs{"peer_rows.py", "keras3.py"} do
+      assert.truthy(read("scripts/bench/peers/" .. peer):find("\nfrom peer_spec import", 1, true), peer)
+      assert.is_nil(read("scripts/bench/peers/" .. peer):find("\nROWS = [", 1, true), peer .. " keeps its own ROWS")
+    end
     for id in body:gmatch('%("([%w_]+)", "') do got[#got + 1] = id end
     for _, r in ipairs(config.rows) do want[#want + 1] = r.id end
     assert.are.same(want, got)

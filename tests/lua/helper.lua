@@ -214,6 +214,17 @@ function H.leaf(shape, scale)
   return t
 end
 
+-- H.copy_files({dest = src, ...}, dir) -> dir: each src file copied to dir/dest (dir and the
+-- sub-directories of dest made); how specs assemble a model directory from fixture files
+function H.copy_files(files, dir)
+  for dest, src in pairs(files) do
+    local sub = dest:match("^(.*)/[^/]+$")
+    assert(os.execute("mkdir -p " .. H.sh_quote(dir .. (sub and "/" .. sub or ""))))
+    H.write(dir .. "/" .. dest, H.read(src))
+  end
+  return dir
+end
+
 -- H.with_model_dir(src, edit, fn) -> fn(dir), where dir is a fresh temporary directory holding
 -- src's *.safetensors and src/config.json as edit(j) leaves it (j decoded with keng.json, so
 -- json.null writes a null); dir is removed afterwards, also when fn raises

@@ -16,6 +16,25 @@ describe("image preprocessing", function()
     assert.are.same({7, 10, 3}, image.resize(G.source, {size = {7, 10}}).shape)
   end)
 
+  it("resizes u8 exactly as torch's uint8 interpolate in bilinear and bicubic, antialias on and off", function()
+    local U = keng.load("tests/fixtures/image/resize_u8.safetensors")
+    local src = {source = G.source, small = U.small}
+    local n = 0
+    for name, want in pairs(U) do
+      local img, mode, aa, ac, h, w = name:match("^(%a+)_(%a+)_aa(%d)_ac(%d)_(%d+)x(%d+)$")
+      if img then
+        local got = image.resize(src[img], {size = {tonumber(h), tonumber(w)}, mode = mode, antialias = aa == "1",
+                                            align_corners = ac == "1"})
+        assert.are.same(want.shape, got.shape, name)
+        assert.are.equal(0, (got:int() - want:int()):abs():max():item(), name)
+        n = n + 1
+      end
+    end
+    assert.are.equal(40, n)
+    H.raises(function() image.resize(G.source, {size = 3, antialias = "no"}) end,
+      "image.resize: antialias must be true or false, got string")
+  end)
+
   it("resizes float [C, H, W] exactly as interpolate, in every mode", function()
     local x = G.source:double():permute({3, 1, 2}):contiguous()
     for _, m in ipairs{"bilinear", "bicubic"} do

@@ -170,6 +170,54 @@ describe("other JSON files", function()
     assert.truthy(err:find("tokenizers.from_dir: " .. dir .. "/tokenizer_config.json: json: invalid JSON at line 1, " ..
       "column 22 (byte 22): number 1e400 is out of the range of a double", 1, true), err)
   end)
+
+  -- an optional JSON file that is there but broken raises naming it and the JSON error; an
+  -- absent one is skipped (keng.util.read_json, the one reader of optional JSON files)
+  local function dir_with(files)
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    for name, text in pairs(files) do
+      local f = assert(io.open(dir .. "/" .. name, "wb"))
+      f:write(text)
+      f:close()
+    end
+    return dir
+  end
+  local function raises_in(dir, fn, want)
+    local ok, err = pcall(fn)
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.is_false(ok)
+    assert.truthy(err:find(want, 1, true), err)
+  end
+  local BROKEN = '{"pad_token": "<|endoftext|>",}'
+  local WHY = ": json: invalid JSON at line 1, column 31"
+
+  it("chat_template.attach names a malformed tokenizer_config.json; an absent one is skipped", function()
+    local CT = require "keng.chat_template"
+    local dir = dir_with({})
+    assert.are.same({x = 1}, CT.attach({x = 1}, dir))
+    os.execute("rm -rf '" .. dir .. "'")
+    dir = dir_with({["tokenizer_config.json"] = BROKEN})
+    raises_in(dir, function() CT.attach({}, dir) end, "chat_template.attach: " .. dir .. "/tokenizer_config.json" .. WHY)
+    dir = dir_with({})                                                -- a chat_template.jinja that cannot be read
+    assert(os.execute("mkdir '" .. dir .. "/chat_template.jinja'"))
+    raises_in(dir, function() CT.attach({}, dir) end, "chat_template.attach: " .. dir .. "/chat_template.jinja: Is a directory")
+    dir = dir_with({["tokenizer_config.json"] = "[1, 2]"})
+    raises_in(dir, function() CT.attach({}, dir) end, "chat_template.attach: " .. dir .. "/tokenizer_config.json: not a JSON object")
+  end)
+
+  it("the CLIP tokenizer's pad-token lookup and from_dir name a malformed special_tokens_map.json", function()
+    local vocab = require("keng.util").read_file("tests/fixtures/clip/tokenizer/vocab.json")
+    local merges = require("keng.util").read_file("tests/fixtures/clip/tokenizer/merges.txt")
+    for _, name in ipairs{"special_tokens_map.json", "tokenizer_config.json"} do
+      local dir = dir_with({["vocab.json"] = vocab, ["merges.txt"] = merges, [name] = BROKEN})
+      raises_in(dir, function() require("keng.clip_tokenize").load(dir) end, "clip_tokenize.load: " .. dir .. "/" .. name .. WHY)
+    end
+    local dir = dir_with({["vocab.json"] = vocab, ["merges.txt"] = merges, ["special_tokens_map.json"] = BROKEN})
+    raises_in(dir, function() require("keng.tokenizers").from_dir(dir) end,
+      "tokenizers.from_dir: " .. dir .. "/special_tokens_map.json" .. WHY)
+  end)
 end)
 
 describe("keng.json.encode", function()

@@ -225,6 +225,25 @@ describe("model configs: keys that change the numbers and are not implemented", 
     end)
   end)
 
+  it("CLIP refuses keys it does not know, dropout, and other model types, as the other loaders", function()
+    local clip = require "models.clip"
+    H.with_model_dir("tests/fixtures/clip/text_encoder", function(j) j.position_embedding_type = "relative_key" end, function(dir)
+      refuses(function() clip.from_pretrained(dir) end,
+        "clip: config.json key 'position_embedding_type' is not implemented by keng's CLIP text model (it knows: ",
+        "hidden_act", "layer_norm_eps")
+    end)
+    H.with_model_dir("tests/fixtures/clip/text_encoder", function(j) j.attention_dropout = 0.1 end, function(dir)
+      refuses(function() clip.from_pretrained(dir) end,
+        "clip: config.json: config attention_dropout = 0.1 is not supported (keng implements attention_dropout = 0 only)")
+    end)
+    H.with_model_dir("tests/fixtures/clip/text_encoder", function(j) j.model_type = "siglip_text_model" end, function(dir)
+      refuses(function() clip.from_pretrained(dir) end, "clip: config.json model_type 'siglip_text_model' is not a CLIP text model")
+    end)
+    H.with_model_dir("tests/fixtures/clip/text_encoder", function(j) j.hidden_act = "relu" end, function(dir)
+      refuses(function() clip.from_pretrained(dir) end, "clip: unsupported hidden_act 'relu'")
+    end)
+  end)
+
   it("SAM refuses other activations", function()
     H.with_model_dir("tests/fixtures/sam", function(j)
       j.vision_config = j.vision_config or {}

@@ -5,6 +5,7 @@
 local keng = require "keng"
 local H = require "helper"
 local progress = require "keng.progress"
+local nn = require "keng.nn"
 
 local function sink()
   local out = {}
@@ -58,13 +59,57 @@ describe("progress task", function()
     assert.are.equal("", text())
   end)
 
-  it("reports a checkpoint load with its size and tensor count", function()
+  it("reports a checkpoint load per tensor as a model takes the tensors, with tensors and bytes", function()
+    local path = os.tmpname() .. ".safetensors"
+    local src = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    keng.save(path, src:state_dict())
     local s, text = sink()
-    local r = progress.loading("tests/fixtures/sam/model.safetensors",
-      function() return keng.load("tests/fixtures/sam/model.safetensors") end, {enabled = true, tty = false, out = s})
-    assert.is_truthy(r["mask_decoder.iou_token.weight"])
-    assert.truthy(text():find("^loaded model.safetensors: 174 tensors, 390.7 kB in [%d.]+s %(.+/s%) *\n$"), text())
-    -- a sharded index counts the shards' bytes
+    local sd = progress.loading(path, function() return keng.load(path) end, {enabled = true, tty = false, out = s})
+    assert.are.equal("", text(), "nothing is read yet, nothing shown yet")
+    local m = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    m:load_state_dict(sd)
+    os.remove(path)
+    local lines = {}
+    for l in text():gmatch("[^\n]+") do lines[#lines + 1] = l end
+    local name = path:match("[^/]*$")
+    -- plain lines off a terminal: the tenths (tensors 1, 2, 3 of 4), then the final line
+    assert.are.equal(4, #lines, text())
+    assert.truthy(lines[1]:find("loading " .. name .. " 1/4 [", 1, true), lines[1])
+    assert.truthy(lines[1]:find("/tensor - 0.0/0.1 kB", 1, true), lines[1])
+    assert.truthy(lines[4]:find("^loaded " .. name:gsub("%p", "%%%0") .. ": 4/4 tensors, 0%.1 kB in [%d.]+s %(.+/s%) *$"), lines[4])
+    assert.is_nil(text():find("\r", 1, true))
+    -- a model that takes part of the checkpoint ends the load there ("2/4"); loading the rest
+    -- later reports nothing more
+    keng.save(path, src:state_dict())
+    s, text = sink()
+    sd = progress.loading(path, function() return keng.load(path) end, {enabled = true, tty = false, out = s})
+    os.remove(path)
+    local calls = 0
+    progress.on_tensor = function() calls = calls + 1 end
+    nn.Sequential(nn.Linear(4, 3)):load_state_dict(sd, {strict = false})
+    assert.are.equal(2, calls)
+    assert.truthy(text():find(": 2/4 tensors, ", 1, true), text())
+    local before = text()
+    nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)):load_state_dict(sd)
+    progress.on_tensor = nil
+    assert.are.equal(2, calls)
+    assert.are.equal(before, text())
+    -- a terminal redraws one line
+    s, text = sink()
+    keng.save(path, src:state_dict())
+    sd = progress.loading(path, function() return keng.load(path) end, {tty = true, enabled = true, out = s})
+    m:load_state_dict(sd)
+    os.remove(path)
+    assert.truthy(text():find("^\rloading " .. name:gsub("%p", "%%%0") .. " 1/4 %["), text())
+    assert.truthy(text():find("\rloaded " .. name .. ": 4/4 tensors", 1, true), text())
+    -- below min_bytes and not forced: nothing
+    s, text = sink()
+    keng.save(path, src:state_dict())
+    sd = progress.loading(path, function() return keng.load(path) end, {tty = true, out = s})
+    m:load_state_dict(sd)
+    os.remove(path)
+    assert.are.equal("", text())
+    -- a sharded index's size is its shards'
     local total = 0
     for _, n in ipairs{1, 2, 3} do
       local f = io.open(string.format("tests/fixtures/sd_sharded/vae/diffusion_pytorch_model-0000%d-of-00003.safetensors", n), "rb")
@@ -72,10 +117,40 @@ describe("progress task", function()
       f:close()
     end
     assert.are.equal(total, progress.checkpoint_bytes("tests/fixtures/sd_sharded/vae/diffusion_pytorch_model.safetensors.index.json"))
-    -- below min_bytes and not forced: nothing
-    s, text = sink()
-    progress.loading("tests/fixtures/sam/model.safetensors", function() return {} end, {tty = true, out = s})
-    assert.are.equal("", text())
+  end)
+
+  it("every from_pretrained calls the loading hook once per tensor, counting tensors and bytes", function()
+    local function tensors_of(file)
+      local n, bytes = 0, 0
+      for _, t in pairs(keng.load(file)) do n, bytes = n + 1, bytes + t:numel() * keng.dtype_sizes[t.dtype] end
+      return n, bytes
+    end
+    local cases = {
+      {"bert", function() return require("models.bert").from_pretrained("tests/fixtures/bert") end, "tests/fixtures/bert/model.safetensors"},
+      {"clip", function() return require("models.clip").from_pretrained("tests/fixtures/clip/text_encoder") end,
+       "tests/fixtures/clip/text_encoder/model.safetensors"},
+      {"sam", function() return require("models.sam").from_pretrained("tests/fixtures/sam") end, "tests/fixtures/sam/model.safetensors"},
+      {"unet", function() return require("models.unet").from_pretrained("tests/fixtures/sd/unet") end,
+       "tests/fixtures/sd/unet/diffusion_pytorch_model.safetensors"},
+      {"vae (sharded)", function() return require("models.vae").from_pretrained("tests/fixtures/sd_sharded/vae") end,
+       "tests/fixtures/sd_sharded/vae/diffusion_pytorch_model.safetensors.index.json"},
+      {"gemma", function() return require("models.gemma").from_pretrained("tests/fixtures/gemma") end, "tests/fixtures/gemma/model.safetensors"},
+      {"llama", function() return require("models.llama").from_pretrained("tests/fixtures/llama") end, "tests/fixtures/llama/model.safetensors"},
+    }
+    for _, c in ipairs(cases) do
+      local calls, last = 0, nil
+      progress.on_tensor = function(path, done, total, bytes, total_bytes)
+        calls = calls + 1
+        assert.are.equal(calls, done, c[1])
+        last = {path = path, done = done, total = total, bytes = bytes, total_bytes = total_bytes}
+      end
+      local ok, e = pcall(c[2])
+      progress.on_tensor = nil
+      assert(ok, e)
+      local n, bytes = tensors_of(c[3])
+      assert.are.equal(n, calls, c[1] .. ": one call per tensor")
+      assert.are.same({path = c[3], done = n, total = n, bytes = bytes, total_bytes = bytes}, last, c[1])
+    end
   end)
 end)
 

@@ -173,6 +173,29 @@ describe("sam automatic mask generator", function()
     same(amg.generate(m, a.photo, with{pred_iou_thresh = 0.001}), a, "amg")
   end)
 
+  it("upsamples only the masks that pass the IoU threshold, in bounded chunks, with the same results", function()
+    local m, a = amg_model()
+    local proc = require("models.sam_processor").for_model(m)
+    local calls, masks, biggest = 0, 0, 0
+    local inner = proc.post_process_masks
+    proc.post_process_masks = function(self, x, ...)
+      calls, masks = calls + 1, masks + x.shape[2]
+      biggest = math.max(biggest, x.shape[2])
+      return inner(self, x, ...)
+    end
+    local saved = amg.upsample_elements
+    amg.upsample_elements = 3 * 40 * 60                               -- 3 masks of the 40 x 60 photo at a time
+    local ok, r = pcall(amg.generate, m, a.photo, with{pred_iou_thresh = 0.001, processor = proc})
+    amg.upsample_elements = saved
+    assert(ok, r)
+    same(r, a, "amg")
+    assert.are.equal(3, biggest)
+    -- 64 points x 3 outputs; the threshold drops some before any upsampling
+    assert.truthy(masks < 64 * 3 and masks >= r.masks.shape[1], masks .. " upsampled")
+    -- per decode batch (4 of 20 points) its survivors in chunks of 3
+    assert.truthy(calls >= math.ceil(masks / 3) and calls <= math.ceil(masks / 3) + 4, calls .. " calls, " .. masks .. " masks")
+  end)
+
   it("finds HF's masks over a layer of crops", function()
     local m, a = amg_model()
     same(amg.generate(m, a.photo, with{pred_iou_thresh = 0, crops_n_layers = 1}), a, "crop")

@@ -221,13 +221,7 @@ local function same_state(a, b, what)
   return n
 end
 
-local function cp_dir(files, d)
-  for dest, src in pairs(files) do
-    local sub = dest:match("^(.*)/[^/]+$")
-    assert(os.execute("mkdir -p '" .. d .. (sub and "/" .. sub or "") .. "' && cp '" .. src .. "' '" .. d .. "/" .. dest .. "'"))
-  end
-  return d
-end
+local cp_dir = H.copy_files
 
 local FIX = "tests/fixtures/"
 local function sd_source(d)                                          -- the SD fixture with a transformers-5 tokenizer/

@@ -390,6 +390,10 @@ typedef struct {
 } kg_thread_policy;
 kg_thread_policy kg_get_thread_policy(void);
 
+/* the vector instructions the CPU kernels use: 2 AVX-512F, 1 AVX2 + FMA, 0 none (an older CPU, or
+ * KENG_NO_SIMD=1: the kernels dispatched on it run their scalar fallbacks) */
+int kg_cpu_simd(void);
+
 /* A STREAM-style memory bandwidth micro-benchmark (keng.memory_bandwidth, engine/cpu/bandwidth.c):
  * the roofline of memory-bound kernels such as batch-1 decode, measured on the machine at hand. */
 typedef struct {

@@ -27,9 +27,8 @@ import argparse
 import datetime
 import json
 import os
-import statistics
+import sys
 import time
-
 
 
 def parse():
@@ -47,113 +46,34 @@ A = parse()
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:A.threads])
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # peer_spec.py beside this file
 
 import jax  # noqa: E402
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 
-# ---- rows, sizes and inputs: those of peer_rows.py (which imports torch, and torch's LLVM
-# clashes with XLA's in one process), kept in step by hand from scripts/bench/config.lua
-ROWS = [
-    ("sam_fit", "SegmentAnything fit", "sam", "fit", 1, "f32"),
-    ("sam_predict", "SegmentAnything predict", "sam", "predict", 4, "f32"),
-    ("sd_fit", "StableDiffusion fit", "stable_diffusion", "fit", 8, "f32"),
-    ("sd_predict", "StableDiffusion predict", "stable_diffusion", "predict", 13, "f32"),
-    ("bert_fit", "BERT fit", "bert", "fit", 32, "f32"),
-    ("bert_predict", "BERT predict", "bert", "predict", 256, "f32"),
-    ("gemma_fit", "Gemma fit", "gemma", "fit", 8, "bf16"),
-    ("gemma_generate_32", "Gemma generate", "gemma", "generate", 32, "bf16"),
-    ("gemma_generate_1", "Gemma generate", "gemma", "generate", 1, "bf16"),
-    ("mistral_fit", "Mistral fit", "mistral", "fit", 8, "bf16"),
-    ("mistral_generate_32", "Mistral generate", "mistral", "generate", 32, "bf16"),
-    ("mistral_generate_1", "Mistral generate", "mistral", "generate", 1, "bf16"),
-]
-CPU = {
-    "preset": {"sam": "sam_tiny", "stable_diffusion": "sd_tiny", "bert": "bert_tiny", "gemma": "gemma_tiny",
-               "mistral": "mistral_tiny"},
-    "bert": dict(vocab_size=28996, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 intermediate_size=512),
-    "bert_seq": 128,
-    "gemma": dict(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, head_dim=64),
-    "mistral": dict(vocab_size=32000, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
-                    num_attention_heads=8, num_key_value_heads=2, head_dim=32),
-    "sam_vision": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=3, image_size=256, mlp_dim=768,
-                       window_size=7, global_attn_indexes=[1, 3]),
-    "sam_image": 256,
-    "sam_points": [[125.0, 93.75], [62.5, 93.75]],
-}
-SAM_LABELS = [1, 2]
-WORDS = 14
-TOKEN_IDS = {
-    "bert": {"cls": 101, "sep": 102,
-             "words": [146, 1128, 1243, 1321, 1122, 1104, 1111, 1121, 1169, 1136, 1202, 1329, 1156, 4208]},
-    "gemma": {"bos": 2, "words": [235285, 692, 947, 1987, 665, 576, 604, 774, 798, 780, 749, 1281, 1134, 3276]},
-    "mistral": {"bos": 1, "words": [315, 368, 625, 1388, 378, 302, 354, 477, 541, 459, 511, 938, 682, 5081]},
-}
+# ---- rows, sizes, inputs, statistics and --only: peer_spec.py, shared with peer_rows.py (which
+# imports torch, whose LLVM clashes with XLA's in one process; peer_spec imports no framework)
+from peer_spec import SAM_LABELS, TIERS, bert_rows, cpu_name, git_commit, lm_rows, prompt_rows  # noqa: E402
+from peer_spec import select_rows, stats  # noqa: E402
 
-
-def tuple_n(n, length, k=WORDS):
-    out = [0] * length
-    for i in range(length - 1, -1, -1):
-        out[i] = n % k
-        n //= k
-    return out
+CPU = TIERS["cpu"]
 
 
 def bert_tokens(B, T, vocab=28996):
-    ids, words = TOKEN_IDS["bert"], [i % vocab for i in TOKEN_IDS["bert"]["words"]]
-    return np.array([[ids["cls"]] + [words[w] for w in tuple_n(n, T - 2)] + [ids["sep"]] for n in range(B)], "int32")
+    return np.array(bert_rows(B, T, vocab), "int32")
 
 
 def lm_batch(family, B, T, vocab):
-    ids, words = TOKEN_IDS[family], [i % vocab for i in TOKEN_IDS[family]["words"]]
-    seqs = np.array([[ids["bos"]] + [words[w] for w in tuple_n(n, T)] for n in range(B)], "int32")
+    seqs = np.array(lm_rows(family, B, T, vocab), "int32")
     return seqs[:, :T], seqs[:, 1:T + 1]
 
 
 def lm_prompts(family, B, nwords, vocab):
-    ids, words = TOKEN_IDS[family], [i % vocab for i in TOKEN_IDS[family]["words"]]
-    return np.array([[ids["bos"]] + [words[w] for w in tuple_n(n, nwords)] for n in range(B)], "int32")
+    return np.array(prompt_rows(family, B, nwords, vocab), "int32")
 
 
-def stats(secs, items):
-    ms = [s * 1e3 for s in secs]
-    mean = statistics.fmean(ms)
-    return {"steps": len(ms), "times_ms": ms, "mean_ms": mean, "median_ms": statistics.median(ms),
-            "min_ms": min(ms), "max_ms": max(ms), "stddev_ms": statistics.stdev(ms) if len(ms) > 1 else 0.0,
-            "items_per_s": items / (mean / 1e3) if mean > 0 else 0.0, "warmup": 1}
-
-
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown cpu"
-
-
-def git_commit():
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or "unknown"
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def select_rows(only):
-    if not only:
-        return list(ROWS)
-    out = []
-    for name in (s.strip() for s in only.split(",") if s.strip()):
-        name = "stable_diffusion" if name == "sd" else name
-        hit = [r for r in ROWS if name in (r[0], r[2])]
-        if not hit:
-            raise SystemExit(f"--only: '{name}' is no row id or family (rows: {', '.join(r[0] for r in ROWS)})")
-        out += [r for r in hit if r not in out]
-    return [r for r in ROWS if r in out]
 DTYPE = {"f32": "float32", "bf16": "bfloat16"}
 MAX_LENGTH, PROMPT_WORDS, LLM_SEQ = 50, 5, 128
 
@@ -311,7 +231,7 @@ def run_row(family, task, B, dtype, steps):
         info, secs, items = sam(task, B, steps)
     else:
         info, secs, items = llm(family, task, B, dtype, steps)
-    return dict(info, **stats(secs, items))
+    return dict(info, **stats(secs, len(secs), items))
 
 
 def main():

@@ -326,22 +326,22 @@ function CT.apply(tok, messages, opts)
 end
 
 -- attach(tok, dir) -> tok with chat_template, bos_token and eos_token from dir's
--- tokenizer_config.json (when present). An unknown template is kept: it raises when used.
+-- tokenizer_config.json (when present; a malformed one raises "chat_template.attach: <path>:
+-- <JSON error>"). An unknown template is kept: it raises when used.
 -- transformers 5 saves the template as dir/chat_template.jinja instead; that file wins, as it
 -- does in transformers.
 function CT.attach(tok, dir)
   if type(tok) ~= "table" then return tok end
   local jinja = io.open(dir .. "/chat_template.jinja", "rb")
   if jinja then
-    tok.chat_template = jinja:read("a")
+    local text, err = jinja:read("a")
     jinja:close()
+    if not text then error(string.format("chat_template.attach: %s/chat_template.jinja: %s", dir, tostring(err)), 2) end
+    tok.chat_template = text
   end
-  local f = io.open(dir .. "/tokenizer_config.json", "rb")
-  if not f then return tok end
-  local s = f:read("a")
-  f:close()
-  local ok, j = pcall(require("keng.json").decode, s)
-  if not ok or type(j) ~= "table" then return tok end
+  -- absent: nothing to attach; malformed: raises naming the file (never silently skipped)
+  local j = require("keng.util").read_json(dir .. "/tokenizer_config.json", "chat_template.attach", 2)
+  if not j then return tok end
   local function str(v) return type(v) == "string" and v or (type(v) == "table" and type(v.content) == "string" and v.content) or nil end
   if type(j.chat_template) == "string" and not jinja then tok.chat_template = j.chat_template end
   tok.bos_token, tok.eos_token = str(j.bos_token) or tok.bos_token, str(j.eos_token) or tok.eos_token

@@ -15,7 +15,6 @@ local keng = require "keng"
 
 local M = {}
 
-local read_file = require("keng.util").read_file
 
 -- encode_batch(tok, texts, {max_length=77, pad_id=tok.eos_id}) -> i64 [B, max_length]
 -- tok: a keng.clip_tokenizer; texts: a string or a list of strings
@@ -76,13 +75,12 @@ end
 
 -- the pad token of a tokenizer directory (special_tokens_map.json's, else tokenizer_config.json's:
 -- the map wins, as transformers reads them) and tokenizer_config.json's model_max_length
-local function pad_token(dir)
-  local json = require "keng.json"
+-- (an absent file is skipped, a malformed one raises naming it)
+local function pad_token(dir, level)
   local pad, maxlen
   for _, name in ipairs{"/special_tokens_map.json", "/tokenizer_config.json"} do
-    local text = read_file(dir .. name)
-    local ok, j = pcall(json.decode, text or "")
-    if text and ok and type(j) == "table" then
+    local j = require("keng.util").read_json(dir .. name, "clip_tokenize.load", level + 1)
+    if j then
       local p = j.pad_token
       if type(p) == "table" then p = p.content end
       if type(p) == "string" and not pad then pad = p end
@@ -119,7 +117,7 @@ function M.load(path, merges, opts)
     dir = path
     files = require("keng.tokenizers").dir_files(dir, "clip_tokenize.load", 2)  -- no symlink out of dir
     vocab, merges = path .. "/vocab.json", path .. "/merges.txt"
-    pad_name, max_len = pad_token(path)
+    pad_name, max_len = pad_token(path, 2)
   end
   local ok, raw
   if files["tokenizer.json"] then   -- transformers 5 saves only tokenizer.json

@@ -76,33 +76,79 @@ local function layout(who, t)
   error(string.format("%s: expected u8 [H, W, C] or float [C, H, W], got dtype %s", who, t.dtype), 3)
 end
 
--- torch's uint8 antialiased bilinear resize, one axis (what torchvision's Resize and HF's image
--- processors run on u8 pixels): PIL's triangle filter over `support` = max(scale, 1) input pixels
--- about each output centre, normalised in f64, then rounded to int16 at the largest precision p
--- that keeps the biggest weight below 2^15. -> taps: K lists {i64 [n_out] input ids, f64 [n_out]
--- integer weights} (tap k of every output; 0 weights pad the short ones), p
-local function u8_bilinear_axis(n_in, n_out)
-  local scale = n_in / n_out
-  local support = scale >= 1 and scale or 1.0
-  local invscale = scale >= 1 and 1 / scale or 1.0
+-- bicubic convolution (PyTorch's kernels): |x| <= 1 and 1 < |x| < 2, with a = -0.75 (the plain
+-- mode, OpenCV's) or -0.5 (the antialias filter, PIL's)
+local function cubic1(x, A) return ((A + 2) * x - (A + 3)) * x * x + 1 end
+local function cubic2(x, A) return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A end
+
+-- the antialias filter: triangle (bilinear) or Keys' cubic with a = -0.5 (bicubic)
+local function aa_filter(bicubic, x)
+  x = math.abs(x)
+  if not bicubic then return math.max(0.0, 1.0 - x) end
+  if x < 1 then return cubic1(x, -0.5) end
+  if x < 2 then return cubic2(x, -0.5) end
+  return 0.0
+end
+
+local function trunc(v) return math.tointeger(math.modf(v)) or 0 end   -- a C cast to int64
+
+-- torch's uint8 resize, one axis (what torchvision's Resize and HF's image processors run on u8
+-- pixels; F.interpolate on uint8 in bilinear and bicubic, antialias on or off): each output reads
+-- a window of input pixels with f64 weights, then every weight is rounded to int16 at the
+-- largest precision p that keeps the biggest weight below 2^15.
+--   antialias: PIL's filter over `support` = half-width * max(scale, 1) input pixels about each
+--     output centre, normalised to sum 1;
+--   plain: the interpolate formulas (source index scale * (i + 0.5) - 0.5, or scale * i with
+--     align_corners; bilinear clamps it at 0), two (bilinear) or four (bicubic, a = -0.75)
+--     taps, clamped at the border, where the taps on one pixel merge (their weights summed).
+-- -> taps: K lists {i64 [n_out] input ids, i32 [n_out] integer weights} (tap k of every output;
+-- 0 weights pad the short ones), p
+local function u8_axis(n_in, n_out, bicubic, antialias, align_corners)
+  local scale
+  if align_corners then scale = n_out > 1 and (n_in - 1) / (n_out - 1) or 0.0 else scale = n_in / n_out end
   local rows, wt_max, K = {}, 0, 0
   for i = 0, n_out - 1 do
-    local center = scale * (i + 0.5)
-    local xmin = math.max(math.tointeger(math.modf(center - support + 0.5)) or 0, 0)   -- C casts truncate
-    local xsize = math.min(math.tointeger(math.modf(center + support + 0.5)) or 0, n_in) - xmin
-    local ws, total = {}, 0.0
-    for j = 0, xsize - 1 do
-      local w = math.max(0.0, 1.0 - math.abs((j + xmin - center + 0.5) * invscale))
-      ws[j + 1], total = w, total + w
+    local xmin, ws = 0, {}
+    if antialias then
+      local half = bicubic and 2.0 or 1.0
+      local support = scale >= 1 and half * scale or half
+      local invscale = scale >= 1 and 1 / scale or 1.0
+      local center = scale * (i + 0.5)
+      xmin = math.max(trunc(center - support + 0.5), 0)
+      local xsize = math.min(trunc(center + support + 0.5), n_in) - xmin
+      local total = 0.0
+      for j = 0, xsize - 1 do
+        local w = aa_filter(bicubic, (j + xmin - center + 0.5) * invscale)
+        ws[j + 1], total = w, total + w
+      end
+      if total ~= 0 then for j = 1, xsize do ws[j] = ws[j] / total end end
+    else
+      local real = align_corners and scale * i or scale * (i + 0.5) - 0.5
+      if not bicubic and real < 0 then real = 0.0 end
+      local k = math.min(math.floor(real), n_in - 1)
+      local t = math.min(math.max(real - k, 0.0), 1.0)
+      local taps
+      if bicubic then
+        taps = {{k - 1, cubic2(t + 1, -0.75)}, {k, cubic1(t, -0.75)}, {k + 1, cubic1(1 - t, -0.75)},
+                {k + 2, cubic2(2 - t, -0.75)}}
+      else
+        taps = {{k, 1 - t}, {k + 1, t}}
+      end
+      local lo, hi = math.huge, -1
+      for _, tp in ipairs(taps) do
+        tp[1] = math.min(math.max(tp[1], 0), n_in - 1)
+        lo, hi = math.min(lo, tp[1]), math.max(hi, tp[1])
+      end
+      xmin = lo
+      for j = 1, hi - lo + 1 do ws[j] = 0.0 end
+      for _, tp in ipairs(taps) do ws[tp[1] - lo + 1] = ws[tp[1] - lo + 1] + tp[2] end
     end
-    if total ~= 0 then
-      for j = 1, xsize do ws[j] = ws[j] / total; wt_max = math.max(wt_max, ws[j]) end
-    end
+    for j = 1, #ws do wt_max = math.max(wt_max, ws[j]) end
     rows[i + 1] = {xmin, ws}
-    K = math.max(K, xsize)
+    K = math.max(K, #ws)
   end
   local p = 0
-  while p < 22 and math.floor(0.5 + wt_max * (1 << (p + 1))) < (1 << 15) do p = p + 1 end
+  while p < 22 and trunc(0.5 + wt_max * (1 << (p + 1))) < (1 << 15) do p = p + 1 end
   local taps = {}
   for k = 1, K do
     local ids, ws = {}, {}
@@ -110,7 +156,7 @@ local function u8_bilinear_axis(n_in, n_out)
       local xmin, w = rows[i][1], rows[i][2][k]
       ids[i] = math.min(xmin + k - 1, n_in - 1)
       local v = (w or 0) * (1 << p)
-      ws[i] = v < 0 and -math.floor(0.5 - v) or math.floor(0.5 + v)
+      ws[i] = v < 0 and trunc(-0.5 + v) or trunc(0.5 + v)
     end
     taps[k] = {keng.tensor(ids, {dtype = "i64"}), keng.tensor(ws, {dtype = "i32"})}
   end
@@ -118,25 +164,25 @@ local function u8_bilinear_axis(n_in, n_out)
 end
 
 -- x i32 [..., n_in] of 0..255 -> i32 [..., n_out]: Σ w·x + 2^(p-1), shifted down by p and
--- clamped to 0..255, in i32 as torch (Σw ≈ 2^p ≤ 2^22, so 255·Σw fits); one gather per tap, so
--- the cost is K (about 2·scale + 1) passes over the output
-local function u8_bilinear_pass(x, n_out)
+-- clamped to 0..255, in i32 as torch (|Σw| < 2^23, so 255·Σ|w| fits); one gather per tap, so
+-- the cost is K (2 or 4, or about 2·scale + 1 antialiased) passes over the output
+local function u8_pass(x, n_out, bicubic, antialias, align_corners)
   local d = x.ndim
   local n_in = x.shape[d]
-  if n_in == n_out then return x end
-  local taps, p = u8_bilinear_axis(n_in, n_out)
+  if n_in == n_out then return x end                                -- torch skips the pass too
+  local taps, p = u8_axis(n_in, n_out, bicubic, antialias, align_corners)
   local s = x:index_select(d, taps[1][1]) * taps[1][2]
   for k = 2, #taps do s = s + x:index_select(d, taps[k][1]) * taps[k][2] end
   s = (s + (1 << (p - 1))):to("f64") * (2.0 ^ -p)                   -- exact: a power of two
-  return s:to("i32"):clamp(0, 255)                                  -- s >= 0: truncation is the shift
+  return s:to("i32"):clamp(0, 255)             -- truncation is the shift (a negative sum clamps to 0 either way)
 end
 
 -- image.resize(t, {size = {h, w} | longest_side = n, mode = "bilinear", antialias = true,
 -- align_corners}) through keng.interpolate; longest_side scales the longer side to n and the
 -- other to floor(side * n / longest + 0.5) (SAM's ResizeLongestSide). antialias defaults to
--- true (as torchvision's Resize) for bilinear/bicubic. u8 in bilinear antialias (the default) is
--- torch's integer uint8 resize exactly (u8_bilinear_axis); other u8 modes run in f32, rounded
--- half up and clamped to 0..255.
+-- true (as torchvision's Resize) for bilinear/bicubic. u8 in bilinear and bicubic is torch's
+-- integer uint8 resize exactly (u8_axis), antialias on or off, align_corners or not; nearest
+-- copies pixels.
 function image.resize(t, opts)
   opts = options.check("image.resize", opts, {"size", "longest_side", "mode", "antialias", "align_corners"})
   local kind, h, w = layout("image.resize", t)
@@ -155,11 +201,17 @@ function image.resize(t, opts)
     error("image.resize: give size= or longest_side=", 2)
   end
   local mode = opts.mode or "bilinear"
-  if kind == "hwc" and mode == "bilinear" and opts.antialias ~= false and not opts.align_corners then
+  for _, k in ipairs{"antialias", "align_corners"} do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
+      error(string.format("image.resize: %s must be true or false, got %s", k, type(opts[k])), 2)
+    end
+  end
+  if kind == "hwc" and (mode == "bilinear" or mode == "bicubic") then
     -- torch's u8 path exactly: the width pass first, rounded to u8, then the height pass
+    local bicubic, aa, ac = mode == "bicubic", opts.antialias ~= false, opts.align_corners and true or false
     local x = t:to("i32"):permute({1, 3, 2}):contiguous()           -- [h, C, w]
-    x = u8_bilinear_pass(x, ow):permute({3, 2, 1}):contiguous()     -- [ow, C, h]
-    x = u8_bilinear_pass(x, oh)                                     -- [ow, C, oh]
+    x = u8_pass(x, ow, bicubic, aa, ac):permute({3, 2, 1}):contiguous()  -- [ow, C, h]
+    x = u8_pass(x, oh, bicubic, aa, ac)                                  -- [ow, C, oh]
     return x:permute({3, 1, 2}):to("u8"):contiguous()               -- [oh, ow, C]
   end
   local io = {size = {oh, ow}, mode = mode, align_corners = opts.align_corners}

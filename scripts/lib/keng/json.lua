@@ -87,6 +87,7 @@ end
 
 -- json.encode(value, {indent = "  "}) -> string
 function json.encode(v, opts)
+  opts = options.check("json.encode", opts, {"indent"})
   local out = {}
   encode(v, opts and opts.indent, 0, out)
   return table.concat(out)

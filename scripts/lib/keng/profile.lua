@@ -74,7 +74,7 @@ end
 -- profile.report(p, {top = 15, shapes = true}) -> text: the ops by total time, then (shapes)
 -- the top op lines with their shapes
 function profile.report(p, opts)
-  opts = opts or {}
+  opts = require("keng.options").check("profile.report", opts, {"top", "shapes"})
   local top = opts.top or 15
   local out = {string.format("%10s %6s %7s %7s  %s", "ms", "share", "calls", "GFLOP/s", "op")}
   for i = 1, math.min(top, #p.ops) do

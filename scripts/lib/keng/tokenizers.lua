@@ -225,7 +225,6 @@ tokenizers.SentencePiece = SentencePiece
 local Json = {}
 Json.__index = Json
 
-local read_file = require("keng.util").read_file
 
 -- a token of tokenizer_config.json: a string or {content = ...}
 local function token_name(v)
@@ -422,22 +421,14 @@ function tokenizers.from_dir(dir, opts)
   if type(dir) ~= "string" then error("tokenizers.from_dir: dir must be a string", 2) end
   local files = tokenizers.dir_files(dir, "tokenizers.from_dir", 2)
   local cfg = {}
-  local text = files["tokenizer_config.json"] and read_file(files["tokenizer_config.json"])
-  if text then
-    local ok, j = pcall(require("keng.json").decode, text)
-    if not ok or type(j) ~= "table" then
-      error("tokenizers.from_dir: " .. dir .. "/tokenizer_config.json: " .. (ok and "not a JSON object" or j), 2)
-    end
-    cfg = j
-  end
+  local read_json = require("keng.util").read_json                -- malformed: raises naming the file
+  cfg = files["tokenizer_config.json"] and read_json(files["tokenizer_config.json"], "tokenizers.from_dir", 2) or cfg
   -- special_tokens_map.json (transformers 4 wrote it) names the special tokens too, and wins over
   -- tokenizer_config.json, as transformers reads the two
-  local map = files["special_tokens_map.json"] and read_file(files["special_tokens_map.json"])
+  local map = files["special_tokens_map.json"] and read_json(files["special_tokens_map.json"], "tokenizers.from_dir", 2)
   if map then
-    local ok, j = pcall(require("keng.json").decode, map)
-    if not ok or type(j) ~= "table" then error("tokenizers.from_dir: " .. dir .. "/special_tokens_map.json is not JSON", 2) end
     for _, k in ipairs{"bos_token", "eos_token", "pad_token", "unk_token"} do
-      if token_name(j[k]) then cfg[k] = j[k] end
+      if token_name(map[k]) then cfg[k] = map[k] end
     end
   end
   local maxlen = opts.max_length

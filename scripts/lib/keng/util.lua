@@ -21,6 +21,26 @@ function util.read_file(path)
   return s
 end
 
+-- read_json(path, who, level, opts) -> the JSON object in the file at path, or nil when there is
+-- no such file (an optional config: tokenizer_config.json, special_tokens_map.json, ...). A file
+-- that is there but unreadable, malformed, or not an object raises "who: path: why" at `level`
+-- (as error()), never silently skipped. opts go to keng.json.decode (null_as_nil).
+function util.read_json(path, who, level, opts)
+  local f, err, code = io.open(path, "rb")
+  if not f then
+    if code == 2 then return nil end                                -- ENOENT: the file is optional
+    error(string.format("%s: %s", who, err), level + 1)
+  end
+  local text, rerr = f:read("a")
+  f:close()
+  if not text then error(string.format("%s: %s: %s", who, path, tostring(rerr)), level + 1) end
+  local json = require "keng.json"
+  local ok, j = pcall(json.decode, text, opts)
+  if ok and (type(j) ~= "table" or getmetatable(j) == json.array_mt) then ok, j = false, "not a JSON object" end
+  if not ok then error(string.format("%s: %s: %s", who, path, tostring(j)), level + 1) end
+  return j
+end
+
 local function class_tostring(cls) return "class " .. cls.__name end
 
 -- class(base, name, new, inherit) -> a subclass of base named name; calling it, Class(...),

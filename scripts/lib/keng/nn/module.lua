@@ -222,7 +222,7 @@ end
 -- (glorot_uniform). shape may be a tensor, which becomes the parameter (storage shared).
 -- opts: dtype, device, requires_grad (true), and options for the initialiser.
 function Module:param(name, shape, init, opts)
-  opts = opts or {}
+  opts = opts or {}                          -- open: the initialiser's own options pass through
   if type(name) ~= "string" then error("param: name must be a string, got " .. type(name), 2) end
   local dtype = opts.dtype or rawget(self, "_param_dtype") or precision.variable_dtype()
   local device = opts.device or rawget(self, "_device") or "cpu"
@@ -423,6 +423,7 @@ end
 function Module:to(arg)
   local dtype, device
   if type(arg) == "table" then
+    options.check("to", arg, {"dtype", "device"})
     dtype, device = arg.dtype, arg.device
   elseif is_device(arg) then
     device = arg
@@ -526,6 +527,7 @@ function Module:load_state_dict(sd, opts)
     error(table.concat(lines, "\n"), 2)
   end
   local done = {}  -- old tensor -> its loaded replacement, so tied tensors load once
+  local progress, loads = require "keng.progress", {}              -- a checkpoint's per-tensor progress
   keng.no_grad(function()
     for _, e in ipairs(entries) do
       local src, t, owner, name, kind = sd[e[1]], e[2], e[3], e[4], e[5]
@@ -542,9 +544,12 @@ function Module:load_state_dict(sd, opts)
           t:copy_(src)
         end
         done[t] = new
+        local load = progress.loaded_tensor(src)
+        if load then loads[load] = true end
       end
     end
   end)
+  progress.finish_loads(loads)
   return {missing = missing, unexpected = unexpected}
 end
 
