@@ -4,7 +4,9 @@
  *
  * Shape letters: B batch, H query heads, Hkv key/value heads, T query length, S key length,
  * D head dim, Dp = D rounded up to 8 (packed rows are zero-padded to Dp). bq, bk: the query
- * and key tile (kg_attn_tune; 64 x 64 by default).
+ * and key tile (kg_attn_tune; 64 x 64 by default, the forward's keys 128: bkf). On a CPU with
+ * AVX-512 the tile products and the softmax rows run 16 lanes wide (micro_z, the *_z row
+ * pieces), with the same per-element arithmetic order as the AVX2 tile.
  *
  * Why: a 64 x 64 x 64 sgemm call spends more time packing its operands than multiplying, and
  * the tiles are multiplied many times. Here every operand is packed at most once, in the

@@ -1,18 +1,21 @@
 /* lab_gemm_bf16.c — kernel lab for engine/cpu/gemm_bf16.c: out[N, M] = a[N, K] @ B[K, M] with
  * B a bf16 weight read as it lies (b_trans: W [M, K], x @ W^T; else W [K, M], x @ W).
  *
- *   lab_gemm_bf16 --check   every variant (scalar, AVX2, AVX-512, AVX512_BF16 dot tile and packed) x both layouts vs a naive f64 reference
+ *   lab_gemm_bf16 --check   every variant (scalar, AVX2, AVX-512, AVX512_BF16 dot tile and packed, the AMX
+ *                           decode and packed kernels) x both layouts vs a naive f64 reference
  *                           at every N in 1..40, K in 1..300 (edges around multiples of 8/16 and
  *                           every K for a few N), column counts around the tile edges, padded
  *                           leading dims, f32/bf16 output, forced K blocks and 2 threads; the packed
  *                           variant also at 33..300 rows and past one packed block of a (1031..2085
- *                           rows), with a as f32, as bf16 rows and as bf16 transposed (dW = gᵀ x)
+ *                           rows), with a as f32, as bf16 rows and as bf16 transposed (dW = gᵀ x); the
+ *                           same for the AMX packed kernel where the CPU has AMX-BF16
  *   lab_gemm_bf16           times the variants at decode sizes against convert + OpenBLAS sgemm,
  *                           then the DRAM roofline: a 1 GiB bf16 weight streamed by a GEMV vs a
  *                           plain read of the same buffer
  *   lab_gemm_bf16 --small   the decode sizes only (no 1 GiB buffer); --roofline: the roofline only
  *   lab_gemm_bf16 --train   training row counts (64 .. 1024 rows of bf16 values): the dot-product
- *                           dpbf16 tile vs the packed dpbf16 kernel vs convert + sgemm (AVX512_BF16)
+ *                           dpbf16 tile vs the packed dpbf16 kernel vs convert + sgemm (AVX512_BF16),
+ *                           and the packed kernel on AMX tiles (AMX-BF16)
  *
  * Shape letters: N rows of a (tokens), K reduction, M output columns (weight rows for b_trans).
  */
