@@ -27,7 +27,7 @@
 #define BQ 64 /* queries per task (BLAS tiles) */
 #define BK 64 /* keys per inner block (BLAS tiles) */
 
-kg_attn_tuning kg_attn_tune = {KG_ATTN_AUTO, 64, 64};
+kg_attn_tuning kg_attn_tune = {KG_ATTN_AUTO, 64, 64, 128};
 
 typedef kg_attn_view view4;
 typedef kg_attn_plan plan;

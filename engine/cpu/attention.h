@@ -58,6 +58,9 @@ typedef enum { KG_ATTN_AUTO, KG_ATTN_BLAS, KG_ATTN_AVX2 } kg_attn_variant;
 typedef struct {
   kg_attn_variant variant;
   int bq, bk; /* AVX2 query and key tile (bk a multiple of 8) */
+  int bkf;    /* the forward's key tile (a multiple of 8), 0: bk. Larger than the backward's: the
+                 online softmax pays per row and key tile (a max, two sums, an expf, a rescale of
+                 the row's sums), and the backward's tiles are its dk/dv accumulators */
 } kg_attn_tuning;
 extern kg_attn_tuning kg_attn_tune;
 

@@ -4,7 +4,9 @@
  *
  * Shape letters: B batch, H query heads, Hkv key/value heads, T query length, S key length,
  * D head dim, Dp = D rounded up to 8 (packed rows are zero-padded to Dp). bq, bk: the query
- * and key tile (kg_attn_tune; 64 x 64 by default).
+ * and key tile (kg_attn_tune; 64 x 64 by default, the forward's keys 128: bkf). On a CPU with
+ * AVX-512 the tile products and the softmax rows run 16 lanes wide (micro_z, the *_z row
+ * pieces), with the same per-element arithmetic order as the AVX2 tile.
  *
  * Why: a 64 x 64 x 64 sgemm call spends more time packing its operands than multiplying, and
  * the tiles are multiplied many times. Here every operand is packed at most once, in the
@@ -98,18 +100,80 @@ static const micro_fn micro_tab[2][MR + 1] = {
     {NULL, micro_1_1, micro_2_1, micro_3_1, micro_4_1, micro_5_1, micro_6_1},
     {NULL, micro_1_2, micro_2_2, micro_3_2, micro_4_2, micro_5_2, micro_6_2}};
 
+/* The same tile with AVX-512 (F): C[mr, 16·nz] in mr x nz zmm accumulators, 16 columns per
+ * FMA instead of 8 (twice the work per instruction on a CPU with two 512-bit FMA pipes). Each
+ * element of C is still one chain of FMAs over k in order, so the result is bit for bit the
+ * AVX2 tile's. */
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+static int have_avx512 = -1; /* set once; a race writes the same value */
+static bool avx512_available(void) {
+  if (have_avx512 < 0) {
+    __builtin_cpu_init();
+    have_avx512 = __builtin_cpu_supports("avx512f") && kg_attn_avx2_available();
+  }
+  return have_avx512 == 1;
+}
+
+static inline __attribute__((always_inline)) AVX512 void micro_z(const int mr, const int nz, int64_t K, const float *A,
+                                                                  int64_t ars, int64_t aks, const float *B, int64_t ldb,
+                                                                  float *C, int64_t ldc, bool acc) {
+#define MZ_INIT(r)                                                                          \
+  __m512 z0_##r = _mm512_setzero_ps(), z1_##r = _mm512_setzero_ps();                        \
+  if (acc && mr > r) {                                                                      \
+    z0_##r = _mm512_loadu_ps(C + r * ldc);                                                  \
+    if (nz == 2) z1_##r = _mm512_loadu_ps(C + r * ldc + 16);                                \
+  }
+  MK_FOR_ROWS(MZ_INIT)
+  for (int64_t k = 0; k < K; k++) {
+    const float *a = A + k * aks, *b = B + k * ldb;
+    __m512 b0 = _mm512_loadu_ps(b), b1 = nz == 2 ? _mm512_loadu_ps(b + 16) : b0;
+#define MZ_FMA(r)                                                                           \
+    if (mr > r) {                                                                           \
+      __m512 ar = _mm512_set1_ps(a[r * ars]);                                               \
+      z0_##r = _mm512_fmadd_ps(ar, b0, z0_##r);                                             \
+      if (nz == 2) z1_##r = _mm512_fmadd_ps(ar, b1, z1_##r);                                \
+    }
+    MK_FOR_ROWS(MZ_FMA)
+  }
+#define MZ_STORE(r)                                                                         \
+  if (mr > r) {                                                                             \
+    _mm512_storeu_ps(C + r * ldc, z0_##r);                                                  \
+    if (nz == 2) _mm512_storeu_ps(C + r * ldc + 16, z1_##r);                                \
+  }
+  MK_FOR_ROWS(MZ_STORE)
+}
+#define MICROZ(mr, nz)                                                                                           \
+  static AVX512 void microz_##mr##_##nz(int64_t K, const float *A, int64_t ars, int64_t aks, const float *B,   \
+                                        int64_t ldb, float *C, int64_t ldc, bool acc) {                         \
+    micro_z(mr, nz, K, A, ars, aks, B, ldb, C, ldc, acc);                                                       \
+  }
+MICROZ(1, 1) MICROZ(2, 1) MICROZ(3, 1) MICROZ(4, 1) MICROZ(5, 1) MICROZ(6, 1)
+MICROZ(1, 2) MICROZ(2, 2) MICROZ(3, 2) MICROZ(4, 2) MICROZ(5, 2) MICROZ(6, 2)
+static const micro_fn microz_tab[2][MR + 1] = {
+    {NULL, microz_1_1, microz_2_1, microz_3_1, microz_4_1, microz_5_1, microz_6_1},
+    {NULL, microz_1_2, microz_2_2, microz_3_2, microz_4_2, microz_5_2, microz_6_2}};
+
 /* C [M, N] (+)= A [M, K] · B [K, N] with A(r, k) = A[r·ars + k·aks] (row-major or read
- * transposed), B rows ldb apart; N a multiple of 8. Each 16-column panel of B (K x 16, in L1)
- * serves every row block of A. The rows are split evenly into blocks of 5 or 6 (64 = 9·6 +
- * 2·5, not 10·6 + 4: a 4-row or 2-row block does a third fewer FMAs per load of B). */
+ * transposed), B rows ldb apart; N a multiple of 8. Each 16-column panel of B (K x 16, in L1;
+ * 32 columns with AVX-512, an 8-column tail on the AVX2 tile) serves every row block of A. The
+ * rows are split evenly into blocks of 5 or 6 (64 = 9·6 + 2·5, not 10·6 + 4: a 4-row or 2-row
+ * block does a third fewer FMAs per load of B). */
 static void tile_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t aks, const float *B,
                       int64_t ldb, float *C, int64_t ldc, bool acc) {
   int64_t nblk = cdiv(M, MR), base = M / (nblk > 0 ? nblk : 1), extra = M - base * nblk;
-  for (int64_t n0 = 0; n0 < N; n0 += 16) {
-    int nv = N - n0 >= 16 ? 2 : 1;
+  bool z = avx512_available();
+  for (int64_t n0 = 0, step; n0 < N; n0 += step) {
+    const micro_fn *tab;
+    if (z && N - n0 >= 16) {
+      int nz = N - n0 >= 32 ? 2 : 1;
+      tab = microz_tab[nz - 1], step = 16 * nz;
+    } else {
+      int nv = N - n0 >= 16 ? 2 : 1;
+      tab = micro_tab[nv - 1], step = 8 * nv;
+    }
     for (int64_t blk = 0, r0 = 0; blk < nblk; blk++) {
       int mr = (int)(base + (blk < extra));
-      micro_tab[nv - 1][mr](K, A + r0 * ars, ars, aks, B + n0, ldb, C + r0 * ldc + n0, ldc, acc);
+      tab[mr](K, A + r0 * ars, ars, aks, B + n0, ldb, C + r0 * ldc + n0, ldc, acc);
       r0 += mr;
     }
   }
@@ -166,14 +230,14 @@ static inline AVX2 float hmax8(__m256 v) {
 }
 
 /* max of s [n8] (NaN ignored, as the scalar path's compare) */
-static AVX2 float row_max(const float *s, int64_t n8) {
+static AVX2 float row_max_y(const float *s, int64_t n8) {
   __m256 m = _mm256_set1_ps(-INFINITY);
   for (int64_t c = 0; c < n8; c += 8) m = _mm256_max_ps(_mm256_loadu_ps(s + c), m);
   return hmax8(m);
 }
 /* s[c] <- e^(s[c] - m) for c < n8; returns Σ. Two vectors per step: exp8 is one long
  * dependency chain, and two in flight keep the FMA pipes busier. */
-static AVX2 float row_exp(float *s, int64_t n8, float m) {
+static AVX2 float row_exp_y(float *s, int64_t n8, float m) {
   __m256 mv = _mm256_set1_ps(m), sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
   int64_t c = 0;
   for (; c + 16 <= n8; c += 16) {
@@ -191,12 +255,12 @@ static AVX2 float row_exp(float *s, int64_t n8, float m) {
   }
   return hsum8(_mm256_add_ps(sum0, sum1));
 }
-static AVX2 void row_scale(float *a, int64_t n8, float f) {
+static AVX2 void row_scale_y(float *a, int64_t n8, float f) {
   __m256 fv = _mm256_set1_ps(f);
   for (int64_t c = 0; c < n8; c += 8) _mm256_storeu_ps(a + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), fv));
 }
 /* p[c] <- e^(s[c] - L), ds[c] <- p[c]·(dp[c] - dl) (s holds p afterwards, dp holds ds) */
-static AVX2 void row_probs_grad(float *s, float *dp, int64_t n8, float L, float dl) {
+static AVX2 void row_probs_grad_y(float *s, float *dp, int64_t n8, float L, float dl) {
   __m256 Lv = _mm256_set1_ps(L), dlv = _mm256_set1_ps(dl);
   for (int64_t c = 0; c < n8; c += 8) {
     __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), Lv));
@@ -209,7 +273,7 @@ static AVX2 void row_probs_grad(float *s, float *dp, int64_t n8, float L, float 
  * float: added), -inf outside the band and in the padding columns nk..n8. */
 /* s[c] += bias[c] (f32) or s[c] <- -inf where !keep[c] (bool), for c < n; unit stride, read in
  * place: sam's bias is as large as the scores, and a copy per row cost a quarter of its time */
-static AVX2 void mask_row_unit(float *s, const void *mp, kg_dtype dt, int64_t n) {
+static AVX2 void mask_row_unit_y(float *s, const void *mp, kg_dtype dt, int64_t n) {
   int64_t c = 0;
   if (dt == KG_F32) {
     const float *bias = mp;
@@ -226,6 +290,95 @@ static AVX2 void mask_row_unit(float *s, const void *mp, kg_dtype dt, int64_t n)
     }
     for (; c < n; c++) s[c] = keep[c] ? s[c] : -INFINITY;
   }
+}
+
+/* The row pieces with AVX-512: 16 lanes per step, an 8-lane tail on the AVX2 formula (rows are
+ * padded to a multiple of 8). exp16 is exp8's formula lane for lane (same bits); the sums of
+ * row_exp add in another order. */
+static inline AVX512 __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));
+  __m512 k = _mm512_roundscale_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504f), _mm512_set1_ps(0.5f)),
+                                  _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), xc);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1 / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1 / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1 / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1 / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y, _mm512_setzero_ps());
+}
+static AVX512 float row_max_z(const float *s, int64_t n8) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int64_t c = 0;
+  for (; c + 16 <= n8; c += 16) m = _mm512_max_ps(_mm512_loadu_ps(s + c), m);
+  float r = _mm512_reduce_max_ps(m), t = c < n8 ? row_max_y(s + c, n8 - c) : -INFINITY;
+  return t > r ? t : r;
+}
+static AVX512 float row_exp_z(float *s, int64_t n8, float m) {
+  __m512 mv = _mm512_set1_ps(m), sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 32 <= n8; c += 32) {
+    __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), mv));
+    __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c + 16), mv));
+    _mm512_storeu_ps(s + c, e0);
+    _mm512_storeu_ps(s + c + 16, e1);
+    sum0 = _mm512_add_ps(sum0, e0);
+    sum1 = _mm512_add_ps(sum1, e1);
+  }
+  for (; c + 16 <= n8; c += 16) {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), mv));
+    _mm512_storeu_ps(s + c, e);
+    sum0 = _mm512_add_ps(sum0, e);
+  }
+  float t = c < n8 ? row_exp_y(s + c, n8 - c, m) : 0;
+  return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1)) + t;
+}
+static AVX512 void row_scale_z(float *a, int64_t n8, float f) {
+  __m512 fv = _mm512_set1_ps(f);
+  int64_t c = 0;
+  for (; c + 16 <= n8; c += 16) _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), fv));
+  if (c < n8) row_scale_y(a + c, n8 - c, f);
+}
+static AVX512 void row_probs_grad_z(float *s, float *dp, int64_t n8, float L, float dl) {
+  __m512 Lv = _mm512_set1_ps(L), dlv = _mm512_set1_ps(dl);
+  int64_t c = 0;
+  for (; c + 16 <= n8; c += 16) {
+    __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), Lv));
+    _mm512_storeu_ps(s + c, p);
+    _mm512_storeu_ps(dp + c, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + c), dlv)));
+  }
+  if (c < n8) row_probs_grad_y(s + c, dp + c, n8 - c, L, dl);
+}
+static AVX512 void mask_row_unit_z(float *s, const void *mp, kg_dtype dt, int64_t n) {
+  int64_t c = 0;
+  if (dt == KG_F32) {
+    const float *bias = mp;
+    for (; c + 16 <= n; c += 16)
+      _mm512_storeu_ps(s + c, _mm512_add_ps(_mm512_loadu_ps(s + c), _mm512_loadu_ps(bias + c)));
+  }
+  if (c < n) mask_row_unit_y(s + c, (const char *)mp + c * (dt == KG_F32 ? 4 : 1), dt, n - c);
+}
+static float row_max(const float *s, int64_t n8) { return avx512_available() ? row_max_z(s, n8) : row_max_y(s, n8); }
+static float row_exp(float *s, int64_t n8, float m) {
+  return avx512_available() ? row_exp_z(s, n8, m) : row_exp_y(s, n8, m);
+}
+static void row_scale(float *a, int64_t n8, float f) {
+  if (avx512_available()) row_scale_z(a, n8, f);
+  else row_scale_y(a, n8, f);
+}
+static void row_probs_grad(float *s, float *dp, int64_t n8, float L, float dl) {
+  if (avx512_available()) row_probs_grad_z(s, dp, n8, L, dl);
+  else row_probs_grad_y(s, dp, n8, L, dl);
+}
+static void mask_row_unit(float *s, const void *mp, kg_dtype dt, int64_t n) {
+  if (avx512_available()) mask_row_unit_z(s, mp, dt, n);
+  else mask_row_unit_y(s, mp, dt, n);
 }
 
 static void mask_row(float *s, float *mrow, const kg_attn_plan *P, int64_t b, int64_t h, int64_t i, int64_t j0,
@@ -299,12 +452,15 @@ typedef struct {
   float *kt, *vp, *qs, *acc, *s, *mrow, *m, *l, *tmp;
 } fwd_bufs;
 
+/* the forward's key tile */
+static int64_t fwd_bk(void) { return kg_attn_tune.bkf > 0 ? kg_attn_tune.bkf : kg_attn_tune.bk; }
+
 /* query rows [i0, i0 + nq) of head (b, h) against the packed keys [jlo, ...): kp is scale·Kᵀ
  * [Dp, ldk] or, when key_rows, K itself (rows ldk apart) */
 static void fwd_tile(const kg_attn_plan *P, fwd_bufs *w, const float *kp, int64_t ldk, bool key_rows, const float *vp,
                      int64_t ldv, int64_t jlo, int64_t b, int64_t h, int64_t i0, int64_t nq, kg_attn_view *o,
                      float *lse) {
-  int64_t D = P->D, Dp = round8(D), bk = kg_attn_tune.bk, ldq;
+  int64_t D = P->D, Dp = round8(D), bk = fwd_bk(), ldq;
   const float *qs = rows_f32(&P->q, b, h, i0, nq, D, w->qs, &ldq);
   memset(w->acc, 0, sizeof(float) * (size_t)(nq * Dp));
   for (int64_t r = 0; r < nq; r++) w->m[r] = -INFINITY, w->l[r] = 0;
@@ -343,7 +499,7 @@ static void fwd_tile(const kg_attn_plan *P, fwd_bufs *w, const float *kp, int64_
 static bool chunk_rows_few(int64_t T, int64_t chunk) { return min64(T, chunk) <= 4; }
 
 void kg_attn_fwd_avx2(const kg_attn_plan *P, kg_tensor *out, float *lse) {
-  int64_t D = P->D, Dp = round8(D), G = P->H / P->Hkv, bq = kg_attn_tune.bq, bk = kg_attn_tune.bk;
+  int64_t D = P->D, Dp = round8(D), G = P->H / P->Hkv, bq = kg_attn_tune.bq, bk = fwd_bk();
   /* a task is a chunk of query tiles of one head; chunks only as small as needed for about 4
    * tasks per thread, since each chunk packs its keys once */
   int64_t nqb = cdiv(P->T, bq), nt4 = 4 * kg_num_threads();

@@ -78,6 +78,7 @@ typedef struct {
   bool amx;                /* the AMX kernel (b_trans, 3..32 rows of bf16 a) */
   const uint16_t *amx_a;   /* amx: a in 16-row blocks, zero-padded to amx_ld (a multiple of 32) */
   int64_t amx_ld;
+  bool amx_packed; /* packed, on AMX tiles (run_amx_packed) */
 } plan;
 
 /* per-thread packing buffers of the many-rows kernel */
@@ -864,6 +865,197 @@ KG_AMX static void run_amx(const plan *p, const packbuf *pb, float *c, int64_t l
   }
   _tile_release();
 }
+
+/* ---- AMX-BF16 variant of the many-rows kernel (both layouts; a's values are bf16) ---------- */
+/* The packed kernel's 8 x 32 vdpbf16ps tile does 8 x 32 x 2 products per 16 instructions; one
+ * tdpbf16ps does 16 x 16 x 32. Same blocking as run_packed (per K block of AP_KC: a block of a in
+ * L2, one panel of B in L1 at a time, packed by pack_b as for the packed kernel and zeroed to a
+ * whole number of 16-pair tile rows), with a packed into 16-row groups of 1 KiB tiles (16 rows x
+ * 32 k, row-major, zero past the rows and past the K block) so that every tile load reads 1 KiB
+ * in a row. Per 32 rows x 32 columns: 4 C tiles (the f32 sums, loaded from c after the first K
+ * block) x 2 A tiles x 2 B tiles, the 8 tile registers. Tiles: C 0-3, A 4-5, B 6-7. */
+#ifndef AP_KC
+#define AP_KC 256 /* K block (elements, a multiple of 32): a panel is AP_KC / 2 x 128 bytes, in L1 */
+#endif
+#define AP_TILE 512 /* bf16 per packed A tile: 16 rows x 32 k */
+
+/* rows of a per packed block of kb (a multiple of 32) k: P_A_BYTES of tiles, a multiple of 32 */
+static int64_t amx_block_rows(int64_t kb) {
+  int64_t r = P_A_BYTES / (kb * 2) / 32 * 32;
+  return r < 32 ? 32 : r;
+}
+
+/* out[r] = word r of row 0..15 of the 16 x 16 transpose of 32-bit words v[0..15] (row p of v:
+ * words of 16 columns) */
+KG_AMX static void transpose_16x16(__m512i v[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  /* u[4i + j], 128-bit lane L: rows 4i .. 4i + 3 of column 4L + j */
+  for (int j = 0; j < 4; j++) {
+    __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), x1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+    __m512i y0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd), y1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+    v[j] = _mm512_shuffle_i32x4(x0, x1, 0x88);      /* column j */
+    v[8 + j] = _mm512_shuffle_i32x4(x0, x1, 0xdd);  /* column 8 + j */
+    v[4 + j] = _mm512_shuffle_i32x4(y0, y1, 0x88);  /* column 4 + j */
+    v[12 + j] = _mm512_shuffle_i32x4(y0, y1, 0xdd); /* column 12 + j */
+  }
+}
+
+/* rows [n0, n0 + nr) of a, K block [k0, k0 + kb), as 16-row groups of tiles: group g, k step q at
+ * ap + (g * nq + q) * AP_TILE, [r * 32 + kk] = a[n0 + 16g + r, k0 + 32q + kk]; 0 past nr (up to
+ * a multiple of 32 rows) and past kb (nq = kb rounded up to 32, / 32) */
+KG_AMX static void pack_a_amx(uint16_t *ap, const plan *p, int64_t n0, int64_t nr, int64_t k0, int64_t kb) {
+  int64_t nq = (kb + 31) / 32, ng = (nr + 31) / 32 * 2;
+  const __m512i odd = _mm512_setr_epi32(0x30001, 0x70005, 0xb0009, 0xf000d, 0x130011, 0x170015, 0x1b0019, 0x1f001d,
+                                        0x230021, 0x270025, 0x2b0029, 0x2f002d, 0x330031, 0x370035, 0x3b0039,
+                                        0x3f003d); /* words 1, 3, .., 63: the high halves of 32 f32 */
+  for (int64_t g = 0; g < ng; g++)
+    for (int64_t q = 0; q < nq; q++) {
+      uint16_t *t = ap + (g * nq + q) * AP_TILE;
+      int64_t left = kb - 32 * q, r0 = n0 + 16 * g, rows = nr - 16 * g; /* k left >= 1; rows may be <= 0 */
+      __mmask32 km = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+      if (p->a16_trans && rows > 0) { /* a[n, k] = a16[k * lda16 + n]: pairs of k rows, then a 16 x 16 word transpose */
+        __mmask16 nm = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
+        __m512i v[16];
+        for (int pi = 0; pi < 16; pi++) {
+          int64_t k = k0 + 32 * q + 2 * pi;
+          __m512i lo = 2 * pi < left ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(nm, p->a16 + k * p->lda16 + r0))
+                                     : _mm512_setzero_si512();
+          __m512i hi = 2 * pi + 1 < left
+                           ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(nm, p->a16 + (k + 1) * p->lda16 + r0))
+                           : _mm512_setzero_si512();
+          v[pi] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)); /* word n: {a[n, k], a[n, k + 1]} */
+        }
+        transpose_16x16(v);
+        for (int r = 0; r < 16; r++) _mm512_storeu_si512(t + r * 32, v[r]);
+        continue;
+      }
+      for (int64_t r = 0; r < 16; r++) {
+        __m512i x;
+        if (r >= rows) {
+          x = _mm512_setzero_si512();
+        } else if (p->a16) {
+          x = _mm512_maskz_loadu_epi16(km, p->a16 + (r0 + r) * p->lda16 + k0 + 32 * q);
+        } else { /* f32 holding bf16 values: the high halves, exact */
+          const float *f = p->a + (r0 + r) * p->lda + k0 + 32 * q;
+          __mmask16 m0 = (__mmask16)km, m1 = (__mmask16)(km >> 16);
+          x = _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_maskz_loadu_ps(m0, f)), odd,
+                                        _mm512_castps_si512(_mm512_maskz_loadu_ps(m1, f + 16)));
+        }
+        _mm512_storeu_si512(t + r * 32, x);
+      }
+    }
+}
+
+/* c[nr, nc] (+)= rows of the product at c (f32, row stride ldc) or, with o16 (the last K block of
+ * a bf16 output), rounded into o16; ap: the two A tile groups (16 rows each, nq steps), bp: the
+ * panel; nr in 1..32, nc in 1..32 */
+KG_AMX static void tile_amx(float *c, int64_t ldc, uint16_t *o16, int64_t ldo, const uint16_t *ap, int64_t nq,
+                            const uint32_t *bp, int nr, int64_t nc, bool acc) {
+  bool two = nr > 16, full = nr == 32 && nc == 32 && !o16;
+  float e[32][32]; /* an edge block, or the sums before rounding to bf16 */
+  if (acc && full) {
+    _tile_loadd(0, c, ldc * 4);
+    _tile_loadd(1, c + 16, ldc * 4);
+    _tile_loadd(2, c + 16 * ldc, ldc * 4);
+    _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+  } else if (acc) {
+    for (int r = 0; r < 32; r++) {
+      __mmask16 m0 = r < nr ? (nc >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nc) - 1)) : 0;
+      __mmask16 m1 = r < nr && nc > 16 ? (nc >= 32 ? (__mmask16)0xffff : (__mmask16)((1u << (nc - 16)) - 1)) : 0;
+      _mm512_storeu_ps(e[r], _mm512_maskz_loadu_ps(m0, c + r * ldc));
+      _mm512_storeu_ps(e[r] + 16, _mm512_maskz_loadu_ps(m1, c + r * ldc + 16));
+    }
+    __asm__ volatile("" ::: "memory"); /* the tile loads are asm the compiler cannot see reading e */
+    _tile_loadd(0, &e[0][0], 128);
+    _tile_loadd(1, &e[0][16], 128);
+    _tile_loadd(2, &e[16][0], 128);
+    _tile_loadd(3, &e[16][16], 128);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const uint16_t *a1 = ap + nq * AP_TILE;
+  for (int64_t q = 0; q < nq; q++) {
+    _tile_loadd(6, bp + q * 16 * P_NC, P_NC * 4);
+    _tile_loadd(7, bp + q * 16 * P_NC + 16, P_NC * 4);
+    _tile_loadd(4, ap + q * AP_TILE, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, a1 + q * AP_TILE, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  if (full) {
+    _tile_stored(0, c, ldc * 4);
+    _tile_stored(1, c + 16, ldc * 4);
+    _tile_stored(2, c + 16 * ldc, ldc * 4);
+    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+    return;
+  }
+  _tile_stored(0, &e[0][0], 128);
+  _tile_stored(1, &e[0][16], 128);
+  if (two) {
+    _tile_stored(2, &e[16][0], 128);
+    _tile_stored(3, &e[16][16], 128);
+  }
+  __asm__ volatile("" ::: "memory");
+  for (int r = 0; r < nr; r++)
+    for (int v = 0; v < 2 && nc > 16 * v; v++) {
+      int64_t left = nc - 16 * v;
+      __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+      __m512 x = _mm512_loadu_ps(e[r] + 16 * v);
+      if (o16) _mm256_mask_storeu_epi16(o16 + r * ldo + 16 * v, m, (__m256i)_mm512_cvtneps_pbh(x)); /* RNE */
+      else _mm512_mask_storeu_ps(c + r * ldc + 16 * v, m, x);
+    }
+}
+
+/* run_packed with the AMX tile: c[nr, mc] (row n0 of the product at c, o16) = columns
+ * [m0, m0 + mc) of rows [n0, n0 + nr), one K block at a time */
+KG_AMX static void run_amx_packed(const plan *p, const packbuf *pb, float *c, int64_t ldc, uint16_t *o16, int64_t ldo,
+                                  int64_t m0, int64_t mc, int64_t n0, int64_t nr) {
+  amx_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+  uint16_t *ap = (uint16_t *)pb->a;
+  for (int64_t k0 = 0; k0 < p->K; k0 += p->kc) {
+    int64_t kb = p->K - k0 < p->kc ? p->K - k0 : p->kc, np = (kb + 1) / 2, nq = (kb + 31) / 32;
+    int64_t mb = amx_block_rows(p->kc); /* p->kc: a multiple of 32, the block the buffer was sized for */
+    bool acc = k0 > 0, last = k0 + kb >= p->K;
+    for (int64_t i0 = 0; i0 < nr; i0 += mb) {
+      int64_t nb = nr - i0 < mb ? nr - i0 : mb;
+      pack_a_amx(ap, p, n0 + i0, nb, k0, kb);
+      for (int64_t j = 0; j < mc; j += P_NC) {
+        int64_t nc = mc - j < P_NC ? mc - j : P_NC;
+        pack_b(pb->b, p->w, p->ldw, p->trans, m0 + j, nc, k0, kb);
+        memset(pb->b + np * P_NC, 0, (size_t)((nq * 16 - np) * P_NC * 4));
+        __asm__ volatile("" ::: "memory"); /* the tile loads read the panel */
+        for (int64_t t = 0; t * 32 < nb; t++) {
+          int64_t r = i0 + t * 32;
+          int nrt = nb - t * 32 < 32 ? (int)(nb - t * 32) : 32;
+          uint16_t *o = o16 && last ? o16 + r * ldo + j : NULL;
+          tile_amx(c + r * ldc + j, ldc, o, ldo, ap + 2 * t * nq * AP_TILE, nq, pb->b, nrt, nc, acc);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
 #else
 bool kg_cpu_gemm_bf16_avx2(void) { return false; }
 bool kg_cpu_gemm_bf16_avx512(void) { return false; }
@@ -881,6 +1073,10 @@ static void run_chunk(const plan *p, const packbuf *pb, float *c, int64_t ldc, u
 #ifdef KG_X86
   if (p->amx) {
     run_amx(p, pb, c, ldc, m0, mc);
+    return;
+  }
+  if (p->amx_packed) {
+    run_amx_packed(p, pb, c, ldc, o16, ldo, m0, mc, n0, nr);
     return;
   }
   if (p->packed) {
@@ -936,18 +1132,24 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
   p.avx2 = p.avx512 || o->variant == KG_GEMM_BF16_AVX2 || (autov && kg_cpu_gemm_bf16_avx2());
   bool forced_amx = o->variant == KG_GEMM_BF16_AMX;
   p.avx512 = p.avx512 || forced_amx, p.avx2 = p.avx2 || forced_amx;
-  bool dp_cpu = o->variant == KG_GEMM_BF16_DPBF16 || o->variant == KG_GEMM_BF16_PACKED || forced_amx ||
+  bool forced_amxp = o->variant == KG_GEMM_BF16_AMX_PACKED;
+  p.avx512 = p.avx512 || forced_amxp, p.avx2 = p.avx2 || forced_amxp;
+  bool dp_cpu = o->variant == KG_GEMM_BF16_DPBF16 || o->variant == KG_GEMM_BF16_PACKED || forced_amx || forced_amxp ||
                 (autov && kg_cpu_gemm_bf16_dpbf16());
-  p.packed = (o->a_bf16 || o->a16) && dp_cpu && (o->variant == KG_GEMM_BF16_PACKED || (autov && (N > GB_PACK_ROWS || (N > GB_PACK_ROWS_SMALL_W && 2 * K * M <= GB_PACK_SMALL_W))));
+  p.packed = (o->a_bf16 || o->a16) && dp_cpu &&
+             (o->variant == KG_GEMM_BF16_PACKED || forced_amxp ||
+              (autov && (N > GB_PACK_ROWS || (N > GB_PACK_ROWS_SMALL_W && 2 * K * M <= GB_PACK_SMALL_W))));
   int64_t unit = 16; /* chunks of output columns are multiples of it */
 #ifdef KG_X86
-  p.amx = b_trans && o->a_bf16 && !o->a16 && N >= 3 && N <= 32 &&
-          (forced_amx || (autov && N >= GB_AMX_ROWS && kg_cpu_gemm_bf16_amx()));
+  bool amx_ok = autov && kg_cpu_gemm_bf16_amx() && kg_env_bool(KG_ENV_KENG_GEMM_AMX); /* AUTO may take AMX */
+  p.amx = b_trans && o->a_bf16 && !o->a16 && N >= 3 && N <= 32 && (forced_amx || (amx_ok && N >= GB_AMX_ROWS));
   if (p.amx) p.packed = false, unit = P_NC;
-  if (p.packed) { /* an even K block that the panel buffer holds; chunks of whole panels */
+  p.amx_packed = p.packed && (forced_amxp || amx_ok);
+  if (p.amx_packed) /* K blocks of whole tiles (32 k) */
+    p.kc = p.kc <= 0 || p.kc > AP_KC ? AP_KC : (p.kc + 31) / 32 * 32;
+  else if (p.packed) /* an even K block that the panel buffer holds */
     p.kc = p.kc <= 0 || p.kc > P_KC ? P_KC : (p.kc + 1) / 2 * 2;
-    unit = P_NC;
-  }
+  if (p.packed) unit = P_NC; /* chunks of whole panels */
 #else
   p.packed = false;
 #endif
@@ -1005,7 +1207,10 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
   size_t apk_want = 0, bpk_want = 0;
 #ifdef KG_X86
   if (p.amx) bpk_want = (size_t)(AMX_KC / 2 * P_NC * 4); /* one panel of a K block */
-  if (p.packed) { /* a block (block_rows of a K block, at most rbs rows), a panel */
+  if (p.amx_packed) { /* a block (amx_block_rows of a K block, at most rbs rows rounded up to 32), a panel */
+    int64_t kq = (p.kc + 31) / 32 * 32, rows = (rbs + 31) / 32 * 32, most = amx_block_rows(kq);
+    apk_want = (size_t)((rows < most ? rows : most) * kq * 2), bpk_want = (size_t)(kq / 2 * P_NC * 4);
+  } else if (p.packed) { /* a block (block_rows of a K block, at most rbs rows), a panel */
     int64_t pairs = (p.kc + 1) / 2, all = pairs * ((rbs + P_NR - 1) / P_NR * P_NR) * 4;
     int64_t most = P_A_BYTES + pairs * P_NR * 4;
     apk_want = (size_t)(all < most ? all : most), bpk_want = (size_t)(pairs * P_NC * 4);

@@ -18,6 +18,9 @@ typedef enum {
                           past 32 rows when a_bf16) */
   KG_GEMM_BF16_AMX,    /* caller checked kg_cpu_gemm_bf16_amx(); b_trans with a_bf16 and 3..32 rows
                           (AUTO takes it from GB_AMX_ROWS rows), else as KG_GEMM_BF16_DPBF16 */
+  KG_GEMM_BF16_AMX_PACKED, /* caller checked kg_cpu_gemm_bf16_amx(); the packed kernel (a_bf16 only, both
+                              layouts) on AMX tiles: AUTO takes it wherever it takes PACKED on a CPU
+                              with AMX-BF16 */
 } kg_gemm_bf16_variant;
 
 typedef struct {

@@ -289,6 +289,50 @@ static void empty_product(const product *p, int64_t rows, int64_t M) {
   }
 }
 
+/* the operands of batch entry bi: a and b views, offsets in elements */
+static void entry_views(const product *p, int64_t bi, int64_t N, int64_t M, view *av, view *bv, int64_t *aoff,
+                        int64_t *boff) {
+  int nd = p->nd;
+  int64_t rem = bi, ao = 0, bo = 0;
+  for (int d = nd - 3; d >= 0; d--) {
+    int64_t i = rem % p->shape[d];
+    rem /= p->shape[d];
+    ao += i * p->astr[d];
+    bo += i * p->bstr[d];
+  }
+  *av = (view){p->a + ao * kg_dtype_info[p->adt].size, p->adt, N, p->K, p->astr[nd - 2], p->astr[nd - 1]};
+  *bv = (view){p->b + bo * kg_dtype_info[p->bdt].size, p->bdt, p->K, M, p->bstr[nd - 2], p->bstr[nd - 1]};
+  if (aoff) *aoff = ao, *boff = bo;
+}
+
+/* many small products whose operands go to BLAS as they lie (attention-style [b, n, k] @
+ * [b, k, m]: sam's relative-position terms [7,756,64] @ [7,64,7] and [16,192,64] @ [16,64,16]):
+ * one single-threaded GEMM per batch entry, the entries shared among the threads. One entry at
+ * a time, each GEMM woke OpenBLAS's threads for well under 1 MFLOP (sam_tiny predict: 18-37
+ * GFLOP/s). Returns false (nothing done) when the product is not of that kind. */
+static bool small_batch(const product *p, int64_t batch, int64_t N, int64_t M, int64_t K, kg_dtype wt) {
+  if (batch < 2 || p->adt != wt || p->bdt != wt || p->odt != wt || 2.0 * (double)N * (double)M * (double)K >= MM_PAR_FLOPS)
+    return false;
+  int nt = kg_num_threads();
+  if (nt < 2 || 2.0 * (double)batch * (double)N * (double)M * (double)K < MM_PAR_FLOPS) return false;
+  view av, bv;
+  mat A, B;
+  entry_views(p, 0, N, M, &av, &bv, NULL, NULL);
+  if (!direct(&av, wt, &A) || !direct(&bv, wt, &B)) return false; /* strides are those of every entry */
+  int ws = kg_dtype_info[wt].size;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t bi = 0; bi < batch; bi++) {
+    view a1, b1;
+    entry_views(p, bi, N, M, &a1, &b1, NULL, NULL);
+    mat A1 = A, B1 = B; /* entry 0's layout, this entry's matrices */
+    A1.p = a1.p, B1.p = b1.p;
+    char *optr = p->o + bi * N * M * ws;
+    if (p->bias) fill_bias(wt, optr, M, N, M, p->bias, 0, 1);
+    gemm(wt, N, M, K, &A1, &B1, optr, M, p->bias != NULL);
+  }
+  return true;
+}
+
 static kg_status run_product(const product *p, const char *op) {
   int nd = p->nd;
   int64_t N = p->shape[nd - 2], M = p->shape[nd - 1], K = p->K;
@@ -298,7 +342,7 @@ static kg_status run_product(const product *p, const char *op) {
   kg_dtype wt = p->odt == KG_F64 ? KG_F64 : KG_F32, odt = p->odt;
   kg_flop_add((uint64_t)(2 * batch * N * M * K));
   if (batch == 0) return KG_OK;
-  int aes = kg_dtype_info[p->adt].size, bes = kg_dtype_info[p->bdt].size, os = kg_dtype_info[odt].size;
+  int os = kg_dtype_info[odt].size;
   int ws = kg_dtype_info[wt].size;
   if (K == 0) {
     empty_product(p, batch * N, M);
@@ -315,20 +359,15 @@ static kg_status run_product(const product *p, const char *op) {
     }
     if (fold) N *= batch, batch = 1;
   }
+  if (small_batch(p, batch, N, M, K, wt)) return KG_OK;
   buf abuf = {0}, bbuf = {0}, cbuf = {0};
   int64_t last_aoff = -1, last_boff = -1;
   mat A, B;
   kg_status st = KG_OK;
   for (int64_t bi = 0; bi < batch && st == KG_OK && !kg_interrupt_pending(); bi++) {
-    int64_t rem = bi, aoff = 0, boff = 0;
-    for (int d = nd - 3; d >= 0; d--) {
-      int64_t i = rem % p->shape[d];
-      rem /= p->shape[d];
-      aoff += i * p->astr[d];
-      boff += i * p->bstr[d];
-    }
-    view av = {p->a + aoff * aes, p->adt, N, K, p->astr[nd - 2], p->astr[nd - 1]};
-    view bv = {p->b + boff * bes, p->bdt, K, M, p->bstr[nd - 2], p->bstr[nd - 1]};
+    int64_t aoff, boff;
+    view av, bv;
+    entry_views(p, bi, N, M, &av, &bv, &aoff, &boff);
     char *optr = p->o + bi * N * M * os;
     if (bf16_raw_a(&av, &bv, wt, N)) { /* training rows: a and b read as bf16 */
       st = run_bf16_direct(p, optr, NULL, &av, &bv, N, M, K, &cbuf);

@@ -37,6 +37,8 @@ static const variant variants[] = {
     {"avx2 48x64", {KG_ATTN_AVX2, 48, 64}},   {"avx2 96x64", {KG_ATTN_AVX2, 96, 64}},
     {"avx2 48x128", {KG_ATTN_AVX2, 48, 128}}, {"avx2 96x128", {KG_ATTN_AVX2, 96, 128}},
     {"avx2 32x32", {KG_ATTN_AVX2, 32, 32}},   {"avx2 96x256", {KG_ATTN_AVX2, 96, 256}},
+    {"avx2 64x128", {KG_ATTN_AVX2, 64, 128}}, {"avx2 64x256", {KG_ATTN_AVX2, 64, 256}},
+    {"avx2 auto", {KG_ATTN_AVX2, 64, 64, 128}}, /* the default: forward 64 x 128, backward 64 x 64 */
 };
 #define NVAR ((int)(sizeof variants / sizeof variants[0]))
 
@@ -285,7 +287,7 @@ static int check_case(const acase *c, int ci) {
     kg_tensor *ts[5] = {d.out, d.lse, d.dq, d.dk, d.dv};
     for (int i = 0; i < 5; i++) kg_tensor_release(ts[i]);
   }
-  kg_attn_tune = (kg_attn_tuning){KG_ATTN_AUTO, 64, 64};
+  kg_attn_tune = (kg_attn_tuning){KG_ATTN_AUTO, 64, 64, 128};
   kg_tensor *ins[5] = {d.q, d.k, d.v, d.g, d.mask};
   for (int i = 0; i < 5; i++)
     if (ins[i]) kg_tensor_release(ins[i]);
@@ -326,7 +328,7 @@ static void time_shape(const acase *c, int runs) {
     printf("  %-12s fwd %7.2f ms (%5.1f GFLOP/s)  bwd %7.2f ms (%5.1f GFLOP/s)\n", variants[vi].name, f,
            gf / f * 1e3, b, 2.5 * gf / b * 1e3);
   }
-  kg_attn_tune = (kg_attn_tuning){KG_ATTN_AUTO, 64, 64};
+  kg_attn_tune = (kg_attn_tuning){KG_ATTN_AUTO, 64, 64, 128};
   kg_tensor *ts[9] = {d.q, d.k, d.v, d.g, d.out, d.lse, d.dq, d.dk, d.dv};
   for (int i = 0; i < 9; i++) kg_tensor_release(ts[i]);
 }
@@ -349,6 +351,9 @@ int main(int argc, char **argv) {
       {8, 8, 2, 128, 128, 32, true, 0, MASK_NONE, KG_F32, false},
       {26, 2, 2, 256, 256, 32, false, 0, MASK_NONE, KG_F32, false}, /* sd_tiny self-attention */
       {32, 4, 4, 1, 64, 64, true, 0, MASK_NONE, KG_F32, false},     /* one decode step with a KV cache */
+      {4, 3, 3, 256, 256, 64, false, 0, MASK_FLOAT_HTS, KG_F32, false}, /* sam_tiny global, rel-pos bias */
+      {36, 3, 3, 49, 49, 64, false, 0, MASK_FLOAT_HTS, KG_F32, false},  /* sam_tiny 7x7 windows */
+      {26, 8, 8, 256, 256, 16, false, 0, MASK_NONE, KG_F32, false},     /* head dim 16 */
   };
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) time_shape(&shapes[i], runs);
   return 0;

@@ -1,18 +1,21 @@
 /* lab_gemm_bf16.c — kernel lab for engine/cpu/gemm_bf16.c: out[N, M] = a[N, K] @ B[K, M] with
  * B a bf16 weight read as it lies (b_trans: W [M, K], x @ W^T; else W [K, M], x @ W).
  *
- *   lab_gemm_bf16 --check   every variant (scalar, AVX2, AVX-512, AVX512_BF16 dot tile and packed) x both layouts vs a naive f64 reference
+ *   lab_gemm_bf16 --check   every variant (scalar, AVX2, AVX-512, AVX512_BF16 dot tile and packed, the AMX
+ *                           decode and packed kernels) x both layouts vs a naive f64 reference
  *                           at every N in 1..40, K in 1..300 (edges around multiples of 8/16 and
  *                           every K for a few N), column counts around the tile edges, padded
  *                           leading dims, f32/bf16 output, forced K blocks and 2 threads; the packed
  *                           variant also at 33..300 rows and past one packed block of a (1031..2085
- *                           rows), with a as f32, as bf16 rows and as bf16 transposed (dW = gᵀ x)
+ *                           rows), with a as f32, as bf16 rows and as bf16 transposed (dW = gᵀ x); the
+ *                           same for the AMX packed kernel where the CPU has AMX-BF16
  *   lab_gemm_bf16           times the variants at decode sizes against convert + OpenBLAS sgemm,
  *                           then the DRAM roofline: a 1 GiB bf16 weight streamed by a GEMV vs a
  *                           plain read of the same buffer
  *   lab_gemm_bf16 --small   the decode sizes only (no 1 GiB buffer); --roofline: the roofline only
  *   lab_gemm_bf16 --train   training row counts (64 .. 1024 rows of bf16 values): the dot-product
- *                           dpbf16 tile vs the packed dpbf16 kernel vs convert + sgemm (AVX512_BF16)
+ *                           dpbf16 tile vs the packed dpbf16 kernel vs convert + sgemm (AVX512_BF16),
+ *                           and the packed kernel on AMX tiles (AMX-BF16)
  *
  * Shape letters: N rows of a (tokens), K reduction, M output columns (weight rows for b_trans).
  */
@@ -54,13 +57,14 @@ static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int6
                       int64_t kc) {
   int64_t lda = K + 3, ldw = (trans ? K : M) + 5, ldo = M + 2, ldt = N + 3; /* a transposed: [K, ldt] */
   int64_t wrows = trans ? M : K;
-  int nform = var->v == KG_GEMM_BF16_PACKED ? 3 : 1;
+  int nform = var->v == KG_GEMM_BF16_PACKED || var->v == KG_GEMM_BF16_AMX_PACKED ? 3 : 1;
   float *a = malloc(sizeof(float) * (size_t)(N * lda));
   uint16_t *w = malloc(2 * (size_t)(wrows * ldw));
   float *o32 = malloc(sizeof(float) * (size_t)(3 * N * ldo));
   uint16_t *o16 = malloc(2 * (size_t)(3 * N * ldo));
   uint16_t *ab = malloc(2 * (size_t)(N * lda)), *at = malloc(2 * (size_t)(K * ldt));
-  bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED || var->v == KG_GEMM_BF16_AMX; /* they need bf16 values in a */
+  bool a16 = var->v == KG_GEMM_BF16_DPBF16 || var->v == KG_GEMM_BF16_PACKED || var->v == KG_GEMM_BF16_AMX ||
+             var->v == KG_GEMM_BF16_AMX_PACKED; /* they need bf16 values in a */
   for (int64_t i = 0; i < N * lda; i++) a[i] = a16 ? kg_bf16_to_f32(kg_f32_to_bf16(frand())) : frand();
   for (int64_t i = 0; i < wrows * ldw; i++) w[i] = kg_f32_to_bf16(frand());
   for (int64_t i = 0; i < 3 * N * ldo; i++) o32[i] = NAN, o16[i] = 0x7fc0;
@@ -106,7 +110,7 @@ static void check_one(const variant *var, bool trans, int64_t N, int64_t M, int6
 
 /* the packed kernel gives the same bits on 1 and 2 threads (columns or rows split among them) and
  * for every form of a: each sum runs over the same K blocks in the same order */
-static void check_deterministic(void) {
+static void check_deterministic(kg_gemm_bf16_variant var) {
   static const int64_t shapes[][3] = {{300, 515, 513}, {1100, 40, 300}, {70, 4100, 257}}; /* N, M, K */
   for (int s = 0; s < 3; s++)
     for (int tr = 0; tr < 2; tr++) {
@@ -119,14 +123,15 @@ static void check_deterministic(void) {
         for (int64_t k = 0; k < K; k++) at[k * N + n] = kg_f32_to_bf16(a[n * K + k]);
       for (int v = 0; v < 3; v++) {
         o[v] = malloc(4 * (size_t)(N * M));
-        kg_gemm_bf16_opts op = {KG_GEMM_BF16_PACKED, v == 1 ? 2 : 1, 0, true};
+        kg_gemm_bf16_opts op = {var, v == 1 ? 2 : 1, 0, true};
         if (v == 2) op.a16 = at, op.lda16 = N, op.a16_trans = true;
         kg_cpu_gemm_bf16(o[v], KG_F32, M, v == 2 ? NULL : a, K, w, tr ? K : M, tr, N, M, K, &op);
       }
       checks++;
       if (memcmp(o[0], o[1], 4 * (size_t)(N * M)) || memcmp(o[0], o[2], 4 * (size_t)(N * M))) {
-        fprintf(stderr, "FAIL packed %s N=%lld M=%lld K=%lld: 1 thread, 2 threads and transposed a differ\n",
-                tr ? "nt" : "nn", (long long)N, (long long)M, (long long)K);
+        fprintf(stderr, "FAIL %s %s N=%lld M=%lld K=%lld: 1 thread, 2 threads and transposed a differ\n",
+                var == KG_GEMM_BF16_PACKED ? "packed" : "amx_packed", tr ? "nt" : "nn", (long long)N, (long long)M,
+                (long long)K);
         failures++;
       }
       for (int v = 0; v < 3; v++) free(o[v]);
@@ -135,16 +140,17 @@ static void check_deterministic(void) {
 }
 
 static int run_check(void) {
-  variant vars[6] = {{"scalar", KG_GEMM_BF16_SCALAR},
+  variant vars[7] = {{"scalar", KG_GEMM_BF16_SCALAR},
                      {"avx2", KG_GEMM_BF16_AVX2},
                      {"avx512", KG_GEMM_BF16_AVX512},
                      {"dpbf16", KG_GEMM_BF16_DPBF16},
                      {"packed", KG_GEMM_BF16_PACKED},
-                     {"amx", KG_GEMM_BF16_AMX}};
-  int nvar = kg_cpu_gemm_bf16_amx() ? 6 : kg_cpu_gemm_bf16_dpbf16() ? 5 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
+                     {"amx", KG_GEMM_BF16_AMX},
+                     {"amx_packed", KG_GEMM_BF16_AMX_PACKED}};
+  int nvar = kg_cpu_gemm_bf16_amx() ? 7 : kg_cpu_gemm_bf16_dpbf16() ? 5 : kg_cpu_gemm_bf16_avx512() ? 3 : kg_cpu_gemm_bf16_avx2() ? 2 : 1;
   printf("checking");
   for (int v = 0; v < nvar; v++) printf(" %s", vars[v].name);
-  printf(nvar < 6 ? " (the others do not run on this CPU)\n" : "\n");
+  printf(nvar < 7 ? " (the others do not run on this CPU)\n" : "\n");
   static const int64_t Ks[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 300};
   static const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 40, 515};
   int nK = sizeof Ks / sizeof *Ks, nM = sizeof Ms / sizeof *Ms;
@@ -178,29 +184,34 @@ static int run_check(void) {
     static const int64_t Ns[] = {33, 40, 47, 63, 64, 65, 100, 127, 128, 129, 255, 256, 300};
     static const int64_t Ms2[] = {1, 17, 47, 48, 49, 96, 130, 515};
     static const int64_t Ks2[] = {1, 2, 3, 31, 32, 33, 255, 256, 257, 300, 513};
-    variant pk = {"packed", KG_GEMM_BF16_PACKED};
-    for (int tr = 0; tr < 2; tr++)
-      for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
-        for (size_t ki = 0; ki < sizeof Ks2 / sizeof *Ks2; ki++)
-          for (size_t mi = 0; mi < sizeof Ms2 / sizeof *Ms2; mi++) {
-            int64_t N = Ns[ni], K = Ks2[ki], M = Ms2[mi];
-            int v = (int)((ni + ki + mi) % 4);
-            check_one(&pk, tr, N, M, K, v == 1 ? KG_BF16 : KG_F32, v == 2 ? 2 : 1, v == 3 ? 18 : 0);
-          }
-    /* more rows than one packed block of a (1024 at K block 256), odd K over several K blocks */
-    for (int tr = 0; tr < 2; tr++) {
-      check_one(&pk, tr, 1031, 49, 513, KG_F32, 1, 0);
-      check_one(&pk, tr, 1100, 33, 257, KG_BF16, 1, 0);
-      check_one(&pk, tr, 2085, 17, 300, KG_F32, 2, 0);
-    }
-    /* wide chunks over several K blocks (their panels for all of K past 1 MiB: the K blocks are
-     * the outer loop); the narrower ones above put the row blocks outside */
-    for (int tr = 0; tr < 2; tr++) {
-      check_one(&pk, tr, 41, 1100, 600, KG_F32, 1, 0);
-      check_one(&pk, tr, 70, 1100, 513, KG_BF16, 2, 0);
+    variant pks[2] = {{"packed", KG_GEMM_BF16_PACKED}, {"amx_packed", KG_GEMM_BF16_AMX_PACKED}};
+    for (int pv = 0; pv < (kg_cpu_gemm_bf16_amx() ? 2 : 1); pv++) {
+      const variant *pk = &pks[pv];
+      for (int tr = 0; tr < 2; tr++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+          for (size_t ki = 0; ki < sizeof Ks2 / sizeof *Ks2; ki++)
+            for (size_t mi = 0; mi < sizeof Ms2 / sizeof *Ms2; mi++) {
+              int64_t N = Ns[ni], K = Ks2[ki], M = Ms2[mi];
+              int v = (int)((ni + ki + mi) % 5);
+              check_one(pk, tr, N, M, K, v == 1 ? KG_BF16 : KG_F32, v == 2 ? 2 : 1, v == 3 ? 18 : v == 4 ? 64 : 0);
+            }
+      /* more rows than one packed block of a (1024 at K block 256), odd K over several K blocks */
+      for (int tr = 0; tr < 2; tr++) {
+        check_one(pk, tr, 1031, 49, 513, KG_F32, 1, 0);
+        check_one(pk, tr, 1100, 33, 257, KG_BF16, 1, 0);
+        check_one(pk, tr, 2085, 17, 300, KG_F32, 2, 0);
+        check_one(pk, tr, 2085, 40, 700, KG_BF16, 2, 96);
+      }
+      /* wide chunks over several K blocks (their panels for all of K past 1 MiB: the K blocks are
+       * the outer loop); the narrower ones above put the row blocks outside */
+      for (int tr = 0; tr < 2; tr++) {
+        check_one(pk, tr, 41, 1100, 600, KG_F32, 1, 0);
+        check_one(pk, tr, 70, 1100, 513, KG_BF16, 2, 0);
+      }
     }
   }
-  if (kg_cpu_gemm_bf16_dpbf16()) check_deterministic();
+  if (kg_cpu_gemm_bf16_dpbf16()) check_deterministic(KG_GEMM_BF16_PACKED);
+  if (kg_cpu_gemm_bf16_amx()) check_deterministic(KG_GEMM_BF16_AMX_PACKED);
   printf("%d checks, %d failures (%.1f s)\n", checks, failures, lab_wall_seconds() - t0);
   return failures ? 1 : 0;
 }
@@ -415,8 +426,8 @@ static void run_train_sizes(void) {
   static const int64_t shapes[][2] = {{256, 32000}, {256, 768}, {768, 256}, {256, 256}, {32000, 256}}; /* K, M */
   static const int64_t Ns[] = {64, 128, 256, 1024};
   printf("\nms per call (median of %d) and GFLOP/s, weight bf16, a bf16 values, out f32\n", REPS);
-  printf("| K x M | N | threads | dpbf16 nt | packed nt | convert+sgemm nt | packed nn | convert+sgemm nn |\n"
-         "|---|---|---|---|---|---|---|---|\n");
+  printf("| K x M | N | threads | dpbf16 nt | packed nt | convert+sgemm nt | packed nn | convert+sgemm nn | amx_packed nt "
+         "| amx_packed nn |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
     int64_t K = shapes[s][0], M = shapes[s][1];
     uint16_t *w = malloc(2 * (size_t)(K * M));
@@ -427,13 +438,12 @@ static void run_train_sizes(void) {
       float *a = malloc(4 * (size_t)(N * K)), *c = malloc(4 * (size_t)(N * M));
       for (int64_t i = 0; i < N * K; i++) a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
       for (int th = 1; th <= 2; th++) {
-        timed vs[5] = {{true, false, KG_GEMM_BF16_DPBF16, th},
-                       {true, false, KG_GEMM_BF16_PACKED, th},
-                       {true, true, KG_GEMM_BF16_AUTO, th},
-                       {false, false, KG_GEMM_BF16_PACKED, th},
-                       {false, true, KG_GEMM_BF16_AUTO, th}};
+        timed vs[7] = {{true, false, KG_GEMM_BF16_DPBF16, th},       {true, false, KG_GEMM_BF16_PACKED, th},
+                       {true, true, KG_GEMM_BF16_AUTO, th},          {false, false, KG_GEMM_BF16_PACKED, th},
+                       {false, true, KG_GEMM_BF16_AUTO, th},         {true, false, KG_GEMM_BF16_AMX_PACKED, th},
+                       {false, false, KG_GEMM_BF16_AMX_PACKED, th}};
         printf("| %lldx%lld | %lld | %d |", (long long)K, (long long)M, (long long)N, th);
-        for (int v = 0; v < 5; v++) {
+        for (int v = 0; v < (kg_cpu_gemm_bf16_amx() ? 7 : 5); v++) {
           int reps = K * M * N > (1ll << 31) ? 5 : REPS;
           double ms = time_ms(&vs[v], c, a, w, wf, N, M, K, reps);
           printf(" %.3f (%.0f) |", ms, 2.0 * N * M * K / ms * 1e-6);
