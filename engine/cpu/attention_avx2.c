@@ -45,7 +45,7 @@ bool kg_attn_avx2_available(void) {
     __builtin_cpu_init();
     have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }
-  return have == 1;
+  return have == 1 && kg_cpu_simd() > 0; /* KENG_NO_SIMD=1: the scalar tiles (read each call) */
 }
 
 static int64_t round8(int64_t n) { return (n + 7) & ~(int64_t)7; }
@@ -109,9 +109,9 @@ static int have_avx512 = -1; /* set once; a race writes the same value */
 static bool avx512_available(void) {
   if (have_avx512 < 0) {
     __builtin_cpu_init();
-    have_avx512 = __builtin_cpu_supports("avx512f") && kg_attn_avx2_available();
+    have_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }
-  return have_avx512 == 1;
+  return have_avx512 == 1 && kg_cpu_simd() > 0;
 }
 
 static inline __attribute__((always_inline)) AVX512 void micro_z(const int mr, const int nz, int64_t K, const float *A,

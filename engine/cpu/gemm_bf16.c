@@ -119,13 +119,17 @@ static void block_scalar(float *c, int64_t ldc, const float *a, int64_t lda, con
 
 static int have_avx2 = -1; /* set once; a race writes the same value */
 
-bool kg_cpu_gemm_bf16_avx2(void) {
+/* the CPU's features are read once; KENG_NO_SIMD=1 (kg_cpu_simd, read each call: the labs switch
+ * it) turns every vector kernel off */
+static bool cpu_avx2(void) {
   if (have_avx2 < 0) {
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
   }
   return have_avx2 == 1;
 }
+
+bool kg_cpu_gemm_bf16_avx2(void) { return cpu_avx2() && kg_cpu_simd() > 0; }
 
 /* 8 bf16 -> 8 f32 (exact) */
 KG_AVX2_INLINE __m256 bf16x8(const uint16_t *p) {
@@ -254,16 +258,18 @@ KG_AVX2 static void block_n_avx2(float *c, int64_t ldc, const float *a, int64_t 
 
 static int have_avx512 = -1;
 
-bool kg_cpu_gemm_bf16_avx512(void) {
+static bool cpu_avx512(void) {
   if (have_avx512 < 0) {
     __builtin_cpu_init();
-    have_avx512 = kg_cpu_gemm_bf16_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    have_avx512 = cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl")
                       ? 1
                       : 0;
   }
   return have_avx512 == 1;
 }
+
+bool kg_cpu_gemm_bf16_avx512(void) { return cpu_avx512() && kg_cpu_simd() > 0; }
 
 /* 16 bf16 (the first n of them when masked) -> 16 f32 */
 KG_AVX512_INLINE __m512 bf16x16(const uint16_t *p, __mmask16 m) {
@@ -347,13 +353,15 @@ DEFINE_DOT_DRIVERS(z, float, KG_AVX512_INLINE, KG_AVX512)
 
 static int have_dpbf16 = -1;
 
-bool kg_cpu_gemm_bf16_dpbf16(void) {
+static bool cpu_dpbf16(void) {
   if (have_dpbf16 < 0) {
     __builtin_cpu_init();
-    have_dpbf16 = kg_cpu_gemm_bf16_avx512() && __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+    have_dpbf16 = cpu_avx512() && __builtin_cpu_supports("avx512bf16") ? 1 : 0;
   }
   return have_dpbf16 == 1;
 }
+
+bool kg_cpu_gemm_bf16_dpbf16(void) { return cpu_dpbf16() && kg_cpu_simd() > 0; }
 
 KG_DPBF16_INLINE void tile_d(const int mr, const int nr, float *c, int64_t ldc, const uint16_t *a, int64_t lda,
                            const uint16_t *w, int64_t ldw, int64_t pf, int64_t K, bool acc) {
@@ -793,10 +801,10 @@ bool kg_cpu_gemm_bf16_amx(void) {
     unsigned a, b, c, d;
     /* CPUID.(7, 0).EDX: bit 22 AMX-BF16, bit 24 AMX-TILE; then the kernel's permission to use the
      * tile data state (Linux asks for it per process) */
-    bool cpu = kg_cpu_gemm_bf16_dpbf16() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1);
+    bool cpu = cpu_dpbf16() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1);
     have_amx = cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : 0;
   }
-  return have_amx == 1;
+  return have_amx == 1 && kg_cpu_simd() > 0;
 }
 
 typedef struct {

@@ -7,6 +7,9 @@
  * Run: ctest -R test_core (or ./build/test_core); exits non-zero when any check fails.
  */
 #include <core/internal.h>
+#include <cpu/attention.h>
+#include <cpu/cpu.h>
+#include <cpu/gemm_bf16.h>
 #include <keng/keng.h>
 #include <keng/scalar.h>
 
@@ -789,7 +792,27 @@ static void test_creation_autograd(void) {
   kg_release_all(4, (kg_tensor *[]){p, s, a, b});
 }
 
+/* KENG_NO_SIMD=1 turns off every vector kernel that dispatches on the CPU's features, read at
+ * each call (the labs switch it in-process), and unsetting it gives them back */
+static void test_no_simd(void) {
+  bool (*const probes[])(void) = {kg_cpu_gemm_bf16_avx2, kg_cpu_gemm_bf16_avx512, kg_cpu_gemm_bf16_dpbf16,
+                                  kg_cpu_gemm_bf16_amx, kg_attn_avx2_available, kg_cpu_avx2_fma};
+  enum { N = sizeof probes / sizeof probes[0] };
+  bool before[N];
+  unsetenv("KENG_NO_SIMD");
+  kg_env_reload();
+  for (int i = 0; i < N; i++) before[i] = probes[i]();
+  setenv("KENG_NO_SIMD", "1", 1);
+  kg_env_reload();
+  CHECK(kg_cpu_simd() == 0);
+  for (int i = 0; i < N; i++) CHECKM(!probes[i](), "probe %d still on under KENG_NO_SIMD=1", i);
+  unsetenv("KENG_NO_SIMD");
+  kg_env_reload();
+  for (int i = 0; i < N; i++) CHECKM(probes[i]() == before[i], "probe %d changed after KENG_NO_SIMD was unset", i);
+}
+
 int main(void) {
+  test_no_simd();
   test_views();
   test_half_formats();
   test_allocator();
