@@ -192,6 +192,15 @@ function dist.data_parallel(model, opts)
 end
 
 ------------------------------------------------------------------------------------------------
+-- tensor parallel (keng.tensor_parallel): a causal LM's attention and MLP split over the ranks
+
+-- tensor_parallel(lm) -> lm sharded in place (Megatron-LM column/row-parallel projections)
+function dist.tensor_parallel(lm)
+  local m = require("keng.tensor_parallel").tensor_parallel(lm, 3)
+  return m                                                          -- no tail call: level 3 is the caller
+end
+
+------------------------------------------------------------------------------------------------
 -- sharding a batch
 
 -- the rows of a batch that rank r takes: r + 1, r + 1 + W, ... (1-based), as an i64 index

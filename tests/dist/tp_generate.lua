@@ -1,0 +1,100 @@
+-- Run by tests/lua/distributed_spec.lua as `mpirun -np 2 ... keng tests/dist/tp_generate.lua DIR`
+-- (DIR an empty directory): tensor-parallel gemma_tiny and mistral_tiny against the whole model,
+-- which every rank also builds (the same seed) and runs alone. Prints one line per check and
+-- "rank R ok"; any failed check raises (the job then exits non-zero).
+local keng = require "keng"
+local dist = require "keng.distributed"
+local tp = require "keng.tensor_parallel"
+
+local W = dist.init()
+local R = dist.rank()
+assert(W == 2, "run with 2 ranks, got " .. W)
+
+local function maxdiff(a, b) return (a:float() - b:float()):abs():max():item() end
+local function same_list(a, b) return table.concat(a, " ") == table.concat(b, " ") end
+
+-- the ranks agree on a list of ids: rank 0's broadcast equals this rank's
+local function agreed(ids)
+  local t = keng.tensor(ids, {dtype = "i64"})
+  return same_list(dist.broadcast(t:clone(), 0):tolist(), ids)
+end
+
+local prompt = {{2, 5, 9, 100, 7}, {2, 31, 8}}                      -- two rows: a padded batch
+for _, case in ipairs({{"models.gemma", "gemma_tiny"}, {"models.mistral", "mistral_tiny"}}) do
+  local F, name = require(case[1]), case[2]
+  keng.manual_seed(11)
+  local lm = F.from_preset(name)                                    -- the whole model, on every rank
+  local ids = keng.tensor({{2, 5, 9, 100, 7, 31, 4, 77}}, {dtype = "i64"})
+  local want = keng.no_grad(function() return lm:logits(ids) end)
+  local greedy = lm:generate(prompt, {max_new_tokens = 8})
+  local sampled = lm:generate(prompt, {max_new_tokens = 8, temperature = 0.9, top_k = 40, seed = 5})
+  local full_sharded = tp.parameter_bytes(lm)
+
+  dist.tensor_parallel(lm)
+  local d = maxdiff(lm:logits(ids), want)
+  assert(d < 1e-4, string.format("%s logits differ from one rank's by %g", name, d))
+  local g = lm:generate(prompt, {max_new_tokens = 8})
+  local s = lm:generate(prompt, {max_new_tokens = 8, temperature = 0.9, top_k = 40, seed = 5})
+  for b = 1, #prompt do
+    assert(same_list(g[b], greedy[b]), name .. " greedy row " .. b .. ": " .. table.concat(g[b], " ") ..
+      " vs one rank's " .. table.concat(greedy[b], " "))
+    assert(same_list(s[b], sampled[b]), name .. " sampled row " .. b .. ": " .. table.concat(s[b], " ") ..
+      " vs one rank's " .. table.concat(sampled[b], " "))
+    assert(agreed(g[b]) and agreed(s[b]), name .. ": the ranks generated different tokens")
+  end
+  local sharded = tp.parameter_bytes(lm)
+  assert(sharded * 2 == full_sharded, string.format("%s: %d sharded bytes on a rank, %d whole", name, sharded, full_sharded))
+  local a = lm.model.layers[1].self_attn
+  print(string.format("rank %d %s: logits max diff %.3g, greedy and sampled tokens equal, heads %d/%d, " ..
+    "sharded params %d of %d bytes", R, name, d, a.heads, a.kv_heads, sharded, full_sharded))
+end
+
+-- head counts that do not divide: every rank raises the same message
+local mistral = require "models.mistral"
+for _, bad in ipairs({{heads = 8, kv_heads = 1, want = "num_key_value_heads 1 must be a multiple of the world size 2"},
+                      {heads = 3, kv_heads = 3, want = "num_attention_heads 3 and num_key_value_heads 3 must"}}) do
+  local cfg = mistral.config("mistral_tiny")
+  cfg.heads, cfg.kv_heads, cfg.layers, cfg.vocab = bad.heads, bad.kv_heads, 1, 64
+  local lm = mistral.build(cfg)
+  local ok, err = pcall(function() dist.tensor_parallel(lm) end)
+  assert(not ok and err:find(bad.want, 1, true), "bad heads message: " .. tostring(err))
+  assert(err:find("tp_generate.lua:%d+:"), "names the caller's line: " .. err)
+end
+print("rank " .. R .. " bad head counts raise")
+
+-- from_pretrained{tensor_parallel = true}: this rank's blocks only, read from the checkpoint.
+-- mistral_tiny with a vocabulary of 1000, so that the sharded projections are most of the model
+-- and a load that allocated the whole of it would show in the peak
+local dir = assert(arg[1], "usage: tp_generate.lua DIR")
+keng.manual_seed(12)
+local cfg = mistral.config("mistral_tiny")
+cfg.vocab = 1000
+local whole = mistral.build(cfg)
+if R == 0 then whole:save_pretrained(dir) end
+dist.barrier()
+local ids = keng.tensor({{1, 40, 9, 100, 7, 31}}, {dtype = "i64"})
+local want = keng.no_grad(function() return whole:logits(ids) end)
+local want_tokens = whole:generate({{1, 40, 9}}, {max_new_tokens = 6})[1]
+local _, whole_bytes = tp.parameter_bytes(whole)
+whole = nil
+collectgarbage(); collectgarbage()
+local base = keng.memory_stats().allocated
+keng.reset_peak_memory_stats()
+local lm = mistral.from_pretrained(dir, {tensor_parallel = true})
+local peak = keng.memory_stats().peak - base
+local sharded, total = tp.parameter_bytes(lm)
+assert(rawget(lm, "tensor_parallel").world_size == 2)
+local d = maxdiff(lm:logits(ids), want)
+assert(d < 1e-4, "from_pretrained tensor_parallel logits differ by " .. d)
+assert(same_list(lm:generate({{1, 40, 9}}, {max_new_tokens = 6})[1], want_tokens), "from_pretrained greedy tokens")
+-- the rank holds the whole model less the other rank's half of the projections, and loading
+-- allocated little more (the whole model would be another `sharded` bytes)
+assert(whole_bytes - total == sharded and peak < total + sharded / 4,
+  string.format("peak %d bytes while loading %d bytes of parameters (whole model %d)", peak, total, whole_bytes))
+print(string.format("rank %d from_pretrained: logits max diff %.3g; parameters %d bytes (whole model %d, " ..
+  "sharded projections %d); load peak %d bytes", R, d, total, whole_bytes, sharded, peak))
+local ok, err = pcall(lm.save_pretrained, lm, dir .. "/again")
+assert(not ok and err:find("holds 1/2 of its weights", 1, true), tostring(err))
+
+dist.barrier()
+print("rank " .. R .. " ok")
