@@ -138,8 +138,8 @@ function M.shard(lm, rank, W, level)
   rawset(lm, "new_cache", new_cache)
   -- rank 0's logits on every rank: the replicated parts may round differently per rank (thread
   -- counts), and generate must pick the same token everywhere (greedy and sampling alike)
-  rawset(lm, "head", function(self, h, raw)
-    local y = CausalLM.head(self, h, raw)
+  rawset(lm, "head", function(self, ...)
+    local y = CausalLM.head(self, ...)
     if W > 1 then C.broadcast(y, 0) end
     return y
   end)
