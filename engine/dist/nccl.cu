@@ -59,21 +59,35 @@ struct watched {
   int device;
 };
 
+/* the event's device made current for a call, the caller's restored after (the watchdog thread
+ * and keng's own thread both poll) */
+static int use_device(int device) {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != device) cudaSetDevice(device);
+  return prev;
+}
+static void restore_device(int prev, int device) {
+  if (prev >= 0 && prev != device) cudaSetDevice(prev);
+}
+
 static int watched_poll(void *ctx, char *why, size_t n) {
   watched *w = (watched *)ctx;
-  cudaSetDevice(w->device); /* the watchdog thread's current device */
+  int prev = use_device(w->device);
   cudaError_t e = cudaEventQuery(w->ev);
-  if (e == cudaSuccess) return 1;
-  if (e != cudaErrorNotReady) {
-    snprintf(why, n, "%s", cudaGetErrorString(e));
-    return -1;
-  }
+  int st = 0;
   ncclResult_t ae = ncclSuccess;
-  if (ncclCommGetAsyncError(w->comm, &ae) == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) {
+  if (e == cudaSuccess) {
+    st = 1;
+  } else if (e != cudaErrorNotReady) {
+    snprintf(why, n, "%s", cudaGetErrorString(e));
+    st = -1;
+  } else if (ncclCommGetAsyncError(w->comm, &ae) == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) {
     snprintf(why, n, "%s", ncclGetErrorString(ae));
-    return -1;
+    st = -1;
   }
-  return 0;
+  restore_device(prev, w->device);
+  return st;
 }
 
 /* ends the communicator's kernels (the stream can then drain); the process ends right after */
@@ -81,8 +95,9 @@ static void watched_abort(void *ctx) { ncclCommAbort(((watched *)ctx)->comm); }
 
 static void watched_release(void *ctx) {
   watched *w = (watched *)ctx;
-  cudaSetDevice(w->device);
+  int prev = use_device(w->device);
   cudaEventDestroy(w->ev);
+  restore_device(prev, w->device);
   free(w);
 }
 

@@ -290,6 +290,20 @@ end)
     end
   end)
 
+  it("scripts/bench/dist_scaling.lua times BERT fit at 1 and 2 ranks", function()
+    local out_json = H.tmpname(".json")
+    local out, code = run_capture("cd " .. sh_quote(root) .. " && " .. ASAN_RANKS ..
+      " OMPI_MCA_btl=self,vader timeout 120 " .. sh_quote(KENG) ..
+      " scripts/bench/dist_scaling.lua --steps 1 --warmup 0 --json " .. sh_quote(out_json) .. " 2>&1")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("2 ranks: +[%d.]+ ms/step +[%d.]+ samples/s +speedup [%d.]+x +scaling efficiency %d+%%"), out)
+    local r = H.read_json(out_json)
+    os.remove(out_json)
+    assert.are.same({2, 32, "bert_tiny", 1}, {r.ranks, r.global_batch, r.preset, r.buckets_started_in_backward})
+    assert.is_true(r.ms_1 > 0 and r.ms_n > 0 and r.cpu_ms_1 > 0 and r.cpu_ms_n > 0, out)
+    assert.is_true(math.abs(r.efficiency - r.ms_1 / r.ms_n / 2) < 1e-9)
+  end)
+
   it("keng --nproc N starts N ranks through mpirun; a rank's error fails the launch", function()
     local run = "cd " .. sh_quote(root) .. " && " .. ASAN_RANKS .. " OMPI_MCA_btl=self,vader timeout 60 " .. sh_quote(KENG)
     local out, code = run_capture(run .. [[ --nproc 2 -e 'local d = require "keng.distributed"; d.init()
