@@ -49,8 +49,31 @@ for _, case in ipairs({{"models.gemma", "gemma_tiny"}, {"models.mistral", "mistr
     "sharded params %d of %d bytes", R, name, d, a.heads, a.kv_heads, sharded, full_sharded))
 end
 
--- head counts that do not divide: every rank raises the same message
 local mistral = require "models.mistral"
+
+-- biases on every projection (Qwen 2's q/k/v, attention_bias, mlp_bias): the column-parallel
+-- ones split, the row-parallel ones added once after the sum
+do
+  local cfg = mistral.config("mistral_tiny")
+  cfg.vocab, cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias = 500, true, true, true
+  keng.manual_seed(13)
+  local lm = mistral.build(cfg)
+  keng.no_grad(function()
+    for _, e in ipairs(lm:named_parameter_list()) do
+      if e[1]:find("bias$") then e[2]:copy_(keng.randn(e[2].shape) * 0.5) end           -- zeros by default
+    end
+  end)
+  local ids = keng.tensor({{1, 40, 9, 100, 7, 31}}, {dtype = "i64"})
+  local want = keng.no_grad(function() return lm:logits(ids) end)
+  local greedy = lm:generate({{1, 40, 9}}, {max_new_tokens = 6})[1]
+  dist.tensor_parallel(lm)
+  local d = maxdiff(lm:logits(ids), want)
+  assert(d < 1e-4, "biased logits differ by " .. d)
+  assert(same_list(lm:generate({{1, 40, 9}}, {max_new_tokens = 6})[1], greedy), "biased greedy tokens")
+  print(string.format("rank %d biases: logits max diff %.3g", R, d))
+end
+
+-- head counts that do not divide: every rank raises the same message
 for _, bad in ipairs({{heads = 8, kv_heads = 1, want = "num_key_value_heads 1 must be a multiple of the world size 2"},
                       {heads = 3, kv_heads = 3, want = "num_attention_heads 3 and num_key_value_heads 3 must"}}) do
   local cfg = mistral.config("mistral_tiny")

@@ -284,6 +284,7 @@ end)
       for _, name in ipairs({"gemma_tiny", "mistral_tiny"}) do
         assert.truthy(out:find("rank " .. r .. " " .. name .. ": logits max diff", 1, true), out)
       end
+      assert.truthy(out:find("rank " .. r .. " biases: logits max diff", 1, true), out)
       assert.truthy(out:find("rank " .. r .. " bad head counts raise", 1, true), out)
       assert.truthy(out:find("rank " .. r .. " from_pretrained: logits max diff", 1, true), out)
       assert.truthy(out:find("rank " .. r .. " ok", 1, true), out)
