@@ -73,6 +73,27 @@ do
   print(string.format("rank %d biases: logits max diff %.3g", R, d))
 end
 
+-- the transformers-made checkpoints of tests/fixtures (Llama, Qwen 2 with q/k/v biases,
+-- Mistral): sharded loads give the whole model's logits and tokens; Gemma's (one kv head) raises
+for _, f in ipairs({"llama", "qwen2", "mistral"}) do
+  local F = require("models." .. f)
+  local dir = "tests/fixtures/" .. f
+  local whole = F.from_pretrained(dir)
+  local ids = keng.tensor({{1, 40, 9, 100, 7, 31}}, {dtype = "i64"})
+  local want = keng.no_grad(function() return whole:logits(ids) end)
+  local tokens = whole:generate({{1, 40, 9}}, {max_new_tokens = 6})[1]
+  local lm = F.from_pretrained(dir, {tensor_parallel = true})
+  local d = maxdiff(lm:logits(ids), want)
+  assert(d < 1e-4, f .. " fixture logits differ by " .. d)
+  assert(same_list(lm:generate({{1, 40, 9}}, {max_new_tokens = 6})[1], tokens), f .. " fixture greedy tokens")
+  print(string.format("rank %d fixture %s: logits max diff %.3g", R, f, d))
+end
+do
+  local ok, err = pcall(function() require("models.gemma").from_pretrained("tests/fixtures/gemma", {tensor_parallel = true}) end)
+  assert(not ok and err:find("tp_generate.lua:%d+: tensor_parallel: num_key_value_heads 1 must be a multiple of the world size 2"),
+    "gemma fixture: " .. tostring(err))
+end
+
 -- head counts that do not divide: every rank raises the same message
 for _, bad in ipairs({{heads = 8, kv_heads = 1, want = "num_key_value_heads 1 must be a multiple of the world size 2"},
                       {heads = 3, kv_heads = 3, want = "num_attention_heads 3 and num_key_value_heads 3 must"}}) do

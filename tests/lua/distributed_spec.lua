@@ -285,6 +285,9 @@ end)
         assert.truthy(out:find("rank " .. r .. " " .. name .. ": logits max diff", 1, true), out)
       end
       assert.truthy(out:find("rank " .. r .. " biases: logits max diff", 1, true), out)
+      for _, f in ipairs({"llama", "qwen2", "mistral"}) do
+        assert.truthy(out:find("rank " .. r .. " fixture " .. f .. ": logits max diff", 1, true), out)
+      end
       assert.truthy(out:find("rank " .. r .. " bad head counts raise", 1, true), out)
       assert.truthy(out:find("rank " .. r .. " from_pretrained: logits max diff", 1, true), out)
       assert.truthy(out:find("rank " .. r .. " ok", 1, true), out)
