@@ -241,7 +241,7 @@ describe("keng.distributed's backends", function()
     local out, code = run_capture("OMPI_COMM_WORLD_SIZE=2 " .. sh_quote(KENG) ..
       [[ -e 'require("keng.distributed").init()' 2>&1]])
     assert.are_not.equal(0, code, out)
-    assert.truthy(out:find("distributed.init: this process was started by an MPI launcher, but this keng was " ..
+    assert.truthy(out:find("(command line):1: distributed.init: this process was started by an MPI launcher, but this keng was " ..
       "built without MPI", 1, true), out)
   end)
 end)

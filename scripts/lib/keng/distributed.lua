@@ -21,7 +21,11 @@ for _, name in ipairs({"rank", "world_size", "local_rank", "barrier", "available
 end
 
 -- init() -> world size (idempotent; the collectives and data_parallel call it too)
-function dist.init() return C.init() end
+function dist.init()
+  local ok, n = pcall(C.init)
+  if not ok then error((tostring(n):gsub("^[^\n]-%.lua:%d+: ", "")), 2) end   -- at the caller's line
+  return n
+end
 
 ------------------------------------------------------------------------------------------------
 -- data parallel
