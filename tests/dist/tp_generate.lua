@@ -30,7 +30,11 @@ for _, case in ipairs({{"models.gemma", "gemma_tiny"}, {"models.mistral", "mistr
   local sampled = lm:generate(prompt, {max_new_tokens = 8, temperature = 0.9, top_k = 40, seed = 5})
   local full_sharded = tp.parameter_bytes(lm)
 
+  collectgarbage(); collectgarbage()
+  local before = keng.memory_stats().allocated
   dist.tensor_parallel(lm)
+  local freed = before - keng.memory_stats().allocated              -- the other rank's half, at once
+  assert(freed >= full_sharded / 2, string.format("%s: sharding freed %d bytes, want %d", name, freed, full_sharded / 2))
   local d = maxdiff(lm:logits(ids), want)
   assert(d < 1e-4, string.format("%s logits differ from one rank's by %g", name, d))
   local g = lm:generate(prompt, {max_new_tokens = 8})
@@ -46,7 +50,7 @@ for _, case in ipairs({{"models.gemma", "gemma_tiny"}, {"models.mistral", "mistr
   assert(sharded * 2 == full_sharded, string.format("%s: %d sharded bytes on a rank, %d whole", name, sharded, full_sharded))
   local a = lm.model.layers[1].self_attn
   print(string.format("rank %d %s: logits max diff %.3g, greedy and sampled tokens equal, heads %d/%d, " ..
-    "sharded params %d of %d bytes", R, name, d, a.heads, a.kv_heads, sharded, full_sharded))
+    "sharded params %d of %d bytes, %d bytes freed", R, name, d, a.heads, a.kv_heads, sharded, full_sharded, freed))
 end
 
 local mistral = require "models.mistral"

@@ -154,6 +154,8 @@ end
 function M.tensor_parallel(lm, level)
   C.init()
   local m = M.shard(lm, C.rank(), C.world_size(), (level or 2) + 1)
+  collectgarbage()                                                  -- the other ranks' blocks go now
+  collectgarbage()
   return m                                                          -- no tail call: level counts this frame
 end
 
