@@ -653,9 +653,10 @@ function M.family(spec)
     return M.load_hf(F.build(cfg, {dtype = dtype, device = opts.device}), tensors, 3)
   end
 
-  -- from_pretrained(dir, {dtype = "auto", device =, tensor_parallel =}) -> CausalLM with dir's config.json, weights
-  -- (model.safetensors or sharded model-*.safetensors + index) and tokenizer.model; dtype "auto"
-  -- keeps the checkpoint's (config.json's dtype / torch_dtype, else the weights')
+  -- from_pretrained(dir, {dtype = "auto", device =, tensor_parallel =}) -> CausalLM with dir's
+  -- config.json, weights (model.safetensors or sharded model-*.safetensors + index) and
+  -- tokenizer.model; dtype "auto" keeps the checkpoint's (config.json's dtype / torch_dtype, else
+  -- the weights'); tensor_parallel = true: this rank's shards (keng.tensor_parallel)
   function F.from_pretrained(dir, opts)
     opts = opts or {}
     local who = spec.name .. ".from_pretrained"

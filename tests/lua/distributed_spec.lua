@@ -226,6 +226,8 @@ describe("keng.tensor_parallel in one process", function()
       "distributed_spec.lua:%d+: tensor_parallel: a causal LM %(Gemma, Mistral, Llama, Qwen 2%) expected, got Linear"))
     lm = tp.shard(small(), 0, 1)
     assert.truthy(err(function() dist.tensor_parallel(lm) end):find("the model is already sharded", 1, true))
+    assert.truthy(err(function() mistral.from_pretrained("tests/fixtures/mistral", {tensor_parallel = 2}) end):find(
+      "distributed_spec.lua:%d+: mistral.from_pretrained: tensor_parallel must be true or false, got 2"))
     assert.truthy(err(function() mistral.from_pretrained("/nonexistent", {tensor_paralel = true}) end):find(
       "unknown option 'tensor_paralel' (valid: device, dtype, tensor_parallel)", 1, true))
   end)

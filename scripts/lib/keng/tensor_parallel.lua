@@ -179,6 +179,9 @@ M.split_dim = split_dim
 -- from_pretrained calls this for {tensor_parallel = true})
 function M.from_pretrained(F, dir, cfg, j, opts, who, level)
   level = level + 1
+  if opts.tensor_parallel ~= true then
+    error(string.format("%s: tensor_parallel must be true or false, got %s", who, tostring(opts.tensor_parallel)), level)
+  end
   local common, causal_lm = require "models.common", require "models.causal_lm"
   C.init()
   local rank, W = C.rank(), C.world_size()
