@@ -26,7 +26,10 @@ static inline int MPI_Abort(MPI_Comm c, int code) { return MPI_ERR_OTHER; }
 static inline int MPI_Comm_set_errhandler(MPI_Comm c, MPI_Errhandler h) { return MPI_ERR_OTHER; }
 static inline int MPI_Comm_rank(MPI_Comm c, int *r) { *r = 0; return MPI_SUCCESS; }
 static inline int MPI_Comm_size(MPI_Comm c, int *n) { *n = 1; return MPI_SUCCESS; }
-static inline int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info i, MPI_Comm *out) { *out = c; return MPI_SUCCESS; }
+static inline int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info i, MPI_Comm *out) {
+  *out = c;
+  return MPI_SUCCESS;
+}
 static inline int MPI_Comm_free(MPI_Comm *c) { return MPI_SUCCESS; }
 static inline int MPI_Error_string(int code, char *msg, int *len) {
   *len = snprintf(msg, MPI_MAX_ERROR_STRING, "this keng was built without MPI");
@@ -34,7 +37,9 @@ static inline int MPI_Error_string(int code, char *msg, int *len) {
 }
 static inline int MPI_Test(MPI_Request *r, int *flag, MPI_Status *s) { *flag = 1; return MPI_ERR_OTHER; }
 static inline int MPI_Ibarrier(MPI_Comm c, MPI_Request *r) { return MPI_ERR_OTHER; }
-static inline int MPI_Ibcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request *r) { return MPI_ERR_OTHER; }
+static inline int MPI_Ibcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request *r) {
+  return MPI_ERR_OTHER;
+}
 static inline int MPI_Iallreduce(const void *in, void *out, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
                                  MPI_Request *r) { return MPI_ERR_OTHER; }
 static inline int MPI_Iallgather(const void *in, int n, MPI_Datatype t, void *out, int m, MPI_Datatype t2, MPI_Comm c,

@@ -35,7 +35,8 @@ end
 -- one run (world size 1 or N): the median step time on rank 0
 local function child()
   local dist = require "keng.distributed"
-  local bert, optim, train, bench = require "models.bert", require "keng.optim", require "keng.train", require "keng.bench"
+  local bert, optim = require "models.bert", require "keng.optim"
+  local train, bench = require "keng.train", require "keng.bench"
   local config, common = require "bench.config", require "bench.common"
   dist.init()
   local row
@@ -65,7 +66,8 @@ local function child()
   if dist.rank() == 0 then
     print("result " .. json.encode({ranks = dist.world_size(), threads = keng.num_threads(), cpu_ms = cpu * 1e3,
       median_ms = r.median_ms, min_ms = r.min_ms, preset = row.cpu.preset, batch = B, seq = T,
-      buckets = dp.last_sync and dp.last_sync.buckets, started_in_backward = dp.last_sync and dp.last_sync.started_in_backward}))
+      buckets = dp.last_sync and dp.last_sync.buckets,
+      started_in_backward = dp.last_sync and dp.last_sync.started_in_backward}))
   end
 end
 
@@ -77,7 +79,8 @@ local exe = arg[-1] or "keng"
 local script = arg[0]
 local function run(n)
   local env = "KENG_NUM_THREADS=" .. THREADS .. " OMP_NUM_THREADS=" .. THREADS .. " "
-  local cmd = env .. q(exe) .. (n > 1 and (" --nproc " .. n) or "") .. " " .. q(script) .. " --child --steps " .. STEPS .. " --warmup " .. WARMUP
+  local cmd = env .. q(exe) .. (n > 1 and (" --nproc " .. n) or "") .. " " .. q(script) ..
+    " --child --steps " .. STEPS .. " --warmup " .. WARMUP
   local p = io.popen(cmd .. " 2>&1", "r")
   local out = p:read("a")
   p:close()

@@ -34,7 +34,8 @@ for _, case in ipairs({{"models.gemma", "gemma_tiny"}, {"models.mistral", "mistr
   local before = keng.memory_stats().allocated
   dist.tensor_parallel(lm)
   local freed = before - keng.memory_stats().allocated              -- the other rank's half, at once
-  assert(freed >= full_sharded / 2, string.format("%s: sharding freed %d bytes, want %d", name, freed, full_sharded / 2))
+  assert(freed >= full_sharded / 2,
+    string.format("%s: sharding freed %d bytes, want %d", name, freed, full_sharded // 2))
   local d = maxdiff(lm:logits(ids), want)
   assert(d < 1e-4, string.format("%s logits differ from one rank's by %g", name, d))
   local g = lm:generate(prompt, {max_new_tokens = 8})
@@ -47,7 +48,8 @@ for _, case in ipairs({{"models.gemma", "gemma_tiny"}, {"models.mistral", "mistr
     assert(agreed(g[b]) and agreed(s[b]), name .. ": the ranks generated different tokens")
   end
   local sharded = tp.parameter_bytes(lm)
-  assert(sharded * 2 == full_sharded, string.format("%s: %d sharded bytes on a rank, %d whole", name, sharded, full_sharded))
+  assert(sharded * 2 == full_sharded,
+    string.format("%s: %d sharded bytes on a rank, %d whole", name, sharded, full_sharded))
   local a = lm.model.layers[1].self_attn
   print(string.format("rank %d %s: logits max diff %.3g, greedy and sampled tokens equal, heads %d/%d, " ..
     "sharded params %d of %d bytes, %d bytes freed", R, name, d, a.heads, a.kv_heads, sharded, full_sharded, freed))
@@ -93,8 +95,10 @@ for _, f in ipairs({"llama", "qwen2", "mistral"}) do
   print(string.format("rank %d fixture %s: logits max diff %.3g", R, f, d))
 end
 do
-  local ok, err = pcall(function() require("models.gemma").from_pretrained("tests/fixtures/gemma", {tensor_parallel = true}) end)
-  assert(not ok and err:find("tp_generate.lua:%d+: tensor_parallel: num_key_value_heads 1 must be a multiple of the world size 2"),
+  local gemma = require "models.gemma"
+  local ok, err = pcall(function() gemma.from_pretrained("tests/fixtures/gemma", {tensor_parallel = true}) end)
+  assert(not ok and err:find("tp_generate.lua:%d+: tensor_parallel: num_key_value_heads 1 must be a multiple of " ..
+    "the world size 2"),
     "gemma fixture: " .. tostring(err))
 end
 

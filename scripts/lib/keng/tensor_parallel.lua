@@ -19,7 +19,7 @@ local util = require "keng.util"
 local C = keng._distributed
 local M = {}
 
--- the projections each decoder block splits: field of the block -> how
+-- the projections each decoder block splits, as {submodule, projection}
 local COLUMN = {{"self_attn", "query"}, {"self_attn", "key"}, {"self_attn", "value"}, {"mlp", "gate_proj"},
                 {"mlp", "up_proj"}}
 local ROW = {{"self_attn", "output"}, {"mlp", "down_proj"}}
@@ -53,7 +53,8 @@ function RowParallelLinear:forward(x)                               -- x [..., I
 end
 
 function RowParallelLinear:extra_repr()
-  return string.format("%d -> %d, row-parallel%s", self.in_features, self.out_features, self.bias and "" or ", bias=false")
+  return string.format("%d -> %d, row-parallel%s", self.in_features, self.out_features,
+    self.bias and "" or ", bias=false")
 end
 
 ------------------------------------------------------------------------------------------------
@@ -65,8 +66,10 @@ end
 
 -- the projection at `where` must be a plain float Linear (not LoRA, not quantized)
 local function plain_linear(m, where, level)
-  local what = m.__name ~= "Linear" and "a " .. tostring(m.__name) or m.weight_scale ~= nil and "a quantized Linear"
-    or rawget(m, "forward") and "a Linear with LoRA adapters" or not keng.is_tensor(m.weight) and "a Linear without weight"
+  local what = m.__name ~= "Linear" and "a " .. tostring(m.__name)
+    or m.weight_scale ~= nil and "a quantized Linear"
+    or rawget(m, "forward") and "a Linear with LoRA adapters"
+    or not keng.is_tensor(m.weight) and "a Linear without weight"
   if what then
     error(string.format("tensor_parallel: %s is %s, not a plain Linear (shard the float model first)", where, what),
       level)
@@ -180,7 +183,8 @@ M.split_dim = split_dim
 function M.from_pretrained(F, dir, cfg, j, opts, who, level)
   level = level + 1
   if opts.tensor_parallel ~= true then
-    error(string.format("%s: tensor_parallel must be true or false, got %s", who, tostring(opts.tensor_parallel)), level)
+    error(string.format("%s: tensor_parallel must be true or false, got %s", who, tostring(opts.tensor_parallel)),
+      level)
   end
   local common, causal_lm = require "models.common", require "models.causal_lm"
   C.init()
