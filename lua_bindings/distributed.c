@@ -4,7 +4,8 @@
  *   keng._distributed.init() -> world_size      rank(), world_size(), local_rank(), barrier()
  *   all_reduce(t, {op = "sum"|"avg"|"max"|"min"}) -> t      broadcast(t, root) -> t (root 0-based)
  *   all_gather(t) -> [world_size, ...]          reduce_scatter(t, {op =}) -> [t.shape[1] / world, ...]
- *   available() -> {mpi = bool (a launcher started this process), nccl = bool (built with NCCL)}
+ *   available() -> {mpi = bool (a launcher started this process), mpi_built = bool (built with MPI),
+ *                   nccl = bool (built with NCCL)}
  *   all_reduce_start(t, {op =}) -> work        work:test() -> done, work:wait() -> t (once)
  *   backward_hooked(t, gradient|nil, retain_graph, leaves, fn): t:backward that calls fn(i) as
  *     soon as leaves[i]'s grad is final (data_parallel starts its bucket all-reduces from there) */
@@ -57,9 +58,11 @@ static int l_barrier(lua_State *L) {
   return 0;
 }
 static int l_available(lua_State *L) {
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 3);
   lua_pushboolean(L, kg_dist_using_mpi());
   lua_setfield(L, -2, "mpi");
+  lua_pushboolean(L, kg_dist_mpi_built());
+  lua_setfield(L, -2, "mpi_built");
   lua_pushboolean(L, kg_nccl_available());
   lua_setfield(L, -2, "nccl");
   return 1;

@@ -4,7 +4,11 @@
 
 #include "../core/internal.h"
 #include <keng/ops_api.h>
+#ifdef KENG_HAVE_MPI
 #include <mpi.h>
+#else
+#include "mpi_none.h"
+#endif
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +42,10 @@ kg_status kg_dist_init(void) {
   /* Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI/PMI2 (MPICH, srun --mpi=pmi2): a
    * singleton MPI_Init would start a runtime daemon for nothing, so a plain `keng x.lua` skips it */
   bool launched = env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") || env("PMI_RANK") || env("PMI_SIZE");
+  if (launched && !kg_dist_mpi_built()) /* else each rank would run alone as rank 0 of 1 */
+    return kg_error(KG_ERR_VALUE, "distributed.init",
+                    "this process was started by an MPI launcher, but this keng was built without MPI "
+                    "(cmake -DKENG_MPI=ON with libopenmpi-dev installed)");
   if (launched) {
     int already = 0;
     MPI_Initialized(&already);
@@ -61,6 +69,11 @@ kg_status kg_dist_init(void) {
 }
 
 bool kg_dist_using_mpi(void) { return use_mpi; }
+#ifdef KENG_HAVE_MPI
+bool kg_dist_mpi_built(void) { return true; }
+#else
+bool kg_dist_mpi_built(void) { return false; }
+#endif
 int kg_dist_rank(void) { return g_rank; }
 int kg_dist_world_size(void) { return g_world; }
 int kg_dist_local_rank(void) { return g_local; }
@@ -75,7 +88,7 @@ static kg_status mpi_err(int rc, const char *op) {
 
 /* Seconds a collective waits for the other ranks (KENG_DIST_TIMEOUT, default 1800): a rank that
  * hangs rather than exits would otherwise hang the job. */
-static double timeout_s(void) {
+double kg_dist_timeout_s(void) {
   static double t = -1;
   if (t < 0) {
     double v = kg_env_float(KG_ENV_KENG_DIST_TIMEOUT);
@@ -95,7 +108,7 @@ static double now_s(void) {
  * the collective cannot be cancelled, so the job is over (the exit aborts it). */
 static kg_status mpi_wait(int rc, MPI_Request *req, const char *op) {
   if (rc != MPI_SUCCESS) return mpi_err(rc, op);
-  double end = now_s() + timeout_s();
+  double end = now_s() + kg_dist_timeout_s();
   for (long spins = 0;; spins++) {
     int done = 0;
     rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -104,7 +117,7 @@ static kg_status mpi_wait(int rc, MPI_Request *req, const char *op) {
     if (spins > 1000) {
       if (now_s() > end)
         return kg_error(KG_ERR_VALUE, op, "rank %d waited %.0f s for the other ranks (KENG_DIST_TIMEOUT)", g_rank,
-                        timeout_s());
+                        kg_dist_timeout_s());
       nanosleep(&(struct timespec){0, 50000}, NULL);
     }
   }

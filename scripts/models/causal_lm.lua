@@ -783,19 +783,25 @@ function M.family(spec)
     return M.load_hf(F.build(cfg, {dtype = dtype, device = opts.device}), tensors, 3)
   end
 
-  -- from_pretrained(dir, {dtype = "auto", device =}) -> CausalLM with dir's config.json, weights
-  -- (model.safetensors or sharded model-*.safetensors + index) and tokenizer.model; dtype "auto"
-  -- keeps the checkpoint's (config.json's dtype / torch_dtype, else the weights')
+  -- from_pretrained(dir, {dtype = "auto", device =, tensor_parallel =}) -> CausalLM with dir's
+  -- config.json, weights (model.safetensors or sharded model-*.safetensors + index) and
+  -- tokenizer.model; dtype "auto" keeps the checkpoint's (config.json's dtype / torch_dtype, else
+  -- the weights'); tensor_parallel = true: this rank's shards (keng.tensor_parallel)
   function F.from_pretrained(dir, opts)
     opts = opts or {}
     local who = spec.name .. ".from_pretrained"
     for k in pairs(opts) do
-      if k ~= "dtype" and k ~= "device" then
-        error(string.format("%s: unknown option '%s' (valid: dtype, device)", who, tostring(k)), 2)
+      if k ~= "dtype" and k ~= "device" and k ~= "tensor_parallel" then
+        error(string.format("%s: unknown option '%s' (valid: device, dtype, tensor_parallel)", who, tostring(k)), 2)
       end
     end
     local j, nulls = common.read_config(dir, who, 2)                -- nulls read as absent
     local cfg = M.parse_config(j, spec, who, 2, nulls)
+    -- this rank's shards only (keng.tensor_parallel, docs/distributed.md)
+    if opts.tensor_parallel then
+      local lm = require("keng.tensor_parallel").from_pretrained(F, dir, cfg, j, opts, who, 2)
+      return lm                                                     -- no tail call: level 2 is the caller
+    end
     local tensors = common.load_tensors(dir, who, 2)
     local dtype = common.model_dtype(opts, j, tensors, who, 2)
     local lm = F.build(cfg, {dtype = dtype, device = opts.device})

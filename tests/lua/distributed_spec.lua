@@ -157,7 +157,99 @@ describe("backward's grad-ready hook", function()
   end)
 end)
 
-describe("keng.distributed, 2 ranks under mpirun", function()
+describe("keng.tensor_parallel in one process", function()
+  local tp = require "keng.tensor_parallel"
+  local mistral = require "models.mistral"
+  local function small(over)
+    local cfg = mistral.config("mistral_tiny")
+    cfg.vocab, cfg.layers, cfg.qkv_bias, cfg.o_bias = 64, 1, true, true
+    for k, v in pairs(over or {}) do cfg[k] = v end
+    keng.manual_seed(5)
+    return mistral.build(cfg)
+  end
+  local function err(f) local ok, e = pcall(f); assert.is_false(ok); return e end
+
+  it("keeps rank r's heads of q/k/v and gate/up, and the matching input columns of o/down", function()
+    local lm = small()
+    local a, mlp = lm.model.layers[1].self_attn, lm.model.layers[1].mlp  -- H 8, Hkv 2, D 32, F 768
+    local q, k, qb, o, ob, up, down = a.query.weight:clone(), a.key.weight:clone(), a.query.bias:clone(),
+      a.output.weight:clone(), a.output.bias:clone(), mlp.up_proj.weight:clone(), mlp.down_proj.weight:clone()
+    assert.are.equal(lm, tp.shard(lm, 1, 2))                           -- rank 1 of 2, no communication
+    a, mlp = lm.model.layers[1].self_attn, lm.model.layers[1].mlp
+    assert.are.same({4, 1}, {a.heads, a.kv_heads})
+    assert.are.same(q:narrow(1, 129, 128):tolist(), a.query.weight:tolist())   -- query heads 5..8
+    assert.are.same(qb:narrow(1, 129, 128):tolist(), a.query.bias:tolist())
+    assert.are.same(k:narrow(1, 33, 32):tolist(), a.key.weight:tolist())       -- kv head 2
+    assert.are.same(up:narrow(1, 385, 384):tolist(), mlp.up_proj.weight:tolist())
+    assert.are.equal("RowParallelLinear", a.output.__name)
+    assert.are.same(o:narrow(2, 129, 128):tolist(), a.output.weight:tolist())
+    assert.are.same(ob:tolist(), a.output.bias:tolist())                       -- replicated, added once
+    assert.are.same(down:narrow(2, 385, 384):tolist(), mlp.down_proj.weight:tolist())
+    assert.are.same({3, 1, 7, 32}, lm:new_cache(3, 7)[1].k.shape)              -- the rank's kv heads
+    assert.is_false(a.query.weight.requires_grad)                              -- inference only
+    assert.truthy(err(function() lm:save_pretrained("/nonexistent") end):find("holds 1/2 of its weights", 1, true))
+  end)
+
+  it("at world size 1 is the same model", function()
+    local ids = keng.tensor({{3, 9, 1, 40}}, {dtype = "i64"})
+    local lm = small()
+    local want = keng.no_grad(function() return lm:logits(ids) end)
+    local greedy = lm:generate({{3, 9}}, {max_new_tokens = 5})[1]
+    assert.are.equal(lm, dist.tensor_parallel(lm))
+    assert.is_true((lm:logits(ids) - want):abs():max():item() < 1e-6)
+    assert.are.same(greedy, lm:generate({{3, 9}}, {max_new_tokens = 5})[1])
+  end)
+
+  it("holds about half a 7B model per rank at 2 ranks (meta: shapes only)", function()
+    local lm = mistral.from_preset("mistral_7b_en", {dtype = "bf16", device = "meta"})
+    local s0, t0 = tp.parameter_bytes(lm)
+    tp.shard(lm, 0, 2)
+    local s1, t1 = tp.parameter_bytes(lm)
+    assert.are.equal(s0, 2 * s1)
+    assert.are.equal(t0 - s1, t1)
+    assert.is_true(t1 / t0 < 0.52, tostring(t1 / t0))                         -- 6.99 of 13.49 GiB
+  end)
+
+  it("refuses what it cannot split, naming it", function()
+    local lora = require "keng.lora"
+    assert.truthy(err(function() tp.shard(small({kv_heads = 1}), 0, 2) end):find(
+      "distributed_spec.lua:%d+: tensor_parallel: num_key_value_heads 1 must be a multiple of the world size 2"))
+    assert.truthy(err(function() tp.shard(small({heads = 6, kv_heads = 3, ffn = 765}), 0, 2) end):find(
+      "num_key_value_heads 3 and intermediate_size 765 must be a multiple of the world size 2", 1, true))
+    local lm = small()
+    lora.enable(lm, {targets = {"value"}, rank = 2})
+    assert.truthy(err(function() tp.shard(lm, 0, 2) end):find(
+      "distributed_spec.lua:%d+: tensor_parallel: layer 1 self_attn.value is a Linear with LoRA adapters"))
+    lm = small():quantize("int8")
+    assert.truthy(err(function() tp.shard(lm, 0, 2) end):find("self_attn.query is a quantized Linear", 1, true))
+    assert.truthy(err(function() dist.tensor_parallel(require("keng.nn").Linear(2, 2)) end):find(
+      "distributed_spec.lua:%d+: tensor_parallel: a causal LM %(Gemma, Mistral, Llama, Qwen 2%) expected, got Linear"))
+    lm = tp.shard(small(), 0, 1)
+    assert.truthy(err(function() dist.tensor_parallel(lm) end):find("the model is already sharded", 1, true))
+    assert.truthy(err(function() mistral.from_pretrained("tests/fixtures/mistral", {tensor_parallel = 2}) end):find(
+      "distributed_spec.lua:%d+: mistral.from_pretrained: tensor_parallel must be true or false, got 2"))
+    assert.truthy(err(function() mistral.from_pretrained("/nonexistent", {tensor_paralel = true}) end):find(
+      "unknown option 'tensor_paralel' (valid: device, dtype, tensor_parallel)", 1, true))
+  end)
+end)
+
+describe("keng.distributed's backends", function()
+  it("available() says which this keng was built with", function()
+    local a = dist.available()
+    assert.are.equal("boolean", type(a.mpi_built))
+    assert.are.equal("boolean", type(a.nccl))
+    if a.mpi_built then return end
+    -- built without MPI: a launched rank refuses to run alone as rank 0 of 1
+    local out, code = run_capture("OMPI_COMM_WORLD_SIZE=2 " .. sh_quote(KENG) ..
+      [[ -e 'require("keng.distributed").init()' 2>&1]])
+    assert.are_not.equal(0, code, out)
+    assert.truthy(out:find("(command line):1: distributed.init: this process was started by an MPI launcher, but this keng was " ..
+      "built without MPI", 1, true), out)
+  end)
+end)
+
+-- (a keng built without MPI (cmake -DKENG_MPI=OFF) runs world size 1 only: the block above)
+;(dist.available().mpi_built and describe or function() end)("keng.distributed, 2 ranks under mpirun", function()
   local have = os.execute("command -v mpirun >/dev/null 2>&1")
 
   it("every collective on every dtype, broadcast from rank 1, gather order, errors", function()
@@ -183,6 +275,39 @@ describe("keng.distributed, 2 ranks under mpirun", function()
     local out, code = mpirun("tests/dist/dp_overlap.lua")
     assert.are.equal(0, code, out)
     assert.truthy(out:find("overlap 6/6"), out)
+  end)
+
+  it("tensor-parallel gemma_tiny and mistral_tiny give one rank's logits and tokens", function()
+    local dir = H.tmpdir()
+    local out, code = mpirun("tests/dist/tp_generate.lua " .. sh_quote(dir))
+    os.execute("rm -rf " .. sh_quote(dir))
+    assert.are.equal(0, code, out)
+    for r = 0, 1 do
+      for _, name in ipairs({"gemma_tiny", "mistral_tiny"}) do
+        assert.truthy(out:find("rank " .. r .. " " .. name .. ": logits max diff", 1, true), out)
+      end
+      assert.truthy(out:find("rank " .. r .. " biases: logits max diff", 1, true), out)
+      for _, f in ipairs({"llama", "qwen2", "mistral"}) do
+        assert.truthy(out:find("rank " .. r .. " fixture " .. f .. ": logits max diff", 1, true), out)
+      end
+      assert.truthy(out:find("rank " .. r .. " bad head counts raise", 1, true), out)
+      assert.truthy(out:find("rank " .. r .. " from_pretrained: logits max diff", 1, true), out)
+      assert.truthy(out:find("rank " .. r .. " ok", 1, true), out)
+    end
+  end)
+
+  it("scripts/bench/dist_scaling.lua times BERT fit at 1 and 2 ranks", function()
+    local out_json = H.tmpname(".json")
+    local out, code = run_capture("cd " .. sh_quote(root) .. " && " .. ASAN_RANKS ..
+      " OMPI_MCA_btl=self,vader timeout 120 " .. sh_quote(KENG) ..
+      " scripts/bench/dist_scaling.lua --steps 1 --warmup 0 --json " .. sh_quote(out_json) .. " 2>&1")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("2 ranks: +[%d.]+ ms/step +[%d.]+ samples/s +speedup [%d.]+x +scaling efficiency %d+%%"), out)
+    local r = H.read_json(out_json)
+    os.remove(out_json)
+    assert.are.same({2, 32, "bert_tiny", 1}, {r.ranks, r.global_batch, r.preset, r.buckets_started_in_backward})
+    assert.is_true(r.ms_1 > 0 and r.ms_n > 0 and r.cpu_ms_1 > 0 and r.cpu_ms_n > 0, out)
+    assert.is_true(math.abs(r.efficiency - r.ms_1 / r.ms_n / 2) < 1e-9)
   end)
 
   it("keng --nproc N starts N ranks through mpirun; a rank's error fails the launch", function()

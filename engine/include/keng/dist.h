@@ -16,6 +16,7 @@ typedef enum { KG_DIST_SUM, KG_DIST_AVG, KG_DIST_MAX, KG_DIST_MIN } kg_dist_op;
 /* Joins the job (MPI_Init when a launcher's variables are present); idempotent. */
 kg_status kg_dist_init(void);
 bool kg_dist_using_mpi(void); /* true once MPI was initialised by kg_dist_init */
+bool kg_dist_mpi_built(void); /* built with MPI (cmake KENG_MPI, libopenmpi-dev) */
 int kg_dist_rank(void);
 int kg_dist_world_size(void);
 int kg_dist_local_rank(void); /* rank among the processes of this node */

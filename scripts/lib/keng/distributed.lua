@@ -21,7 +21,11 @@ for _, name in ipairs({"rank", "world_size", "local_rank", "barrier", "available
 end
 
 -- init() -> world size (idempotent; the collectives and data_parallel call it too)
-function dist.init() return C.init() end
+function dist.init()
+  local ok, n = pcall(C.init)
+  if not ok then error((tostring(n):gsub("^[^\n]-%.lua:%d+: ", "")), 2) end   -- at the caller's line
+  return n
+end
 
 ------------------------------------------------------------------------------------------------
 -- data parallel
@@ -189,6 +193,15 @@ end
 function dist.data_parallel(model, opts)
   if getmetatable(model) == DataParallel then return model end
   return DataParallel(model, opts)
+end
+
+------------------------------------------------------------------------------------------------
+-- tensor parallel (keng.tensor_parallel): a causal LM's attention and MLP split over the ranks
+
+-- tensor_parallel(lm) -> lm sharded in place (Megatron-LM column/row-parallel projections)
+function dist.tensor_parallel(lm)
+  local m = require("keng.tensor_parallel").tensor_parallel(lm, 3)
+  return m                                                          -- no tail call: level 3 is the caller
 end
 
 ------------------------------------------------------------------------------------------------
