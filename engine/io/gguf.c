@@ -560,6 +560,15 @@ static void deq_q6_k(const uint8_t *b, float *y) { /* {u8 ql[128]; u8 qh[64]; i8
     }
 }
 
+/* a converted tensor's bytes are not read again: give their pages of the private mapping back
+ * (the whole pages inside [p, p + n) only, so no neighbouring tensor's view loses a page), so
+ * that the resident size of a loaded quantized model is its keng tensors, not the file too */
+static void drop_pages(const kg_gguf *g, const uint8_t *p, uint64_t n) {
+  if (!g->map->len) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + n) / page * page;
+  if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, unsigned keep, kg_tensor **out, kg_tensor **scale) {
   *out = NULL;
   if (scale) *scale = NULL;
@@ -605,6 +614,7 @@ kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, unsigned keep
       memcpy(sc + 2 * b, p + bsize * b, 2);
       memcpy(codes + code_bytes * b, p + bsize * b + 2, (size_t)code_bytes);
     }
+    drop_pages(g, p, t->nbytes);
     return KG_OK;
   }
   void (*deq)(const uint8_t *, float *) = t->type == KG_GGML_Q8_0   ? deq_q8_0
@@ -632,5 +642,6 @@ kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, unsigned keep
         o[k] = dt == KG_BF16 ? kg_f32_to_bf16(buf[k]) : kg_f32_to_f16(buf[k]);
     }
   }
+  drop_pages(g, p, t->nbytes);
   return KG_OK;
 }
