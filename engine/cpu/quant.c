@@ -311,6 +311,51 @@ __attribute__((target("avx2,fma"))) static void dot4_avx2(float *acc, const floa
 }
 #endif
 
+#ifdef KG_Q8_X86
+/* Q8_0 with f32 x: per block of 32, the codes widened to f32 and FMA'd into a block sum per x
+ * row, which the block's f16 scale then multiplies into the row's sum (AVX-512: 2 × 16 lanes;
+ * AVX2: 4 × 8, the scale converted in C as dot4_avx2 does) */
+Q8_AVX512 static void dot80_avx512(float *acc, const float *a, int64_t lda, int nr, const int8_t *w,
+                                   const uint16_t *s, int64_t K) {
+  __m512 sum[4];
+  for (int r = 0; r < 4; r++) sum[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < K / KG_QF_BLOCK; b++) {
+    const int8_t *wb = w + b * KG_QF_BLOCK;
+    __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wb)));
+    __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + 16))));
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(s[b]));
+    for (int r = 0; r < nr; r++) {
+      const float *ar = a + r * lda + b * KG_QF_BLOCK;
+      __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ar), w0);
+      sum[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_loadu_ps(ar + 16), w1, t), d, sum[r]);
+    }
+  }
+  for (int r = 0; r < nr; r++) acc[r] = _mm512_reduce_add_ps(sum[r]);
+}
+
+__attribute__((target("avx2,fma"))) static void dot80_avx2(float *acc, const float *a, int64_t lda, int nr,
+                                                           const int8_t *w, const uint16_t *s, int64_t K) {
+  __m256 sum[4];
+  for (int r = 0; r < 4; r++) sum[r] = _mm256_setzero_ps();
+#define Q80_W(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+  for (int64_t b = 0; b < K / KG_QF_BLOCK; b++) {
+    const int8_t *wb = w + b * KG_QF_BLOCK;
+    __m256 w0 = Q80_W(wb), w1 = Q80_W(wb + 8), w2 = Q80_W(wb + 16), w3 = Q80_W(wb + 24);
+    __m256 d = _mm256_set1_ps(kg_f16_to_f32(s[b]));
+    for (int r = 0; r < nr; r++) {
+      const float *ar = a + r * lda + b * KG_QF_BLOCK;
+      __m256 t = _mm256_mul_ps(_mm256_loadu_ps(ar), w0);
+      t = _mm256_fmadd_ps(_mm256_loadu_ps(ar + 8), w1, t);
+      t = _mm256_fmadd_ps(_mm256_loadu_ps(ar + 16), w2, t);
+      t = _mm256_fmadd_ps(_mm256_loadu_ps(ar + 24), w3, t);
+      sum[r] = _mm256_fmadd_ps(t, d, sum[r]);
+    }
+  }
+#undef Q80_W
+  for (int r = 0; r < nr; r++) acc[r] = hsum256(sum[r]);
+}
+#endif
+
 /* ---- int8 x ------------------------------------------------------------------------------------ */
 
 void kg_cpu_quantize_x_row(int8_t *q, float *d, const float *x, int64_t K) {
@@ -561,15 +606,20 @@ static void rows_q8_avx512(float *acc, const float *a, int64_t lda, int nr, cons
   if (mr == 4) tile_avx512(acc, a, lda, nr, (const int8_t *)w->q + m * w->ldq, w->ldq, K);
   else dot_avx512(acc, a, lda, nr, (const int8_t *)w->q + m * w->ldq, K);
 }
+/* Q4_0 and Q8_0 (block scales): one weight row at a time */
 static void rows_q4_avx2(float *acc, const float *a, int64_t lda, int nr, const kg_qweight *w, int64_t m, int mr,
                          int64_t K) {
   (void)mr; /* 1 */
-  dot4_avx2(acc, a, lda, nr, w->q + m * w->ldq, (const uint16_t *)w->scale + m * w->lds, K);
+  const uint16_t *s = (const uint16_t *)w->scale + m * w->lds;
+  if (w->fmt == KG_QF_Q8_0) dot80_avx2(acc, a, lda, nr, (const int8_t *)w->q + m * w->ldq, s, K);
+  else dot4_avx2(acc, a, lda, nr, w->q + m * w->ldq, s, K);
 }
 static void rows_q4_avx512(float *acc, const float *a, int64_t lda, int nr, const kg_qweight *w, int64_t m, int mr,
                            int64_t K) {
   (void)mr;
-  dot4_avx512(acc, a, lda, nr, w->q + m * w->ldq, (const uint16_t *)w->scale + m * w->lds, K);
+  const uint16_t *s = (const uint16_t *)w->scale + m * w->lds;
+  if (w->fmt == KG_QF_Q8_0) dot80_avx512(acc, a, lda, nr, (const int8_t *)w->q + m * w->ldq, s, K);
+  else dot4_avx512(acc, a, lda, nr, w->q + m * w->ldq, s, K);
 }
 #endif
 
@@ -632,14 +682,14 @@ kg_status kg_cpu_gemm_q(float *out, int64_t ldo, const float *a, int64_t lda, co
   if (v == KG_Q8_I8_SCALAR) return gemv_i8(out, ldo, a, lda, w, bias, N, M, K, rows_i8_scalar, false, nt);
 #ifdef KG_Q8_X86
   if (v == KG_Q8_I8_VNNI) return gemv_i8(out, ldo, a, lda, w, bias, N, M, K, rows_i8_vnni, true, nt);
-  /* f32 x: the widening kernels of Q8 and Q4_0 (Q8_0 has only the scalar one) */
-  bool q8 = w->fmt == KG_QF_Q8, q4 = w->fmt == KG_QF_Q4_0;
+  /* f32 x: the widening kernels (Q8: 4 weight rows a pass; block-scaled formats: one) */
+  bool q8 = w->fmt == KG_QF_Q8;
   if (v == KG_Q8_AUTO) v = kg_cpu_q8_avx512() ? KG_Q8_AVX512 : kg_cpu_q8_avx2() ? KG_Q8_AVX2 : KG_Q8_SCALAR;
-  if (v == KG_Q8_AVX512 && (q8 || q4)) {
+  if (v == KG_Q8_AVX512) {
     gemv_f32(out, ldo, a, lda, w, bias, N, M, K, q8 ? rows_q8_avx512 : rows_q4_avx512, q8 ? 4 : 1, nt);
     return KG_OK;
   }
-  if (v == KG_Q8_AVX2 && (q8 || q4)) {
+  if (v == KG_Q8_AVX2) {
     gemv_f32(out, ldo, a, lda, w, bias, N, M, K, q8 ? rows_q8_avx2 : rows_q4_avx2, q8 ? 4 : 1, nt);
     return KG_OK;
   }

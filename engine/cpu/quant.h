@@ -43,8 +43,7 @@ typedef struct {
 /* out[N, M] (f32, row stride ldo) = sum_k a[n, k] * W[m, k] (+ bias[m] when bias is not NULL); a
  * f32 rows (stride lda). Q8_0 and Q4_0 need K a multiple of 32. With f32 x (SCALAR, AVX2,
  * AVX512, BLOCKED) the sums are those of the dequantized weight; with the I8 variants each x row
- * is first quantized per block of 32 to int8 (kg_cpu_quantize_x_row). The f32-x kernels of Q8_0
- * are SCALAR and BLOCKED (AVX2 / AVX512 ask run SCALAR). threads: 0 = kg_num_threads() when the
+ * is first quantized per block of 32 to int8 (kg_cpu_quantize_x_row). threads: 0 = kg_num_threads() when the
  * product is large enough. Fails only when a temporary cannot be allocated. */
 kg_status kg_cpu_gemm_q(float *out, int64_t ldo, const float *a, int64_t lda, const kg_qweight *w, const float *bias,
                         int64_t N, int64_t M, int64_t K, kg_q8_variant v, int threads);

@@ -5,6 +5,7 @@
 --
 --   keng tests/lab/quant_1b.lua [--gguf FILE] [--quantize int8|int4] [--threads N] [--tokens 64]
 --        [--prompt 6] [--repeats 3] [--act int8|f32] [--format text|json]
+--   keng tests/lab/quant_1b.lua --accuracy 1 [--gguf BF16.gguf] [--threads N]
 --
 -- Without --gguf: random bf16 weights (seed 0, scripts/bench/decode.lua's mistral_1b). With it:
 -- models.gguf.from_gguf(FILE) (a bf16 file stays a view of the mapping; Q8_0 / Q4_0 Linear layers
@@ -12,13 +13,16 @@
 -- ms/token is decode.lua's: the difference of two greedy generate calls (prompt + tokens and
 -- prompt + 1 new tokens) over tokens - 1, best of --repeats, wall time; bytes/token counts every
 -- weight (codes and scales) but the embedding table; rss_mib / peak_mib are VmRSS / VmHWM.
+-- --accuracy: the bf16 model's logits of a 32-token prompt against those of its int8 and int4
+-- quantizations, each with int8 and f32 activations (max and mean |error| over the largest
+-- |logit|), and how many of 50 greedy tokens agree with bf16's.
 local keng = require "keng"
 
 local usage = "usage: keng tests/lab/quant_1b.lua [--gguf FILE] [--quantize int8|int4] [--threads N] " ..
   "[--tokens 64] [--prompt 6] [--repeats 3] [--act int8|f32] [--format text|json]"
 local o = {tokens = 64, prompt = 6, repeats = 3, format = "text"}
 local NUM = {threads = true, tokens = true, prompt = true, repeats = true}
-local KNOWN = {gguf = true, quantize = true, act = true, format = true}
+local KNOWN = {gguf = true, quantize = true, act = true, format = true, accuracy = true}
 local i = 1
 while i <= #arg do
   local key = arg[i]:match("^%-%-([%w_]+)$")
@@ -33,18 +37,43 @@ end
 if o.threads then keng.set_num_threads(o.threads) end
 if o.act then keng.backends.quant_activations = o.act end
 
-local lm
-if o.gguf then
-  lm = require("models.gguf").from_gguf(o.gguf, {tokenizer = false})
-else
+local function make()
+  if o.gguf then return require("models.gguf").from_gguf(o.gguf, {tokenizer = false}) end
   local mistral = require "models.mistral"
   local cfg = mistral.config("mistral_tiny")
   cfg.vocab, cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn = 32000, 22, 2048, 32, 4, 64, 5632
   keng.manual_seed(0)
-  lm = mistral.build(cfg, {dtype = "bf16"})
+  return mistral.build(cfg, {dtype = "bf16"})
+end
+local lm = make()
+lm:eval()
+if o.accuracy then
+  local ids = keng.randint(3, 250, {1, 32})
+  local gen = {max_new_tokens = 50, sampler = "greedy", stop_token_ids = {}}
+  local ref, ref_toks
+  keng.no_grad(function() ref, ref_toks = lm:logits(ids):float(), lm:generate(ids, gen)[1] end)
+  local amax = ref:abs():max():item()
+  for _, fmt in ipairs({"int8", "int4"}) do
+    local q = keng.quantize(make(), fmt)
+    q:eval()
+    for _, act in ipairs({"int8", "f32"}) do
+      keng.backends.quant_activations = act
+      keng.no_grad(function()
+        local d = (q:logits(ids):float() - ref):abs()
+        local toks, same = q:generate(ids, gen)[1], 0
+        for t = 33, #ref_toks do
+          if toks[t] ~= ref_toks[t] then break end
+          same = same + 1
+        end
+        print(string.format("%s weights, %-4s x (reads %s): logits max |err| %.2f%%, mean %.3f%% of max |logit| %.2f; " ..
+          "greedy: first %d of %d tokens equal bf16's", fmt, act, keng.backends.quant_activations,
+          d:max():item() / amax * 100, d:mean():item() / amax * 100, amax, same, #ref_toks - 32))
+      end)
+    end
+  end
+  os.exit(0)
 end
 if o.quantize then keng.quantize(lm, o.quantize) end
-lm:eval()
 collectgarbage()
 collectgarbage()
 
