@@ -17,9 +17,10 @@
 # the file is mmapped, so its resident size is the weights it reads).
 #
 # LLAMA_CPP_SRC is a llama.cpp source checkout. The script builds llama-bench and llama-quantize
-# into WORK/build once (or takes them from --llama-bin), makes the bf16 GGUF as
-# scripts/bench/peers/llama_cpp.sh does (or takes --gguf), and quantizes it with
-# `llama-quantize --pure` (every tensor Q8_0 / Q4_0, as keng's layers are). Needs cmake, a C++
+# into WORK/build once (or takes them from --llama-bin: a directory with llama-bench, and
+# llama-quantize if there is one), makes the bf16 GGUF as scripts/bench/peers/llama_cpp.sh does
+# (or takes --gguf), and quantizes it with `llama-quantize --pure` (every tensor Q8_0 / Q4_0, as
+# keng's layers are; without llama-quantize, with the source tree's gguf-py, the same rounding). Needs cmake, a C++
 # compiler, python3 with numpy, torch, sentencepiece. Optional: no test needs it. Run it on a
 # quiet machine: every row streams 0.6-2.2 GB per token.
 set -euo pipefail
@@ -55,7 +56,7 @@ KENG=$(cd "$(dirname "$KENG")" && pwd)/$(basename "$KENG")
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 
-# 1. llama-bench and llama-quantize
+# 1. llama-bench (and llama-quantize; without it the files are made by the source tree's gguf-py)
 if [ -z "$BIN" ]; then
   BIN="$WORK/build/bin"
   if [ ! -x "$BIN/llama-bench" ] || [ ! -x "$BIN/llama-quantize" ]; then
@@ -66,7 +67,7 @@ if [ -z "$BIN" ]; then
     cmake --build "$WORK/build" -j 2 --target llama-bench llama-quantize >"$WORK/build.log"
   fi
 fi
-[ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-quantize" ] || die "no llama-bench / llama-quantize in $BIN"
+[ -x "$BIN/llama-bench" ] || die "no llama-bench in $BIN"
 
 # 2. the bf16 GGUF of mistral_1b (keng's seed-0 weights), as scripts/bench/peers/llama_cpp.sh makes it
 if [ -z "$GGUF" ]; then
@@ -98,12 +99,47 @@ EOF
 fi
 [ -f "$GGUF" ] || die "no GGUF at $GGUF"
 
-# 3. Q8_0 and Q4_0, every tensor (--pure: no Q6_K head or other k-quant mixtures)
+# 3. Q8_0 and Q4_0, every tensor (--pure: no Q6_K head or other k-quant mixtures). Without
+# llama-quantize: gguf-py's quantizers (ggml's reference rounding) on every 2-D tensor, the 1-D
+# norms kept F32, the metadata copied
 for Q in Q8_0 Q4_0; do
   F="$WORK/mistral_1b-$Q.gguf"
-  if [ ! -f "$F" ]; then
+  [ -f "$F" ] && continue
+  if [ -x "$BIN/llama-quantize" ]; then
     echo "llama-quantize --pure $Q -> $F"
     "$BIN/llama-quantize" --pure "$GGUF" "$F" "$Q" >"$WORK/quantize-$Q.log" 2>&1 || die "llama-quantize failed (see $WORK/quantize-$Q.log)"
+  else
+    echo "gguf-py ($SRC/gguf-py) $Q -> $F"
+    python3 - "$SRC/gguf-py" "$GGUF" "$F.part" "$Q" <<'EOF' || die "gguf-py quantization failed"
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import gguf
+src, dst, qname = sys.argv[2], sys.argv[3], sys.argv[4]
+T = gguf.GGMLQuantizationType
+qtype = T[qname]
+r = gguf.GGUFReader(src)
+w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+for f in r.fields.values():
+    if f.name.startswith("GGUF.") or f.name == "general.architecture":
+        continue
+    vt = f.types[0]
+    w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+for t in r.tensors:
+    data = np.asarray(t.data)
+    if t.tensor_type == T.BF16:
+        data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    data = data.astype(np.float32).reshape(-1, int(t.shape[0]))
+    if len(t.shape) >= 2 and t.shape[0] % 32 == 0:
+        w.add_tensor(t.name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)  # shape from the bytes
+    else:
+        w.add_tensor(t.name, data.reshape(-1))
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+EOF
+    mv "$F.part" "$F"
   fi
 done
 
@@ -123,7 +159,7 @@ peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 row = {"label": label, "framework": fw, "threads": threads, "status": "ok", "peak_mib": peak}
 if fw == "keng":
     k = json.loads(r.stdout.strip().splitlines()[-1])
-    row.update(ms_per_token=k["ms_per_token"], rss_mib=k["rss_mib"], peak_mib=k["peak_mib"], gb_per_s=k["gb_per_s"],
+    row.update(ms_per_token=k["ms_per_token"], cpu_ms_per_token=k["cpu_ms_per_token"], rss_mib=k["rss_mib"], peak_mib=k["peak_mib"], gb_per_s=k["gb_per_s"],
                weight_bytes=k["weight_bytes"], act=k["act"])
 else:
     tg = next(x for x in json.loads(r.stdout) if x["n_gen"] > 0)
@@ -151,15 +187,17 @@ python3 - "$ROWS" "$(uptime)" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print("\nmistral_1b decode, batch 1 (%s)" % sys.argv[2].strip())
-print("%-22s %-9s %3s %10s %8s %9s %9s %9s" % ("weights", "framework", "thr", "ms/token", "tok/s", "vs bf16", "RSS MiB", "peak MiB"))
+print("%-22s %-9s %3s %10s %8s %8s %9s %9s %9s" % ("weights", "framework", "thr", "ms/token", "cpu ms", "tok/s", "vs bf16",
+      "RSS MiB", "peak MiB"))
 base = {(r["framework"], r["threads"]): r["ms_per_token"] for r in rows if r.get("status") == "ok" and r["label"].startswith("bf16")}
 for r in rows:
     if r.get("status") != "ok":
         print("%-22s %-9s %3d  failed" % (r["label"], r["framework"], r["threads"]))
         continue
     b = base.get((r["framework"], r["threads"]))
-    print("%-22s %-9s %3d %10.2f %8.2f %8.2fx %9.0f %9.0f" % (r["label"], r["framework"], r["threads"], r["ms_per_token"],
-          1e3 / r["ms_per_token"], b / r["ms_per_token"] if b else float("nan"), r["rss_mib"], r["peak_mib"]))
+    cpu = "%8.2f" % r["cpu_ms_per_token"] if "cpu_ms_per_token" in r else "%8s" % "-"
+    print("%-22s %-9s %3d %10.2f %s %8.2f %8.2fx %9.0f %9.0f" % (r["label"], r["framework"], r["threads"], r["ms_per_token"],
+          cpu, 1e3 / r["ms_per_token"], b / r["ms_per_token"] if b else float("nan"), r["rss_mib"], r["peak_mib"]))
 kg = {(r["label"][:4], r["threads"]): r["ms_per_token"] for r in rows if r.get("status") == "ok" and r["framework"] == "keng"}
 for r in rows:
     if r.get("status") == "ok" and r["framework"] == "llama.cpp" and r["label"][:4] in ("Q8_0", "Q4_0"):

@@ -11,7 +11,8 @@
 -- models.gguf.from_gguf(FILE) (a bf16 file stays a view of the mapping; Q8_0 / Q4_0 Linear layers
 -- stay quantized). --quantize then runs keng.quantize. --act sets keng.backends.quant_activations.
 -- ms/token is decode.lua's: the difference of two greedy generate calls (prompt + tokens and
--- prompt + 1 new tokens) over tokens - 1, best of --repeats, wall time; bytes/token counts every
+-- prompt + 1 new tokens) over tokens - 1, best of --repeats, wall time (and process CPU time,
+-- which a busy machine inflates less; summed over threads); bytes/token counts every
 -- weight (codes and scales) but the embedding table; rss_mib / peak_mib are VmRSS / VmHWM.
 -- --accuracy: the bf16 model's logits of a 32-token prompt against those of its int8 and int4
 -- quantizations, each with int8 and f32 activations (max and mean |error| over the largest
@@ -87,16 +88,18 @@ end
 local prompts = keng.randint(3, 250, {1, o.prompt})
 local function gen(n)
   collectgarbage()
-  local t0 = keng.time()
+  local t0, c0 = keng.time(), os.clock()
   lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
-  return keng.time() - t0
+  return keng.time() - t0, os.clock() - c0
 end
-local best = math.huge
+local best, best_cpu = math.huge, math.huge
 keng.no_grad(function()
   gen(2)   -- warm-up (and every weight page touched once)
   for _ = 1, o.repeats do
-    local long = gen(o.tokens)
-    best = math.min(best, (long - gen(1)) / (o.tokens - 1))
+    local long, long_cpu = gen(o.tokens)
+    local short, short_cpu = gen(1)
+    best = math.min(best, (long - short) / (o.tokens - 1))
+    best_cpu = math.min(best_cpu, (long_cpu - short_cpu) / (o.tokens - 1))
   end
 end)
 
@@ -115,13 +118,14 @@ local r = {
     ("random bf16" .. (o.quantize and " + " .. o.quantize or "")),
   linear = w.weight.dtype .. (w.weight_scale and (" + " .. w.weight_scale.dtype .. " scales") or ""),
   act = keng.backends.quant_activations, threads = keng.num_threads(), tokens = o.tokens,
-  ms_per_token = best * 1e3, tokens_per_s = 1 / best, weight_bytes = bytes, gb_per_s = bytes / best / 1e9,
+  ms_per_token = best * 1e3, cpu_ms_per_token = best_cpu * 1e3, tokens_per_s = 1 / best, weight_bytes = bytes, gb_per_s = bytes / best / 1e9,
   rss_mib = status("VmRSS"), peak_mib = status("VmHWM"),
 }
 if o.format == "json" then
   print(require("keng.json").encode(r))
 else
-  print(string.format("%-28s %-22s act %-4s %d threads: %7.2f ms/token %6.2f tok/s  %7.1f MB/token %5.2f GB/s  " ..
-    "RSS %.0f MiB (peak %.0f)", r.weights, r.linear, r.act, r.threads, r.ms_per_token, r.tokens_per_s, bytes / 1e6,
+  print(string.format("%-28s %-22s act %-4s %d threads: %7.2f ms/token (cpu %.2f) %6.2f tok/s  %7.1f MB/token " ..
+    "%5.2f GB/s  RSS %.0f MiB (peak %.0f)", r.weights, r.linear, r.act, r.threads, r.ms_per_token, r.cpu_ms_per_token,
+    r.tokens_per_s, bytes / 1e6,
     r.gb_per_s, r.rss_mib or -1, r.peak_mib or -1))
 end
