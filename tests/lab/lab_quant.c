@@ -254,7 +254,8 @@ static void run_bf16(void *p) { /* x holds bf16 values, as in a bf16 model: AUTO
 }
 
 static void run_timing(variant *vars, int nv) {
-  bench b = {.M = 16384, .K = 4096};
+  /* LAB_QUANT_M: the weight rows (16384: 64 MiB of int8, L3-resident on this VM; 131072: DRAM) */
+  bench b = {.M = getenv("LAB_QUANT_M") ? atoll(getenv("LAB_QUANT_M")) : 16384, .K = 4096};
   b.a = malloc(4 * (size_t)b.K), b.o = malloc(4 * (size_t)b.M), b.w16 = malloc(2 * (size_t)(b.M * b.K));
   for (int64_t i = 0; i < b.K; i++) b.a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
   for (int64_t i = 0; i < b.M * b.K; i++) b.w16[i] = kg_f32_to_bf16(frand());

@@ -13,7 +13,8 @@
 -- ms/token is decode.lua's: the difference of two greedy generate calls (prompt + tokens and
 -- prompt + 1 new tokens) over tokens - 1, best of --repeats, wall time (and process CPU time,
 -- which a busy machine inflates less; summed over threads); bytes/token counts every
--- weight (codes and scales) but the embedding table; rss_mib / peak_mib are VmRSS / VmHWM.
+-- weight (codes and scales) but the embedding table; rss_mib / peak_mib are VmRSS / VmHWM,
+-- alloc_mib keng.memory_stats().allocated (the engine's tensors; file views not included).
 -- --accuracy: the bf16 model's logits of a 32-token prompt against those of its int8 and int4
 -- quantizations, each with int8 and f32 activations (max and mean |error| over the largest
 -- |logit|), and how many of 50 greedy tokens agree with bf16's.
@@ -119,13 +120,12 @@ local r = {
   linear = w.weight.dtype .. (w.weight_scale and (" + " .. w.weight_scale.dtype .. " scales") or ""),
   act = keng.backends.quant_activations, threads = keng.num_threads(), tokens = o.tokens,
   ms_per_token = best * 1e3, cpu_ms_per_token = best_cpu * 1e3, tokens_per_s = 1 / best, weight_bytes = bytes, gb_per_s = bytes / best / 1e9,
-  rss_mib = status("VmRSS"), peak_mib = status("VmHWM"),
+  rss_mib = status("VmRSS"), peak_mib = status("VmHWM"), alloc_mib = keng.memory_stats().allocated / 2 ^ 20,
 }
 if o.format == "json" then
   print(require("keng.json").encode(r))
 else
   print(string.format("%-28s %-22s act %-4s %d threads: %7.2f ms/token (cpu %.2f) %6.2f tok/s  %7.1f MB/token " ..
-    "%5.2f GB/s  RSS %.0f MiB (peak %.0f)", r.weights, r.linear, r.act, r.threads, r.ms_per_token, r.cpu_ms_per_token,
-    r.tokens_per_s, bytes / 1e6,
-    r.gb_per_s, r.rss_mib or -1, r.peak_mib or -1))
+    "%5.2f GB/s  RSS %.0f MiB (peak %.0f, tensors %.0f)", r.weights, r.linear, r.act, r.threads, r.ms_per_token,
+    r.cpu_ms_per_token, r.tokens_per_s, bytes / 1e6, r.gb_per_s, r.rss_mib or -1, r.peak_mib or -1, r.alloc_mib))
 end
