@@ -13,8 +13,9 @@
 #   llama.cpp bf16 / Q8_0 / Q4_0  llama-bench -p 0 -n TOKENS -r REPEATS on the same three GGUFs
 # keng's ms/token is tests/lab/quant_1b.lua's (decode steps only, best of --repeats); llama-bench's
 # is 1000 / its mean tokens/s over tg TOKENS. Resident memory: keng's VmRSS after loading (its peak
-# VmHWM also counts the bf16 model a quantized one was made from); llama.cpp's peak RSS (getrusage;
-# the file is mmapped, so its resident size is the weights it reads).
+# VmHWM also counts the bf16 model a quantized one was made from; "tensors" is the engine's
+# keng.memory_stats().allocated, file views not included); llama.cpp's peak RSS (getrusage; the
+# file is mmapped, plus the copies its CPU backend repacks Q4_0 / Q8_0 weights into).
 #
 # LLAMA_CPP_SRC is a llama.cpp source checkout. The script builds llama-bench and llama-quantize
 # into WORK/build once (or takes them from --llama-bin: a directory with llama-bench, and
@@ -159,7 +160,7 @@ peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 row = {"label": label, "framework": fw, "threads": threads, "status": "ok", "peak_mib": peak}
 if fw == "keng":
     k = json.loads(r.stdout.strip().splitlines()[-1])
-    row.update(ms_per_token=k["ms_per_token"], cpu_ms_per_token=k["cpu_ms_per_token"], rss_mib=k["rss_mib"], peak_mib=k["peak_mib"], gb_per_s=k["gb_per_s"],
+    row.update(ms_per_token=k["ms_per_token"], cpu_ms_per_token=k["cpu_ms_per_token"], alloc_mib=k["alloc_mib"], rss_mib=k["rss_mib"], peak_mib=k["peak_mib"], gb_per_s=k["gb_per_s"],
                weight_bytes=k["weight_bytes"], act=k["act"])
 else:
     tg = next(x for x in json.loads(r.stdout) if x["n_gen"] > 0)
@@ -187,8 +188,8 @@ python3 - "$ROWS" "$(uptime)" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print("\nmistral_1b decode, batch 1 (%s)" % sys.argv[2].strip())
-print("%-22s %-9s %3s %10s %8s %8s %9s %9s %9s" % ("weights", "framework", "thr", "ms/token", "cpu ms", "tok/s", "vs bf16",
-      "RSS MiB", "peak MiB"))
+print("%-22s %-9s %3s %10s %8s %8s %9s %9s %9s %9s" % ("weights", "framework", "thr", "ms/token", "cpu ms", "tok/s", "vs bf16",
+      "RSS MiB", "peak MiB", "tensors"))
 base = {(r["framework"], r["threads"]): r["ms_per_token"] for r in rows if r.get("status") == "ok" and r["label"].startswith("bf16")}
 for r in rows:
     if r.get("status") != "ok":
@@ -196,8 +197,9 @@ for r in rows:
         continue
     b = base.get((r["framework"], r["threads"]))
     cpu = "%8.2f" % r["cpu_ms_per_token"] if "cpu_ms_per_token" in r else "%8s" % "-"
-    print("%-22s %-9s %3d %10.2f %s %8.2f %8.2fx %9.0f %9.0f" % (r["label"], r["framework"], r["threads"], r["ms_per_token"],
-          cpu, 1e3 / r["ms_per_token"], b / r["ms_per_token"] if b else float("nan"), r["rss_mib"], r["peak_mib"]))
+    alloc = "%9.0f" % r["alloc_mib"] if "alloc_mib" in r else "%9s" % "-"
+    print("%-22s %-9s %3d %10.2f %s %8.2f %8.2fx %9.0f %9.0f %s" % (r["label"], r["framework"], r["threads"], r["ms_per_token"],
+          cpu, 1e3 / r["ms_per_token"], b / r["ms_per_token"] if b else float("nan"), r["rss_mib"], r["peak_mib"], alloc))
 kg = {(r["label"][:4], r["threads"]): r["ms_per_token"] for r in rows if r.get("status") == "ok" and r["framework"] == "keng"}
 for r in rows:
     if r.get("status") == "ok" and r["framework"] == "llama.cpp" and r["label"][:4] in ("Q8_0", "Q4_0"):
