@@ -12,7 +12,8 @@
  *                       0.1%, an int8-x reference fed f32 x) must be caught
  *   lab_quant           times a decode GEMV, x [1, 4096] against a [16384, 4096] weight: each
  *                       format and variant vs the bf16 kernel (engine/cpu/gemm_bf16.c), in GB/s
- *                       of weight bytes read
+ *                       of weight bytes read; LAB_QUANT_M=131072 makes the weight 512 MiB of int8
+ *                       (past this VM's 480 MiB L3: DRAM)
  */
 #include "lab.h"
 #include "cpu/gemm_bf16.h"
