@@ -6,6 +6,8 @@
  *                                        -- cuDNN's fused attention where it applies)
  *   keng.backends.cudnn_sdpa_stats       -- read-only counters of that path and of every route (a fresh table)
  *   keng.backends.sdpa_math = true       -- every attention call through the math route (default false)
+ *   keng.backends.quant_activations = "f32"  -- the CPU's int8 / int4 GEMV with f32 x (default "int8":
+ *                                        -- x quantized per block of 32, docs/quantization.md)
  *
  *   local g = keng.cuda.graph(fn, {warmup = 2, device = "cuda:0"})
  *   local loss = g(x, y)   -- calls 1..warmup: fn(x, y) eagerly; the next call captures fn into a
@@ -78,6 +80,10 @@ static int backends_index(lua_State *L) {
     push_sdpa_stats(L);
     return 1;
   }
+  if (strcmp(k, "quant_activations") == 0) {
+    lua_pushstring(L, kg_quant_act_int8() ? "int8" : "f32");
+    return 1;
+  }
   return 0;
 }
 
@@ -92,8 +98,16 @@ static int backends_newindex(lua_State *L) {
     else kg_set_cudnn_sdpa(lua_toboolean(L, 3));
     return 0;
   }
+  if (strcmp(k, "quant_activations") == 0) {
+    const char *v = lua_type(L, 3) == LUA_TSTRING ? lua_tostring(L, 3) : "";
+    if (strcmp(v, "int8") && strcmp(v, "f32"))
+      return luaL_error(L, "keng.backends.quant_activations must be \"int8\" or \"f32\", got %s",
+                        lua_type(L, 3) == LUA_TSTRING ? v : luaL_typename(L, 3));
+    kg_set_quant_act_int8(strcmp(v, "int8") == 0);
+    return 0;
+  }
   if (strcmp(k, "cudnn_sdpa_stats") == 0) return luaL_error(L, "keng.backends.cudnn_sdpa_stats is read-only");
-  return luaL_error(L, "keng.backends has no setting '%s' (known: allow_tf32, cudnn_sdpa, cudnn_sdpa_stats, sdpa_math)", k);
+  return luaL_error(L, "keng.backends has no setting '%s' (known: allow_tf32, cudnn_sdpa, cudnn_sdpa_stats, quant_activations, sdpa_math)", k);
 }
 
 /* ---- keng.cuda.graph ---------------------------------------------------------------------------- */

@@ -1,14 +1,15 @@
 /* gguf.c — binding of the GGUF reader (engine/io/gguf.c, docs/gguf.md):
- *   keng.gguf.load(path, {dtype = "f32", q4_0 = "int4"}) -> tensors, metadata, info
- *     tensors   {name = tensor}: F32/F16/BF16 as stored (views of the file mapping); Q8_0, Q4_K,
- *               Q6_K dequantized to dtype ("f32", "bf16" or "f16"); Q4_0 as keng's int4 pair
+ *   keng.gguf.load(path, {dtype = "f32", q4_0 = "int4", q8_0 = "int8"}) -> tensors, metadata, info
+ *     tensors   {name = tensor}: F32/F16/BF16 as stored (views of the file mapping); Q4_K, Q6_K
+ *               dequantized to dtype ("f32", "bf16" or "f16"); Q4_0 as keng's int4 pair
  *               name -> codes u8 [.., I/2] and name .. "_scale" -> f16 [.., I/32] (q4_0 = "int4",
- *               the default) or dequantized like the others (q4_0 = "dequantize")
+ *               the default) or dequantized like the others (q4_0 = "dequantize"); Q8_0 likewise
+ *               as codes i8 [.., I] and f16 [.., I/32] scales (q8_0 = "int8", the default)
  *     metadata  {key = value}: integers, numbers, booleans, strings; arrays as Lua lists
  *     info      {name = {type = "Q4_K", shape = {..}}}: each tensor's ggml type and keng shape
  *   tensors = false: only the metadata and info (an empty tensors table), nothing converted
  *   keng.gguf.open(path) -> file   the header alone (validated); tensors converted one at a time:
- *     file:metadata(), file:info(), file:tensor(name, {dtype =, q4_0 =}) -> tensor[, scale],
+ *     file:metadata(), file:info(), file:tensor(name, {dtype =, q4_0 =, q8_0 =}) -> tensor[, scale],
  *     file:close() (also __close / __gc; tensors already made stay valid)
  * Shapes are row-major (ggml's ne reversed): a ggml [ne0 = in, ne1 = out] weight is [out, in].
  * The parsed file lives in a userdata box whose __gc frees it, so an error halfway leaks nothing. */
@@ -50,17 +51,18 @@ static void push_value(lua_State *L, const kg_gguf_value *v) {
   }
 }
 
-/* the options {dtype =, q4_0 =, tensors =} at idx (extra: also accept "tensors") */
+/* the options {dtype =, q4_0 =, q8_0 =, tensors =} at idx (extra: also accept "tensors") */
 typedef struct {
   kg_dtype dt;
-  bool keep_q4, want;
+  unsigned keep; /* KG_GGUF_KEEP_Q4_0 | KG_GGUF_KEEP_Q8_0 */
+  bool want;
 } load_opts;
 
 static load_opts check_opts(lua_State *L, int idx, const char *who, bool with_tensors) {
-  static const char *const valid[] = {"dtype", "q4_0", "tensors", NULL};
-  static const char *const valid1[] = {"dtype", "q4_0", NULL};
+  static const char *const valid[] = {"dtype", "q4_0", "q8_0", "tensors", NULL};
+  static const char *const valid1[] = {"dtype", "q4_0", "q8_0", NULL};
   kgl_check_options(L, idx, who, with_tensors ? valid : valid1);
-  load_opts o = {KG_F32, true, true};
+  load_opts o = {KG_F32, KG_GGUF_KEEP_Q4_0 | KG_GGUF_KEEP_Q8_0, true};
   if (!lua_istable(L, idx)) return o;
   lua_getfield(L, idx, "tensors");
   if (!lua_isnil(L, -1)) {
@@ -79,7 +81,15 @@ static load_opts check_opts(lua_State *L, int idx, const char *who, bool with_te
     const char *m = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
     if (!m || (strcmp(m, "int4") && strcmp(m, "dequantize")))
       luaL_error(L, "%s: q4_0 must be \"int4\" or \"dequantize\", got %s", who, m ? m : luaL_typename(L, -1));
-    o.keep_q4 = !strcmp(m, "int4");
+    if (strcmp(m, "int4")) o.keep &= ~KG_GGUF_KEEP_Q4_0;
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, idx, "q8_0");
+  if (!lua_isnil(L, -1)) {
+    const char *m = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (!m || (strcmp(m, "int8") && strcmp(m, "dequantize")))
+      luaL_error(L, "%s: q8_0 must be \"int8\" or \"dequantize\", got %s", who, m ? m : luaL_typename(L, -1));
+    if (strcmp(m, "int8")) o.keep &= ~KG_GGUF_KEEP_Q8_0;
   }
   lua_pop(L, 1);
   return o;
@@ -123,7 +133,7 @@ static void push_info(lua_State *L, const kg_gguf *g) {
 /* converts tensor i and pushes it (and its scale, or nil): 2 values */
 static void push_tensor(lua_State *L, const kg_gguf *g, int64_t i, load_opts o) {
   kg_tensor *t = NULL, *s = NULL;
-  KGL_CALL(L, kg_gguf_tensor(g, i, o.dt, o.keep_q4, &t, &s));
+  KGL_CALL(L, kg_gguf_tensor(g, i, o.dt, o.keep, &t, &s));
   kgl_push(L, t);
   if (s)
     kgl_push(L, s);
@@ -154,7 +164,7 @@ static int f_info(lua_State *L) {
   return 1;
 }
 
-/* file:tensor(name, {dtype =, q4_0 =}) -> tensor[, scale] (a Q4_0 kept as int4 returns both) */
+/* file:tensor(name, {dtype =, q4_0 =, q8_0 =}) -> tensor[, scale] (a kept Q4_0 / Q8_0 returns both) */
 static int f_tensor(lua_State *L) {
   kg_gguf *g = check_file(L);
   const char *name = luaL_checkstring(L, 2);

@@ -560,7 +560,16 @@ static void deq_q6_k(const uint8_t *b, float *y) { /* {u8 ql[128]; u8 qh[64]; i8
     }
 }
 
-kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, bool keep_q4, kg_tensor **out, kg_tensor **scale) {
+/* a converted tensor's bytes are not read again: give their pages of the private mapping back
+ * (the whole pages inside [p, p + n) only, so no neighbouring tensor's view loses a page), so
+ * that the resident size of a loaded quantized model is its keng tensors, not the file too */
+static void drop_pages(const kg_gguf *g, const uint8_t *p, uint64_t n) {
+  if (!g->map->len) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + n) / page * page;
+  if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, unsigned keep, kg_tensor **out, kg_tensor **scale) {
   *out = NULL;
   if (scale) *scale = NULL;
   if (i < 0 || i >= g->n_tensors)
@@ -586,11 +595,12 @@ kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, bool keep_q4,
   }
   int64_t rows = (int64_t)(t->nbytes / ((uint64_t)t->ne[0] / (uint64_t)ggml_types[t->type].blck *
                                         (uint64_t)ggml_types[t->type].size));
-  if (t->type == KG_GGML_Q4_0 && keep_q4) {
-    if (!scale) return kg_error(KG_ERR_VALUE, OP, "%s: keep_q4 needs a scale output", g->label);
-    int64_t nb = t->ne[0] / 32;
-    shape[t->ndim - 1] = t->ne[0] / 2;
-    KG_TRY(kg_tensor_empty(out, t->ndim, shape, KG_U8, KG_CPU));
+  bool q4 = t->type == KG_GGML_Q4_0 && (keep & KG_GGUF_KEEP_Q4_0), q8 = t->type == KG_GGML_Q8_0 && (keep & KG_GGUF_KEEP_Q8_0);
+  if (q4 || q8) { /* keng's Q4_0 / Q8_0 layouts (engine/ops/quant_format.h): the block's f16 d moved out */
+    if (!scale) return kg_error(KG_ERR_VALUE, OP, "%s: keeping %s needs a scale output", g->label, q4 ? "Q4_0" : "Q8_0");
+    int64_t nb = t->ne[0] / 32, code_bytes = q4 ? 16 : 32, bsize = 2 + code_bytes;
+    shape[t->ndim - 1] = nb * code_bytes;
+    KG_TRY(kg_tensor_empty(out, t->ndim, shape, q4 ? KG_U8 : KG_I8, KG_CPU));
     shape[t->ndim - 1] = nb;
     kg_status s = kg_tensor_empty(scale, t->ndim, shape, KG_F16, KG_CPU);
     if (s) {
@@ -600,10 +610,11 @@ kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, bool keep_q4,
     }
     uint8_t *codes = kg_data(*out);
     uint8_t *sc = kg_data(*scale);
-    for (int64_t b = 0; b < rows * nb; b++) { /* block b: 2 bytes of f16 d, then its 16 code bytes */
-      memcpy(sc + 2 * b, p + 18 * b, 2);
-      memcpy(codes + 16 * b, p + 18 * b + 2, 16);
+    for (int64_t b = 0; b < rows * nb; b++) { /* block b: 2 bytes of f16 d, then its code bytes */
+      memcpy(sc + 2 * b, p + bsize * b, 2);
+      memcpy(codes + code_bytes * b, p + bsize * b + 2, (size_t)code_bytes);
     }
+    drop_pages(g, p, t->nbytes);
     return KG_OK;
   }
   void (*deq)(const uint8_t *, float *) = t->type == KG_GGML_Q8_0   ? deq_q8_0
@@ -631,5 +642,6 @@ kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, bool keep_q4,
         o[k] = dt == KG_BF16 ? kg_f32_to_bf16(buf[k]) : kg_f32_to_f16(buf[k]);
     }
   }
+  drop_pages(g, p, t->nbytes);
   return KG_OK;
 }

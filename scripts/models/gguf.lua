@@ -155,8 +155,9 @@ function M.rope_factors(t, cfg, who, level)
               attention_factor = 1, original_max_position_embeddings = math.maxinteger}
 end
 
--- one GGUF tensor as keng state-dict entries {name = tensor} (w, and a Q4_0 Linear's scale):
--- renamed, llama's q/k rows unpermuted, a Q4_0 tensor outside the Linear layers dequantized
+-- one GGUF tensor as keng state-dict entries {name = tensor} (w, and a Q4_0 / Q8_0 Linear's
+-- scale): renamed, llama's q/k rows unpermuted, a Q4_0 / Q8_0 tensor outside the Linear layers
+-- dequantized
 function M.convert(name, w, s, cfg, family, dtype, type_name, who, level)
   local k = M.keng_name(name)
   if not k then fail(who, level, "tensor '%s' (%s) is not part of a %s model keng builds", name, type_name, family) end
@@ -168,7 +169,8 @@ function M.convert(name, w, s, cfg, family, dtype, type_name, who, level)
     end
   end
   if s and not (k:find("^lm_head") or k:find("self_attn") or k:find("mlp")) then
-    w, s = keng.dequantize_q4(w, s, dtype), nil           -- int4 only for Linear layers: the rest is float
+    -- quantized only in Linear layers: the rest (the embedding) is float
+    w, s = (w.dtype == "i8" and keng.dequantize_q8 or keng.dequantize_q4)(w, s, dtype), nil
   end
   local out = {[k] = w}
   if s then out[k .. "_scale"] = s end

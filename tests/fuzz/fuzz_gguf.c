@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++)
     for (int keep = 0; keep < 2; keep++) {
       kg_tensor *t = NULL, *s = NULL;
-      if (kg_gguf_tensor(g, i, keep ? KG_BF16 : KG_F32, keep, &t, &s) == KG_OK) {
+      if (kg_gguf_tensor(g, i, keep ? KG_BF16 : KG_F32, keep ? KG_GGUF_KEEP_Q4_0 | KG_GGUF_KEEP_Q8_0 : 0, &t, &s) == KG_OK) {
         touch(t);
         touch(s);
       } else if (!kg_last_error()[0]) {

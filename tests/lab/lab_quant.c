@@ -1,15 +1,19 @@
-/* lab_quant.c — kernel lab for engine/cpu/quant.c: out[N, M] = scale[m] · a[N, K] · w[M, K]ᵀ + b
- * with w int8, the int8 weight-only linear (docs/quantization.md).
+/* lab_quant.c — kernel lab for engine/cpu/quant.c: out[N, M] = a[N, K] · W[M, K]ᵀ + b with W
+ * quantized in one of the formats of engine/ops/quant_format.h (Q8: int8 + a row scale; Q8_0:
+ * int8 + an f16 scale per 32; Q4_0: 4-bit codes + an f16 scale per 32), docs/quantization.md.
  *
- *   lab_quant --check   every variant (scalar, AVX2, AVX-512 where the CPU runs them, blocked
- *                       dequantize + sgemm) vs a naive f64 reference at N in 1..9, 31..33, 70,
- *                       K around the 8/16/32 edges, padded leading dims, with and without bias,
- *                       2 threads; and quantize_q8_row against its definition (ties to even, the
- *                       clamp, a zero row); a planted bug (a wrong scale) must be caught
- *   lab_quant           times a decode GEMV, x [1, 4096] against a [16384, 4096] weight: int8
- *                       and int4 (each variant) vs the bf16 kernel (engine/cpu/gemm_bf16.c), in
- *                       GB/s of weight bytes read; --check also covers the int4 (Q4_0 layout)
- *                       kernels (scalar, AVX2, AVX-512, blocked) and quantize_q4_row
+ *   lab_quant --check   every variant the CPU runs, for every format, vs a naive f64 reference at
+ *                       N in 1..9, 31..33, 70, K around the 8/16/32/64/128 edges, padded leading
+ *                       dims, with and without bias, 1 and 2 threads: the f32-x variants (scalar,
+ *                       AVX2, AVX-512, blocked) against the f64 sum with the dequantized weight,
+ *                       the int8-x ones (I8 scalar, VNNI) against the f64 sum with x quantized by
+ *                       kg_cpu_quantize_x_row; the quantizers' ties, clamps and zero blocks; the
+ *                       size of the int8-x error against f32 x; and planted bugs (a scale off by
+ *                       0.1%, an int8-x reference fed f32 x) must be caught
+ *   lab_quant           times a decode GEMV, x [1, 4096] against a [16384, 4096] weight: each
+ *                       format and variant vs the bf16 kernel (engine/cpu/gemm_bf16.c), in GB/s
+ *                       of weight bytes read; LAB_QUANT_M=131072 makes the weight 512 MiB of int8
+ *                       (past this VM's 480 MiB L3: DRAM)
  */
 #include "lab.h"
 #include "cpu/gemm_bf16.h"
@@ -30,50 +34,94 @@ static float frand(void) { /* uniform in [-1, 1) */
 typedef struct {
   const char *name;
   kg_q8_variant v;
-  bool ok;
+  bool ok, i8; /* runs here; quantizes x */
 } variant;
 
+static const char *fmt_name[] = {"Q8", "Q8_0", "Q4_0"};
 static int failures, checks;
 
-/* one product vs the f64 sum; returns the max relative error (|err| / (Σ|a·w·s| + |b|)) */
-static double check_one(const variant *var, int64_t N, int64_t M, int64_t K, bool with_bias, int threads,
-                        bool plant_bug) {
-  int64_t lda = K + 3, ldw = K + 5, ldo = M + 2;
+/* a random weight of format f, [M, K] with padded strides (codes ldq bytes, scales lds) */
+typedef struct {
+  kg_qweight w;
+  uint8_t *q;
+  void *s;
+} qw_buf;
+
+static qw_buf make_weight(kg_qfmt f, int64_t M, int64_t K) {
+  qw_buf b;
+  int64_t ldq = kg_qf_row_bytes(f, K) + 5, lds = f == KG_QF_Q8 ? 1 : K / KG_QF_BLOCK + 2;
+  b.q = malloc((size_t)(M * ldq + 1));
+  b.s = malloc(4 * (size_t)(M * lds + 1));
+  for (int64_t i = 0; i < M * ldq; i++) {
+    rng = rng * 6364136223846793005ull + 1;
+    b.q[i] = f == KG_QF_Q4_0 ? (uint8_t)(rng >> 56) : (uint8_t)(int8_t)(frand() * 127.5f); /* never -128 */
+  }
+  for (int64_t i = 0; i < M * lds; i++) {
+    if (f == KG_QF_Q8) ((float *)b.s)[i] = 0.01f * (1 + frand());
+    else ((uint16_t *)b.s)[i] = kg_f32_to_f16(0.01f * frand());
+  }
+  b.w = (kg_qweight){f, b.q, ldq, b.s, lds};
+  return b;
+}
+
+/* one product vs the f64 sum; returns the max relative error (|err| / (Σ|a·W| + |b|)). plant:
+ * 1 = the reference's scales off by 0.1%, 2 = an int8-x reference fed f32 x; *vs_f32 (when not
+ * NULL) gets the largest difference of the int8-x reference from the f32-x one, relative to
+ * Σ|a·W| + |b| */
+static double check_one(const variant *var, kg_qfmt f, int64_t N, int64_t M, int64_t K, bool with_bias, int threads,
+                        int plant, double *vs_f32) {
+  int64_t lda = K + 3, ldo = M + 2;
   float *a = malloc(sizeof(float) * (size_t)(N * lda + 1)), *o = malloc(sizeof(float) * (size_t)(N * ldo + 1));
-  int8_t *w = malloc((size_t)(M * ldw + 1));
-  float *scale = malloc(sizeof(float) * (size_t)M), *bias = malloc(sizeof(float) * (size_t)M);
-  for (int64_t i = 0; i < N * lda; i++) a[i] = frand();
-  for (int64_t i = 0; i < M * ldw; i++) w[i] = (int8_t)(frand() * 127.5f);
-  for (int64_t m = 0; m < M; m++) scale[m] = 0.01f * (1 + frand()), bias[m] = frand();
-  kg_cpu_gemm_q8(o, ldo, a, lda, w, ldw, scale, with_bias ? bias : NULL, N, M, K, var->v, threads);
+  float *bias = malloc(sizeof(float) * (size_t)M), *deq = malloc(sizeof(float) * (size_t)(K + 1));
+  float *xd = malloc(sizeof(float) * (size_t)(K / KG_QF_BLOCK + 2)), *xv = malloc(sizeof(float) * (size_t)(K + 1));
+  int8_t *xq = malloc((size_t)(K + 1));
+  qw_buf wb = make_weight(f, M, K);
+  for (int64_t i = 0; i < N * lda; i++) a[i] = frand() * (i % 7 == 0 ? 4 : 1); /* some outliers */
+  for (int64_t m = 0; m < M; m++) bias[m] = frand();
+  kg_cpu_gemm_q(o, ldo, a, lda, &wb.w, with_bias ? bias : NULL, N, M, K, var->v, threads);
   double worst = 0;
-  for (int64_t n = 0; n < N; n++)
+  for (int64_t n = 0; n < N; n++) {
+    const float *an = a + n * lda;
+    kg_cpu_quantize_x_row(xq, xd, an, K);
+    for (int64_t k = 0; k < K; k++) xv[k] = var->i8 && plant != 2 ? (float)xq[k] * xd[k / KG_QF_BLOCK] : an[k];
+    double rel = 0;
     for (int64_t m = 0; m < M; m++) {
-      double s = 0, mag = 0, sc = plant_bug ? scale[m] * 1.001 : scale[m];
+      const void *sr = f == KG_QF_Q8 ? (const void *)((float *)wb.s + m) : (const void *)((uint16_t *)wb.s + m * wb.w.lds);
+      kg_cpu_dequantize_row(deq, f, wb.q + m * wb.w.ldq, sr, K);
+      double s = 0, mag = 0, s32 = 0;
       for (int64_t k = 0; k < K; k++) {
-        double t = (double)a[n * lda + k] * (double)w[m * ldw + k] * sc;
-        s += t, mag += fabs(t);
+        double t = (double)xv[k] * (double)deq[k] * (plant == 1 ? 1.001 : 1);
+        s += t, mag += fabs(t), s32 += (double)an[k] * (double)deq[k];
       }
-      if (with_bias) s += bias[m], mag += fabs(bias[m]);
+      if (with_bias) s += bias[m], s32 += bias[m], mag += fabs(bias[m]);
       double err = fabs((double)o[n * ldo + m] - s) / (mag + 1e-30);
       if (err > worst) worst = err;
+      rel = fmax(rel, fabs(s - s32) / (mag + 1e-30));
     }
-  free(a), free(o), free(w), free(scale), free(bias);
+    if (vs_f32 && rel > *vs_f32) *vs_f32 = rel;
+  }
+  free(a), free(o), free(bias), free(deq), free(xd), free(xv), free(xq), free(wb.q), free(wb.s);
   return worst;
 }
 
-static void check_variant(const variant *var) {
+static double i8_error; /* the largest int8-x difference from f32 x seen (relative to Σ|a·W| + |b|) */
+
+static void check_variant(const variant *var, kg_qfmt f) {
   static const int64_t Ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 31, 32, 33, 70};
-  static const int64_t Ks[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 64, 100, 257};
+  static const int64_t Ks8[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 257};
+  static const int64_t Ksg[] = {32, 64, 96, 128, 160, 224, 256, 352};
+  const int64_t *Ks = f == KG_QF_Q8 ? Ks8 : Ksg;
+  size_t nk = f == KG_QF_Q8 ? sizeof Ks8 / sizeof *Ks8 : sizeof Ksg / sizeof *Ksg;
   for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
-    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+    for (size_t ki = 0; ki < nk; ki++) {
       int64_t M = 3 + (int64_t)((ni + ki) % 7) * 11;
-      double err = check_one(var, Ns[ni], M, Ks[ki], (ni + ki) % 2 == 0, (ni + ki) % 3 == 0 ? 2 : 1, false);
+      double err = check_one(var, f, Ns[ni], M, Ks[ki], (ni + ki) % 2 == 0, (ni + ki) % 3 == 0 ? 2 : 1, 0,
+                             var->i8 ? &i8_error : NULL);
       checks++;
       if (err > 1e-5) {
         failures++;
-        printf("\nFAIL %s N=%lld M=%lld K=%lld: relative error %.3g", var->name, (long long)Ns[ni], (long long)M,
-               (long long)Ks[ki], err);
+        printf("\nFAIL %s %s N=%lld M=%lld K=%lld: relative error %.3g", fmt_name[f], var->name, (long long)Ns[ni],
+               (long long)M, (long long)Ks[ki], err);
       }
     }
 }
@@ -101,52 +149,27 @@ static void check_quantize(void) {
       failures++, printf("\nFAIL quantize_q8_row: value %d off by more than half a step", i);
       break;
     }
-}
-
-/* int4: the same product with a Q4 weight (random codes and f16 scales) vs the f64 sum of the
- * dequantized values; K a multiple of 32 */
-static double check_q4(const variant *var, int64_t N, int64_t M, int64_t K, bool with_bias, int threads) {
-  int64_t lda = K + 3, ldw = K / 2 + 5, lds = K / 32 + 2, ldo = M + 2;
-  float *a = malloc(sizeof(float) * (size_t)(N * lda + 1)), *o = malloc(sizeof(float) * (size_t)(N * ldo + 1));
-  uint8_t *w = malloc((size_t)(M * ldw + 1));
-  uint16_t *sc = malloc(2 * (size_t)(M * lds + 1));
-  float *bias = malloc(sizeof(float) * (size_t)M), *deq = malloc(sizeof(float) * (size_t)(K + 1));
-  for (int64_t i = 0; i < N * lda; i++) a[i] = frand();
-  for (int64_t i = 0; i < M * ldw; i++) w[i] = (uint8_t)(rng = rng * 6364136223846793005ull + 1, rng >> 56);
-  for (int64_t i = 0; i < M * lds; i++) sc[i] = kg_f32_to_f16(0.01f * frand());
-  for (int64_t m = 0; m < M; m++) bias[m] = frand();
-  kg_cpu_gemm_q4(o, ldo, a, lda, w, ldw, sc, lds, with_bias ? bias : NULL, N, M, K, var->v, threads);
-  double worst = 0;
-  for (int64_t m = 0; m < M; m++) {
-    kg_cpu_dequantize_q4_row(deq, w + m * ldw, sc + m * lds, K);
-    for (int64_t n = 0; n < N; n++) {
-      double s = 0, mag = 0;
-      for (int64_t k = 0; k < K; k++) {
-        double t = (double)a[n * lda + k] * (double)deq[k];
-        s += t, mag += fabs(t);
-      }
-      if (with_bias) s += bias[m], mag += fabs(bias[m]);
-      double err = fabs((double)o[n * ldo + m] - s) / (mag + 1e-30);
-      if (err > worst) worst = err;
-    }
-  }
-  free(a), free(o), free(w), free(sc), free(bias), free(deq);
-  return worst;
-}
-
-static void check_q4_variant(const variant *var) {
-  static const int64_t Ns[] = {1, 2, 3, 4, 5, 9, 32, 33, 70};
-  static const int64_t Ks[] = {32, 64, 96, 256};
-  for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
-    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
-      int64_t M = 3 + (int64_t)((ni + ki) % 5) * 7;
-      double err = check_q4(var, Ns[ni], M, Ks[ki], (ni + ki) % 2 == 0, (ni + ki) % 3 == 0 ? 2 : 1);
-      checks++;
-      if (err > 1e-5) {
-        failures++;
-        printf("\nFAIL q4 %s N=%lld M=%lld K=%lld: relative error %.3g", var->name, (long long)Ns[ni], (long long)M,
-               (long long)Ks[ki], err);
-      }
+  /* int8 x: block 1 has absmax 127 (d = 1, ties to even), block 2 is zero, block 3 (5 values, the
+   * short last one) holds a NaN */
+  float x[69] = {127, -127, 2.5f, 3.5f, -2.5f, 0.49f, -0.5f, 1.5f};
+  x[66] = NAN, x[64] = 1;
+  int8_t xq[69], xw[8] = {127, -127, 2, 4, -2, 0, 0, 2};
+  float xd[3];
+  kg_cpu_quantize_x_row(xq, xd, x, 69);
+  checks++;
+  if (xd[0] != 1.0f || memcmp(xq, xw, 8) || xd[1] != 0 || xq[40] != 0 || !isnan(xd[2]))
+    failures++, printf("\nFAIL quantize_x_row: ties / zero block / NaN block (d %g %g %g)", xd[0], xd[1], xd[2]);
+  /* a block's values within half a step, never past ±127 */
+  float xr[100];
+  int8_t xrq[100];
+  float xrd[4];
+  for (int i = 0; i < 100; i++) xr[i] = frand() * 5;
+  kg_cpu_quantize_x_row(xrq, xrd, xr, 100);
+  checks++;
+  for (int i = 0; i < 100; i++)
+    if (fabsf(xrq[i] * xrd[i / 32] - xr[i]) > 0.5f * xrd[i / 32] * (1 + 1e-5f) || xrq[i] < -127) {
+      failures++, printf("\nFAIL quantize_x_row: value %d off by more than half a step", i);
+      break;
     }
 }
 
@@ -157,7 +180,7 @@ static void check_quantize_q4(void) {
   uint16_t s;
   kg_cpu_quantize_q4_row(q, &s, w, 32);
   float d[32];
-  kg_cpu_dequantize_q4_row(d, q, &s, 32);
+  kg_cpu_dequantize_row(d, KG_QF_Q4_0, q, &s, 32);
   float want[8] = {-8, 7, 2, 4, -2, 0, 7, 2};
   checks++;
   if (kg_f16_to_f32(s) != 1.0f) failures++, printf("\nFAIL quantize_q4_row: scale %g", kg_f16_to_f32(s));
@@ -178,14 +201,24 @@ static int run_check(variant *vars, int nv) {
     }
     printf(" %s", vars[i].name);
     fflush(stdout);
-    check_variant(&vars[i]);
-    check_q4_variant(&vars[i]); /* int4: scalar, AVX2, AVX-512, blocked */
+    for (int f = KG_QF_Q8; f <= KG_QF_Q4_0; f++) check_variant(&vars[i], (kg_qfmt)f);
   }
   check_quantize();
   check_quantize_q4();
-  /* the check can fail: a reference with a scale off by 0.1% must be caught */
+  /* the checks can fail: planted bugs must be caught */
+  for (int i = 0; i < nv; i++)
+    for (int f = KG_QF_Q8; f <= KG_QF_Q4_0; f++) {
+      if (!vars[i].ok) continue;
+      checks += 2;
+      if (check_one(&vars[i], (kg_qfmt)f, 3, 17, 128, true, 1, 1, NULL) <= 1e-5)
+        failures++, printf("\nFAIL %s %s: a planted scale error went unseen", fmt_name[f], vars[i].name);
+      if (vars[i].i8 && check_one(&vars[i], (kg_qfmt)f, 3, 17, 128, true, 1, 2, NULL) <= 1e-5)
+        failures++, printf("\nFAIL %s %s: an f32-x reference passed for int8 x", fmt_name[f], vars[i].name);
+    }
+  /* int8 x stays close to f32 x: the bound docs/quantization.md states */
   checks++;
-  if (check_one(&vars[0], 3, 17, 100, true, 1, true) <= 1e-5) failures++, printf("\nFAIL: a planted bug went unseen");
+  if (!(i8_error < 0.05)) failures++, printf("\nFAIL: int8 x differs from f32 x by %.3g of sum |x w|", i8_error);
+  printf("\nint8 x vs f32 x: largest difference %.2e of sum |x w|", i8_error);
   printf("\n%d checks, %d failures (%.1f s)\n", checks, failures, lab_wall_seconds() - t0);
   return failures ? 1 : 0;
 }
@@ -205,20 +238,15 @@ static double best_of(int reps, void (*fn)(void *), void *arg) {
 
 typedef struct {
   int64_t M, K;
-  float *a, *o, *scale;
-  int8_t *w8;
-  uint16_t *w16, *s4;
-  uint8_t *w4;
+  float *a, *o;
+  uint16_t *w16;
+  kg_qweight w;
   kg_q8_variant v;
 } bench;
 
-static void run_q8(void *p) {
+static void run_q(void *p) {
   bench *b = p;
-  kg_cpu_gemm_q8(b->o, b->M, b->a, b->K, b->w8, b->K, b->scale, NULL, 1, b->M, b->K, b->v, 0);
-}
-static void run_q4(void *p) {
-  bench *b = p;
-  kg_cpu_gemm_q4(b->o, b->M, b->a, b->K, b->w4, b->K / 2, b->s4, b->K / 32, NULL, 1, b->M, b->K, b->v, 0);
+  kg_cpu_gemm_q(b->o, b->M, b->a, b->K, &b->w, NULL, 1, b->M, b->K, b->v, 0);
 }
 static void run_bf16(void *p) { /* x holds bf16 values, as in a bf16 model: AUTO may take AVX512_BF16 */
   bench *b = p;
@@ -227,39 +255,36 @@ static void run_bf16(void *p) { /* x holds bf16 values, as in a bf16 model: AUTO
 }
 
 static void run_timing(variant *vars, int nv) {
-  bench b = {.M = 16384, .K = 4096};
-  b.a = malloc(4 * (size_t)b.K), b.o = malloc(4 * (size_t)b.M), b.scale = malloc(4 * (size_t)b.M);
-  b.w8 = malloc((size_t)(b.M * b.K)), b.w16 = malloc(2 * (size_t)(b.M * b.K));
-  b.w4 = malloc((size_t)(b.M * b.K / 2)), b.s4 = malloc(2 * (size_t)(b.M * b.K / 32));
-  for (int64_t i = 0; i < b.M * b.K / 2; i++) b.w4[i] = (uint8_t)(i * 2654435761u >> 24);
-  for (int64_t i = 0; i < b.M * b.K / 32; i++) b.s4[i] = kg_f32_to_f16(0.01f);
+  /* LAB_QUANT_M: the weight rows (16384: 64 MiB of int8, L3-resident on this VM; 131072: DRAM) */
+  bench b = {.M = getenv("LAB_QUANT_M") ? atoll(getenv("LAB_QUANT_M")) : 16384, .K = 4096};
+  b.a = malloc(4 * (size_t)b.K), b.o = malloc(4 * (size_t)b.M), b.w16 = malloc(2 * (size_t)(b.M * b.K));
   for (int64_t i = 0; i < b.K; i++) b.a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
-  for (int64_t i = 0; i < b.M; i++) b.scale[i] = 0.01f;
-  for (int64_t i = 0; i < b.M * b.K; i++) {
-    float f = frand();
-    b.w8[i] = (int8_t)(f * 127), b.w16[i] = kg_f32_to_bf16(f);
-  }
+  for (int64_t i = 0; i < b.M * b.K; i++) b.w16[i] = kg_f32_to_bf16(frand());
   printf("decode GEMV x [1, %lld] . W [%lld, %lld]^T, %d threads, best of 5 (wall)\n", (long long)b.K,
          (long long)b.M, (long long)b.K, kg_num_threads());
   double t = best_of(5, run_bf16, &b);
-  printf("  %-8s %8.2f ms  %6.2f GB/s of weight\n", "bf16", t * 1e3, 2.0 * b.M * b.K / t / 1e9);
-  for (int i = 0; i < nv; i++) {
-    if (!vars[i].ok || vars[i].v == KG_Q8_BLOCKED) continue;
-    b.v = vars[i].v;
-    t = best_of(5, run_q8, &b);
-    printf("  int8 %-8s %4.2f ms  %6.2f GB/s of weight\n", vars[i].name, t * 1e3, 1.0 * b.M * b.K / t / 1e9);
-    t = best_of(5, run_q4, &b);
-    printf("  int4 %-8s %4.2f ms  %6.2f GB/s of weight (+ scales)\n", vars[i].name, t * 1e3,
-           (0.5 + 2.0 / 32) * b.M * b.K / t / 1e9);
+  printf("  %-4s %-10s %8.2f ms  %6.2f GB/s of weight\n", "bf16", "", t * 1e3, 2.0 * b.M * b.K / t / 1e9);
+  free(b.w16);
+  for (int f = KG_QF_Q8; f <= KG_QF_Q4_0; f++) {
+    qw_buf wb = make_weight((kg_qfmt)f, b.M, b.K);
+    b.w = wb.w;
+    double bytes = (double)b.M * (double)wb.w.ldq + (double)b.M * (f == KG_QF_Q8 ? 4 : 2 * b.K / 32);
+    for (int i = 0; i < nv; i++) {
+      if (!vars[i].ok || vars[i].v == KG_Q8_BLOCKED) continue;
+      b.v = vars[i].v;
+      t = best_of(5, run_q, &b);
+      printf("  %-4s %-10s %8.2f ms  %6.2f GB/s of weight and scales\n", fmt_name[f], vars[i].name, t * 1e3,
+             bytes / t / 1e9);
+    }
+    free(wb.q), free(wb.s);
   }
-  free(b.a), free(b.o), free(b.scale), free(b.w8), free(b.w16), free(b.w4), free(b.s4);
+  free(b.a), free(b.o);
 }
 
 int main(int argc, char **argv) {
-  variant vars[] = {{"scalar", KG_Q8_SCALAR, true},
-                    {"avx2", KG_Q8_AVX2, kg_cpu_q8_avx2()},
-                    {"avx512", KG_Q8_AVX512, kg_cpu_q8_avx512()},
-                    {"blocked", KG_Q8_BLOCKED, true}};
+  variant vars[] = {{"scalar", KG_Q8_SCALAR, true, false},       {"avx2", KG_Q8_AVX2, kg_cpu_q8_avx2(), false},
+                    {"avx512", KG_Q8_AVX512, kg_cpu_q8_avx512(), false}, {"blocked", KG_Q8_BLOCKED, true, false},
+                    {"i8-scalar", KG_Q8_I8_SCALAR, true, true},  {"i8-vnni", KG_Q8_I8_VNNI, kg_cpu_q8_vnni(), true}};
   int nv = (int)(sizeof vars / sizeof *vars);
   if (argc > 1 && !strcmp(argv[1], "--check")) return run_check(vars, nv);
   if (argc > 1) {

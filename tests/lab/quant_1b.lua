@@ -1,27 +1,131 @@
--- quant_1b.lua — decode ms/token of a ~1.1B-parameter Mistral-shaped model (TinyLlama's shape:
--- hidden 2048, 22 layers, 32 heads over 4 KV heads, FFN 5632, vocab 32000; random bf16 weights),
--- bf16 vs keng.quantize "int8" vs "int4", batch 1: best of 3 generate calls of 17 new tokens
--- (prefill of 4 included), wall time, and keng.memory_stats().allocated after quantizing.
---   keng tests/lab/quant_1b.lua          (about 2.5 GB of memory; minutes on a busy machine)
+-- quant_1b.lua — decode speed and resident memory of a ~1.1B-parameter Mistral-shaped model
+-- (TinyLlama's shape: hidden 2048, 22 layers, 32 heads over 4 KV heads, FFN 5632, vocab 32000),
+-- bf16 vs quantized, batch 1 (docs/quantization.md; scripts/bench/quant.sh runs it next to
+-- llama.cpp on the same GGUF files).
+--
+--   keng tests/lab/quant_1b.lua [--gguf FILE] [--quantize int8|int4] [--threads N] [--tokens 64]
+--        [--prompt 6] [--repeats 3] [--act int8|f32] [--format text|json]
+--   keng tests/lab/quant_1b.lua --accuracy 1 [--gguf BF16.gguf] [--threads N]
+--
+-- Without --gguf: random bf16 weights (seed 0, scripts/bench/decode.lua's mistral_1b). With it:
+-- models.gguf.from_gguf(FILE) (a bf16 file stays a view of the mapping; Q8_0 / Q4_0 Linear layers
+-- stay quantized). --quantize then runs keng.quantize. --act sets keng.backends.quant_activations.
+-- ms/token is decode.lua's: the difference of two greedy generate calls (prompt + tokens and
+-- prompt + 1 new tokens) over tokens - 1, best of --repeats, wall time (and process CPU time,
+-- which a busy machine inflates less; summed over threads); bytes/token counts every
+-- weight (codes and scales) but the embedding table; rss_mib / peak_mib are VmRSS / VmHWM,
+-- alloc_mib keng.memory_stats().allocated (the engine's tensors; file views not included).
+-- --accuracy: the bf16 model's logits of a 32-token prompt against those of its int8 and int4
+-- quantizations, each with int8 and f32 activations (max and mean |error| over the largest
+-- |logit|), and how many of 50 greedy tokens agree with bf16's.
 local keng = require "keng"
-local mistral = require "models.mistral"
-local cfg = mistral.config("mistral_tiny")
-cfg.vocab, cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn = 32000, 22, 2048, 32, 4, 64, 5632
-local function run(fmt)
-  keng.manual_seed(0)
-  local lm = mistral.build(cfg, {dtype = "bf16"})
-  if fmt then keng.quantize(lm, fmt) end
-  collectgarbage(); collectgarbage()
-  local prompt = {{1, 5, 6, 7}}
-  local gen = {max_length = 4 + 17, sampler = "greedy", stop_token_ids = {}}
-  keng.no_grad(function() lm:generate(prompt, {max_length = 6, sampler = "greedy", stop_token_ids = {}}) end)
-  local best = math.huge
-  for _ = 1, 3 do
-    local t0 = keng.time()
-    keng.no_grad(function() lm:generate(prompt, gen) end)
-    best = math.min(best, keng.time() - t0)
+
+local usage = "usage: keng tests/lab/quant_1b.lua [--gguf FILE] [--quantize int8|int4] [--threads N] " ..
+  "[--tokens 64] [--prompt 6] [--repeats 3] [--act int8|f32] [--format text|json]"
+local o = {tokens = 64, prompt = 6, repeats = 3, format = "text"}
+local NUM = {threads = true, tokens = true, prompt = true, repeats = true}
+local KNOWN = {gguf = true, quantize = true, act = true, format = true, accuracy = true}
+local i = 1
+while i <= #arg do
+  local key = arg[i]:match("^%-%-([%w_]+)$")
+  local v = arg[i + 1]
+  if not key or not (NUM[key] or KNOWN[key]) or v == nil then
+    io.stderr:write("quant_1b.lua: bad argument '", tostring(arg[i]), "'\n", usage, "\n")
+    os.exit(2)
   end
-  print(string.format("%-5s %.1f ms/token (best of 3 calls of 17 new tokens incl. prefill), resident %.0f MiB",
-    fmt or "bf16", best / 17 * 1000, keng.memory_stats().allocated / 2^20))
+  o[key] = NUM[key] and math.tointeger(tonumber(v)) or v
+  i = i + 2
 end
-for _, f in ipairs{false, "int8", "int4"} do run(f or nil) end
+if o.threads then keng.set_num_threads(o.threads) end
+if o.act then keng.backends.quant_activations = o.act end
+
+local function make()
+  if o.gguf then return require("models.gguf").from_gguf(o.gguf, {tokenizer = false}) end
+  local mistral = require "models.mistral"
+  local cfg = mistral.config("mistral_tiny")
+  cfg.vocab, cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn = 32000, 22, 2048, 32, 4, 64, 5632
+  keng.manual_seed(0)
+  return mistral.build(cfg, {dtype = "bf16"})
+end
+local lm = make()
+lm:eval()
+if o.accuracy then
+  local ids = keng.randint(3, 250, {1, 32})
+  local gen = {max_new_tokens = 50, sampler = "greedy", stop_token_ids = {}}
+  local ref, ref_toks
+  keng.no_grad(function() ref, ref_toks = lm:logits(ids):float(), lm:generate(ids, gen)[1] end)
+  local amax = ref:abs():max():item()
+  for _, fmt in ipairs({"int8", "int4"}) do
+    local q = keng.quantize(make(), fmt)
+    q:eval()
+    for _, act in ipairs({"int8", "f32"}) do
+      keng.backends.quant_activations = act
+      keng.no_grad(function()
+        local d = (q:logits(ids):float() - ref):abs()
+        local toks, same = q:generate(ids, gen)[1], 0
+        for t = 33, #ref_toks do
+          if toks[t] ~= ref_toks[t] then break end
+          same = same + 1
+        end
+        print(string.format("%s weights, %-4s x (reads %s): logits max |err| %.2f%%, mean %.3f%% of max |logit| %.2f; " ..
+          "greedy: first %d of %d tokens equal bf16's", fmt, act, keng.backends.quant_activations,
+          d:max():item() / amax * 100, d:mean():item() / amax * 100, amax, same, #ref_toks - 32))
+      end)
+    end
+  end
+  os.exit(0)
+end
+if o.quantize then keng.quantize(lm, o.quantize) end
+collectgarbage()
+collectgarbage()
+
+-- weight bytes read per token: every state-dict tensor (codes, scales, norms) but the embedding
+local bytes = 0
+local SIZE = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2, i8 = 1, u8 = 1}
+for k, t in pairs(lm:state_dict()) do
+  if k ~= "model.embed_tokens.weight" or lm.cfg.tie then bytes = bytes + t:numel() * SIZE[t.dtype] end
+end
+
+local prompts = keng.randint(3, 250, {1, o.prompt})
+local function gen(n)
+  collectgarbage()
+  local t0, c0 = keng.time(), os.clock()
+  lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
+  return keng.time() - t0, os.clock() - c0
+end
+local best, best_cpu = math.huge, math.huge
+keng.no_grad(function()
+  gen(2)   -- warm-up (and every weight page touched once)
+  for _ = 1, o.repeats do
+    local long, long_cpu = gen(o.tokens)
+    local short, short_cpu = gen(1)
+    best = math.min(best, (long - short) / (o.tokens - 1))
+    best_cpu = math.min(best_cpu, (long_cpu - short_cpu) / (o.tokens - 1))
+  end
+end)
+
+local function status(key)
+  local f = io.open("/proc/self/status")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  local kb = s:match(key .. ":%s+(%d+) kB")
+  return kb and tonumber(kb) / 1024
+end
+
+local w = lm.model.layers[1].mlp.up_proj
+local r = {
+  weights = o.gguf and (o.gguf:match("([^/]+)$") .. (o.quantize and " + " .. o.quantize or "")) or
+    ("random bf16" .. (o.quantize and " + " .. o.quantize or "")),
+  linear = w.weight.dtype .. (w.weight_scale and (" + " .. w.weight_scale.dtype .. " scales") or ""),
+  act = keng.backends.quant_activations, threads = keng.num_threads(), tokens = o.tokens,
+  ms_per_token = best * 1e3, cpu_ms_per_token = best_cpu * 1e3, tokens_per_s = 1 / best, weight_bytes = bytes, gb_per_s = bytes / best / 1e9,
+  rss_mib = status("VmRSS"), peak_mib = status("VmHWM"), alloc_mib = keng.memory_stats().allocated / 2 ^ 20,
+}
+if o.format == "json" then
+  print(require("keng.json").encode(r))
+else
+  print(string.format("%-28s %-22s act %-4s %d threads: %7.2f ms/token (cpu %.2f) %6.2f tok/s  %7.1f MB/token " ..
+    "%5.2f GB/s  RSS %.0f MiB (peak %.0f, tensors %.0f)", r.weights, r.linear, r.act, r.threads, r.ms_per_token,
+    r.cpu_ms_per_token, r.tokens_per_s, bytes / 1e6, r.gb_per_s, r.rss_mib or -1, r.peak_mib or -1, r.alloc_mib))
+end

@@ -3,7 +3,10 @@
 -- differences, a non-contiguous x, the error messages; keng.quantize / model:quantize on the
 -- tiny Gemma and Mistral fixtures (logits close to the float model, greedy generation, the
 -- state_dict round trip through keng.save and from_preset{weights=}), LoRA on a quantized base.
--- (Each CPU kernel variant — scalar, AVX2, AVX-512, blocked — is checked by tests/lab/lab_quant.c.)
+-- (Each CPU kernel variant — scalar, AVX2, AVX-512, blocked, int8 x — is checked by
+-- tests/lab/lab_quant.c.) The exact comparisons run with keng.backends.quant_activations = "f32"
+-- (x stays f32); "int8 activations" checks the default int8-x arithmetic against a reference that
+-- quantizes x the same way, and states its error on the models.
 -- Shape letters: N rows, I in-features, O out-features.
 local keng = require "keng"
 local H = require "helper"
@@ -28,6 +31,20 @@ local function max_rel(a, b)  -- max |a - b| / max |b|
   a, b = a:to("f64"), b:to("f64")
   return (a - b):abs():max():item() / b:abs():max():item()
 end
+
+-- fn() with keng.backends.quant_activations = mode, restored after (also on error)
+local function with_act(mode, fn)
+  local old = keng.backends.quant_activations
+  keng.backends.quant_activations = mode
+  local ok, err = pcall(fn)
+  keng.backends.quant_activations = old
+  if not ok then error(err, 0) end
+end
+
+-- the exact comparisons: f32 x in every test (the int8-x ones switch with with_act)
+local default_act = keng.backends.quant_activations
+before_each(function() keng.backends.quant_activations = "f32" end)
+after_each(function() keng.backends.quant_activations = default_act end)
 
 describe("quantize_q8", function()
   it("scales each row by its absmax / 127 and rounds to nearest even, clamped to ±127", function()
@@ -112,10 +129,10 @@ describe("linear_q8", function()
     H.raises(function() keng.linear_q8(x, q, sg) end, "linear_q8: scale requires grad")
     H.raises(function() keng.linear_q8(x, w, s) end, "linear_q8: weight must be an i8 [out, in] tensor, got f32 [37,45]")
     H.raises(function() keng.linear_q8(x, q, s:to("bf16")) end,
-      "linear_q8: scale must be an f32 [37] tensor (one per output row), got bf16 [37]")
+      "linear_q8: scale must be an f32 [37] tensor (one per output row) or f16 [37,1] (one per block of 32), got bf16 [37]")
     H.raises(function() keng.linear_q8(x, q, keng.zeros({5})) end, "scale must be an f32 [37] tensor")
     H.raises(function() keng.linear_q8(keng.randn({2, 44}), q, s) end,
-      "linear_q8: x [2,44] · w [37,45]ᵀ: x's last dim must equal w's in-features 45")
+      "linear_q8: x [2,44] · w [37,45]ᵀ: x's last dim must equal the in-features 45")
     H.raises(function() keng.linear_q8(x, q, s, keng.randn({36})) end, "linear_q8: bias [36] must be [37]")
     H.raises(function() keng.linear_q8(x:to("i32"), q, s) end, "linear_q8: x must be floating point, got i32")
   end)
@@ -364,4 +381,99 @@ describe("keng.quantize", function()
     local e = H.raises(function() keng.quantize(m, "int2") end, "int2")
     assert.is_truthy(e:find("quant_spec.lua", 1, true), e)   -- blames the caller's line
   end)
+end)
+
+-- x [N, K] as the int8-x kernels see it (engine/cpu/quant.c, kg_cpu_quantize_x_row): per block
+-- of 32 (the last may be shorter) d = f32(absmax / 127), q = nearbyint(f32(x · f32(1 / d))),
+-- returned dequantized (q · d) in f64; plain Lua arithmetic rounded to f32 where the C is f32
+local function quantize_x(x)
+  local function f32(v) return (string.unpack("f", string.pack("f", v))) end
+  local function rne(v)
+    local r = math.floor(v + 0.5)
+    if r - v == 0.5 and r % 2 ~= 0 then r = r - 1 end
+    return r
+  end
+  local rows, out = x:to("f64"):tolist(), {}
+  for n, row in ipairs(rows) do
+    out[n] = {}
+    for k0 = 1, #row, 32 do
+      local amax = 0
+      for k = k0, math.min(k0 + 31, #row) do amax = math.max(amax, math.abs(f32(row[k]))) end
+      local d = f32(amax / 127)
+      local id = d > 0 and f32(1 / d) or 0
+      for k = k0, math.min(k0 + 31, #row) do
+        out[n][k] = math.max(-127, math.min(127, rne(f32(f32(row[k]) * id)))) * d
+      end
+    end
+  end
+  return keng.tensor(out, {dtype = "f64"})
+end
+
+describe("int8 activations (keng.backends.quant_activations)", function()
+  local int8 = default_act == "int8"   -- the default where the CPU has AVX-512 VNNI
+
+  it("is a setting of int8 or f32, and refuses anything else by name", function()
+    assert.is_true(default_act == "int8" or default_act == "f32")
+    H.raises(function() keng.backends.quant_activations = "i8" end,
+      'keng.backends.quant_activations must be "int8" or "f32", got i8')
+    H.raises(function() keng.backends.quant_activations = true end,
+      'keng.backends.quant_activations must be "int8" or "f32", got boolean')
+  end)
+
+  it("linear_q8 (row and block scales) and linear_q4 up to 32 rows: the dot product with x quantized per block of 32", function()
+    if not int8 then return end   -- no AVX-512 VNNI: always f32 x (checked by the specs above)
+    keng.manual_seed(11)
+    with_act("int8", function()
+      local w, b = keng.randn({21, 96}), keng.randn({21})
+      local q8, s8 = keng.quantize_q8(w)
+      local q4, s4 = keng.quantize_q4(w)
+      local s80 = (s4:float():abs() / 64):to("f16")  -- Q8_0: the int8 codes with a scale per block of 32
+      for _, n in ipairs({1, 3, 5, 32, 33}) do
+        local x = keng.randn({n, 96}) * 3
+        -- past 32 rows (prefill) the blocked path multiplies f32 x
+        local xr = n <= 32 and quantize_x(x) or x:to("f64")
+        H.close(keng.linear_q8(x, q8, s8, b), reference(xr, q8, s8, b), 1e-5, "q8 rows " .. n)
+        local d4 = keng.dequantize_q4(q4, s4, "f64")
+        H.close(keng.linear_q4(x, q4, s4, b), xr:matmul(d4:transpose(1, 2)) + b, 1e-5, "q4 rows " .. n)
+        local d80 = keng.dequantize_q8(q8, s80, "f64")
+        H.close(keng.linear_q8(x, q8, s80), xr:matmul(d80:transpose(1, 2)), 1e-5, "q8_0 rows " .. n)
+      end
+      -- a short last block (45 = 32 + 13), and the planted bug: the f32-x reference must not pass
+      local q, s = keng.quantize_q8(keng.randn({7, 45}))
+      local x = keng.randn({2, 45})
+      H.close(keng.linear_q8(x, q, s), reference(quantize_x(x), q, s), 1e-5, "K 45")
+      assert.is_true(max_rel(keng.linear_q8(x, q, s), reference(x, q, s)) > 1e-5)
+    end)
+  end)
+
+  it("dequantize_q8 reads both scale layouts; Q8_0's needs in-features in blocks of 32", function()
+    local q, s = keng.quantize_q8(keng.randn({3, 64}))
+    H.close(keng.dequantize_q8(q, s, "f64"), q:to("f64") * s:to("f64"):unsqueeze(2), 1e-7)
+    local g = keng.tensor({{1, 2}, {3, 4}, {5, 6}}, {dtype = "f16"})
+    H.close(keng.dequantize_q8(q, g, "f64"), q:to("f64") * g:to("f64"):repeat_interleave(32, 2), 1e-7)
+    H.raises(function() keng.linear_q8(keng.randn({1, 64}), q, keng.zeros({3, 3}, {dtype = "f16"})) end,
+      "linear_q8: scale must be an f16 [3,2] tensor (one per block of 32), got f16 [3,3]")
+    local q45 = keng.quantize_q8(keng.randn({3, 45}))
+    H.raises(function() keng.linear_q8(keng.randn({1, 45}), q45, keng.zeros({3, 1}, {dtype = "f16"})) end,
+      "linear_q8: weight [3,45]: in-features 45 are not a multiple of 32")
+    H.gradcheck(function(x) return keng.linear_q8(x, q, g) end, {H.leaf({2, 64})})
+  end)
+
+  for _, name in ipairs({"gemma", "mistral"}) do
+    it(name .. ": int8-x logits stay close to the f32-x logits of the same int8 / int4 model", function()
+      if not int8 then return end
+      local family = ({gemma = gemma, mistral = mistral})[name]
+      local prompt = keng.tensor({{2, 17, 101, 45, 9, 88}})
+      for _, fmt in ipairs({"int8", "int4"}) do
+        local lm = family.from_pretrained(FIX .. name):quantize(fmt)
+        local ref, got
+        with_act("f32", function() ref = lm:logits(prompt) end)
+        with_act("int8", function() got = lm:logits(prompt) end)
+        local err = max_rel(got, ref)
+        -- measured (docs/quantization.md): gemma 3.5% / 2.5%, mistral 2.1% / 2.5% (int8 / int4) of the
+        -- largest logit: hidden 32 / 64, so one block of 32 spans a whole hidden vector
+        assert.is_true(err > 0 and err < 0.05, string.format("%s %s: int8 x vs f32 x %.4g", name, fmt, err))
+      end
+    end)
+  end
 end)

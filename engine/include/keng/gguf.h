@@ -8,8 +8,8 @@
  * kg_gguf_open validates the whole header before anything is used (every length, count, offset,
  * alignment, tensor extent and dims product, with overflow-safe arithmetic; docs/security.md)
  * and maps the file privately; kg_gguf_tensor turns one tensor into keng tensors: float types as
- * views of the mapping, Q4_0 repacked into keng's int4 layout (codes + f16 scales, exactly), and
- * Q8_0 / Q4_K / Q6_K dequantized. Errors are KG_ERR_IO "gguf: <label>: ...". Little-endian files
+ * views of the mapping, Q4_0 and Q8_0 repacked into keng's layouts (codes + f16 scales, exactly)
+ * or dequantized, and Q4_K / Q6_K dequantized. Errors are KG_ERR_IO "gguf: <label>: ...". Little-endian files
  * only (GGUF's default; a big-endian one is refused by name). */
 #ifndef KENG_GGUF_H
 #define KENG_GGUF_H
@@ -67,12 +67,16 @@ const char *kg_gguf_type_name(int type);
 
 /* Tensor i as keng tensors with the reversed (row-major) shape [ne[n-1], ..., ne[0]]:
  *   F32 / F16 / BF16: *out is a view of the mapping (a copy when misaligned); `dt` is ignored;
- *   Q4_0 with keep_q4: *out the codes u8 [.., ne0/2] and *scale f16 [.., ne0/32], keng's int4
- *     layout (docs/quantization.md), which holds exactly the same numbers;
- *   Q4_0 without keep_q4, Q8_0, Q4_K, Q6_K: *out dequantized to f32 (the values of ggml's
+ *   Q4_0 with KG_GGUF_KEEP_Q4_0 in keep: *out the codes u8 [.., ne0/2] and *scale f16
+ *     [.., ne0/32], keng's int4 layout (docs/quantization.md), which holds exactly the same numbers;
+ *   Q8_0 with KG_GGUF_KEEP_Q8_0: *out the codes i8 [.., ne0] and *scale f16 [.., ne0/32] (keng's
+ *     Q8_0 layout, linear_q8 with block scales), the same numbers;
+ *   otherwise Q4_0, Q8_0, Q4_K, Q6_K: *out dequantized to f32 (the values of ggml's
  *     dequantize_row_*), then rounded to dt (f32, bf16 or f16); *scale NULL.
  * Any other type fails naming the tensor and the type. */
-kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, bool keep_q4, kg_tensor **out,
+#define KG_GGUF_KEEP_Q4_0 1u
+#define KG_GGUF_KEEP_Q8_0 2u
+kg_status kg_gguf_tensor(const kg_gguf *g, int64_t i, kg_dtype dt, unsigned keep, kg_tensor **out,
                          kg_tensor **scale);
 
 #endif

@@ -130,11 +130,20 @@ kg_status kg_linear_q8(kg_tensor **out, const kg_tensor *x, const kg_tensor *wq,
                        const kg_tensor *b);
 /* w [O, I] float -> q i8 [O, I], scale f32 [O]: absmax per row / 127, round to nearest even */
 kg_status kg_quantize_q8(kg_tensor **q, kg_tensor **scale, const kg_tensor *w);
+/* linear_q8 also takes scale f16 [O, I / 32] (llama.cpp's Q8_0 groups; I a multiple of 32) */
+/* whether the CPU's quantized GEMV (up to 32 rows of x) quantizes x to int8 per block of 32, as
+ * llama.cpp does (on by default where the CPU has AVX-512 VNNI, and always off, reading false,
+ * elsewhere; off: f32 x, the exact dequantized-weight arithmetic). docs/quantization.md states
+ * its error. */
+void kg_set_quant_act_int8(bool on);
+bool kg_quant_act_int8(void);
 /* int4 in blocks of 32 (llama.cpp's Q4_0 layout, engine/cpu/quant.h): w [O, I] (I a multiple of
  * 32) -> q u8 [O, I / 2] (two codes a byte), scale f16 [O, I / 32]; linear_q4 and the x gradient
  * as linear_q8; dequantize_q4 -> w [O, I] in dtype dt */
 kg_status kg_quantize_q4(kg_tensor **q, kg_tensor **scale, const kg_tensor *w);
 kg_status kg_dequantize_q4(kg_tensor **out, const kg_tensor *wq, const kg_tensor *scale, kg_dtype dt);
+/* W [O, I] in dtype dt from linear_q8's wq and scale (either scale layout) */
+kg_status kg_dequantize_q8(kg_tensor **out, const kg_tensor *wq, const kg_tensor *scale, kg_dtype dt);
 kg_status kg_linear_q4(kg_tensor **out, const kg_tensor *x, const kg_tensor *wq, const kg_tensor *scale,
                        const kg_tensor *b);
 

@@ -84,8 +84,10 @@ end
 function M.quantize(model, fmt, opts) return M.quantize_at(3, model, fmt, opts) end
 
 -- prepare(model, sd): for each "<layer>.weight_scale" in the state dict sd, turns that Linear
--- into an int8 one with empty storage of the right shapes, so that load_state_dict copies the
--- checkpoint's int8 bytes instead of converting them to float. Returns the number of layers.
+-- into a quantized one with empty storage of the right shapes, so that load_state_dict copies the
+-- checkpoint's codes instead of converting them to float. The format follows the entries: an f32
+-- [out] scale is int8; an f16 [out, in / 32] one is llama.cpp's Q8_0 (int8 with a scale per block
+-- of 32, from GGUF files) when sd's codes are i8, else int4. Returns the number of layers.
 function M.prepare(model, sd)
   local mods, n = {}, 0
   for _, e in ipairs(model:named_modules()) do mods[e[1]] = e[2] end
@@ -95,12 +97,16 @@ function M.prepare(model, sd)
     local m = prefix and mods[prefix]
     if m and is_linear(m) and not m.weight_scale then
       local w, ws = m.weight, sd[k]
+      local codes = sd[prefix == "" and "weight" or prefix .. ".weight"]
+      local o, i, dev = w.shape[1], w.shape[2], w.device
       if ws.ndim == 1 then   -- int8: one f32 scale per row
-        install(m, keng.empty(w.shape, {dtype = "i8", device = w.device}),
-          keng.empty({w.shape[1]}, {dtype = "f32", device = w.device}))
+        install(m, keng.empty({o, i}, {dtype = "i8", device = dev}), keng.empty({o}, {dtype = "f32", device = dev}))
+      elseif keng.is_tensor(codes) and codes.dtype == "i8" then   -- Q8_0: f16 scales per block of 32
+        install(m, keng.empty({o, i}, {dtype = "i8", device = dev}),
+          keng.empty({o, i // 32}, {dtype = "f16", device = dev}))
       else                   -- int4: codes [out, in / 2], f16 scales [out, in / 32]
-        install(m, keng.empty({w.shape[1], w.shape[2] // 2}, {dtype = "u8", device = w.device}),
-          keng.empty({w.shape[1], w.shape[2] // 32}, {dtype = "f16", device = w.device}))
+        install(m, keng.empty({o, i // 2}, {dtype = "u8", device = dev}),
+          keng.empty({o, i // 32}, {dtype = "f16", device = dev}))
       end
       n = n + 1
     end
