@@ -94,7 +94,9 @@ static void row_scalar(float *acc, const float *a, int64_t lda, int nr, const kg
 /* ---- AVX2 + FMA ----------------------------------------------------------------------------- */
 
 #ifdef KG_Q8_X86
-bool kg_cpu_q8_avx2(void) {
+/* the CPU's features are read once (cpu_*); KENG_NO_SIMD=1 (kg_cpu_simd, read each call: the labs
+ * switch it) turns every vector kernel off (kg_cpu_q8_*) */
+static bool cpu_avx2(void) {
   static int have = -1;
   if (have < 0) {
     __builtin_cpu_init();
@@ -102,6 +104,8 @@ bool kg_cpu_q8_avx2(void) {
   }
   return have;
 }
+
+bool kg_cpu_q8_avx2(void) { return cpu_avx2() && kg_cpu_simd() > 0; }
 
 __attribute__((target("avx2,fma"))) static float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -161,19 +165,21 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(float *acc, const floa
 
 /* ---- AVX-512 -------------------------------------------------------------------------------- */
 
-bool kg_cpu_q8_avx512(void) {
+static bool cpu_avx512(void) {
   static int have = -1;
   if (have < 0) {
     __builtin_cpu_init();
     /* F16C (the int4 block scales) comes with every AVX-512 CPU; clang-14 (the fuzz build) does
      * not know "f16c" as a __builtin_cpu_supports feature, so it is not asked for by name */
-    have = kg_cpu_q8_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    have = cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl")
                ? 1
                : 0;
   }
   return have;
 }
+
+bool kg_cpu_q8_avx512(void) { return cpu_avx512() && kg_cpu_simd() > 0; }
 
 #define Q8_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
@@ -453,14 +459,16 @@ static void rows_i8_scalar(float *acc, const xrow *x, const kg_qweight *w, int64
 }
 
 #ifdef KG_Q8_X86
-bool kg_cpu_q8_vnni(void) {
+bool kg_cpu_q8_vnni_present(void) {
   static int have = -1;
   if (have < 0) {
     __builtin_cpu_init();
-    have = kg_cpu_q8_avx512() && __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+    have = cpu_avx512() && __builtin_cpu_supports("avx512vnni") ? 1 : 0;
   }
   return have;
 }
+
+bool kg_cpu_q8_vnni(void) { return kg_cpu_q8_vnni_present() && kg_cpu_simd() > 0; }
 
 #define Q8_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
@@ -562,6 +570,7 @@ Q8_VNNI static void rows_i8_vnni(float *acc, const xrow *x, const kg_qweight *w,
   for (int j = 0; j < mr; j++) acc[j] = t[j];
 }
 #else
+bool kg_cpu_q8_vnni_present(void) { return false; }
 bool kg_cpu_q8_vnni(void) { return false; }
 #endif
 
@@ -694,7 +703,9 @@ kg_status kg_cpu_gemm_q(float *out, int64_t ldo, const float *a, int64_t lda, co
     return KG_OK;
   }
   if (v == KG_Q8_AUTO && N > KG_Q8_GEMV_ROWS) v = KG_Q8_BLOCKED;
-  if (v == KG_Q8_AUTO && kg_quant_act_int8() && kg_cpu_q8_vnni()) v = KG_Q8_I8_VNNI;
+  /* int8 x is a numerics choice made on the CPU's features, not on KENG_NO_SIMD: without the
+   * vector kernel the scalar loop gives the same sums */
+  if (v == KG_Q8_AUTO && kg_quant_act_int8()) v = kg_cpu_q8_vnni() ? KG_Q8_I8_VNNI : KG_Q8_I8_SCALAR;
   if (v == KG_Q8_BLOCKED) return blocked(out, ldo, a, lda, w, bias, N, M, K, nt);
   if (v == KG_Q8_I8_SCALAR) return gemv_i8(out, ldo, a, lda, w, bias, N, M, K, rows_i8_scalar, false, nt);
 #ifdef KG_Q8_X86

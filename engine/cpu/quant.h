@@ -26,9 +26,13 @@ typedef enum {
  * from L1); past it the blocked sgemm path */
 #define KG_Q8_GEMV_ROWS 32
 
+/* the kernels the CPU has and KENG_NO_SIMD allows */
 bool kg_cpu_q8_avx2(void);   /* AVX2 + FMA */
 bool kg_cpu_q8_avx512(void); /* AVX-512 F, BW, VL (+ F16C for the f16 scales) */
 bool kg_cpu_q8_vnni(void);   /* the above + AVX512_VNNI */
+/* AVX-512 VNNI on the CPU, whatever KENG_NO_SIMD says: decides int8 x (kg_quant_act_int8), so the
+ * switch changes the kernel, not the numbers */
+bool kg_cpu_q8_vnni_present(void);
 
 /* a quantized weight: codes rows of kg_qf_row_bytes(fmt, K) bytes at stride ldq bytes; scales
  * rows at stride lds elements (f32 for Q8, whose lds is 1; f16 otherwise) */

@@ -16,7 +16,7 @@
  * elsewhere the setting reads, and is, off */
 static atomic_bool act_int8 = true;
 void kg_set_quant_act_int8(bool on) { atomic_store(&act_int8, on); }
-bool kg_quant_act_int8(void) { return atomic_load(&act_int8) && kg_cpu_q8_vnni(); }
+bool kg_quant_act_int8(void) { return atomic_load(&act_int8) && kg_cpu_q8_vnni_present(); }
 
 /* the format of codes wq and scales (quant_format.h), checked for op; sets *in to the
  * in-features. linear_q8 takes Q8 and Q8_0, linear_q4 / dequantize_q4 Q4_0. */

@@ -10,6 +10,7 @@
 #include <cpu/attention.h>
 #include <cpu/cpu.h>
 #include <cpu/gemm_bf16.h>
+#include <cpu/quant.h>
 #include <keng/keng.h>
 #include <keng/scalar.h>
 
@@ -796,7 +797,8 @@ static void test_creation_autograd(void) {
  * each call (the labs switch it in-process), and unsetting it gives them back */
 static void test_no_simd(void) {
   bool (*const probes[])(void) = {kg_cpu_gemm_bf16_avx2, kg_cpu_gemm_bf16_avx512, kg_cpu_gemm_bf16_dpbf16,
-                                  kg_cpu_gemm_bf16_amx, kg_attn_avx2_available, kg_cpu_avx2_fma};
+                                  kg_cpu_gemm_bf16_amx, kg_attn_avx2_available, kg_cpu_avx2_fma,
+                                  kg_cpu_q8_avx2, kg_cpu_q8_avx512, kg_cpu_q8_vnni};
   enum { N = sizeof probes / sizeof probes[0] };
   bool before[N];
   unsetenv("KENG_NO_SIMD");
