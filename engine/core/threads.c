@@ -43,7 +43,10 @@ static struct {
 static void apply(int n) {
   tp.current = n;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n); /* the OpenMP build of OpenBLAS shares this pool */
+  /* OpenBLAS runs single-threaded: keng cuts products into pieces for its own pool
+   * (engine/cpu/gemm_par.c), whose dynamic handout survives a busy core where OpenBLAS's static
+   * split waits for the parked thread */
+  openblas_set_num_threads(1);
 }
 
 /* ---- plain functions (tested with fake readings) -------------------------------------- */

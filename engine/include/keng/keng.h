@@ -382,6 +382,16 @@ typedef struct {
   double waiting;     /* cores' worth of time our threads sat runnable but not running, last window */
 } kg_thread_policy;
 kg_thread_policy kg_get_thread_policy(void);
+/* keng's pool (engine/core/pool.c), counters since the start: loops run on several threads, loops
+ * run inline (nested, one thread or one chunk, or the pool busy with another thread's loop),
+ * chunks the worker threads ran, workers started, and the callers that waited > 0.1 ms for
+ * chunks other threads were running (a worker parked mid-chunk) with their total wait. */
+typedef struct {
+  int64_t parallel, inline_runs, worker_chunks;
+  int workers;
+  int64_t long_waits, long_wait_ns;
+} kg_pool_stats;
+kg_pool_stats kg_pool_get_stats(void);
 
 /* A STREAM-style memory bandwidth micro-benchmark (keng.memory_bandwidth, engine/cpu/bandwidth.c):
  * the roofline of memory-bound kernels such as batch-1 decode, measured on the machine at hand. */
