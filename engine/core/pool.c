@@ -18,7 +18,9 @@
  * shorter; a spin on a core another process wants costs that process only this much), then
  * sleep on a futex. The caller, out of chunks, spins KENG_POOL_WAIT_US for the ones others run
  * (its core is its own; asleep, it would queue behind whatever took the core when it woke), then
- * sleeps.
+ * sleeps. A loop gets at most one thread per core of the process's affinity mask: a thread more
+ * would share a core, and the chunk it holds while the other one runs would hold the loop up
+ * (4 threads on the 2-core machine: 3-4x slower products).
  *
  * Placement: a worker woken by a futex from the caller's core is placed by Linux on the waker's
  * core when no core is idle (wake-affine), i.e. exactly when another process keeps a core busy:
@@ -69,6 +71,7 @@ static struct {
   cpu_set_t mask; /* the process's affinity when the pool started */
   int have_mask, off_cpu;      /* off_cpu: the core the workers' affinity leaves out (-1: none) */
   long spin_ns, wait_ns;
+  int ncpu;                    /* cores in the affinity mask: the most threads a loop gets */
   _Atomic int64_t parallel, inline_runs, worker_chunks, long_waits, long_wait_ns;
 } P = {.busy = PTHREAD_MUTEX_INITIALIZER, .grow = PTHREAD_MUTEX_INITIALIZER, .off_cpu = -1};
 
@@ -144,17 +147,21 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* the settings, once (under P.busy) */
+static void init(void) {
+  P.spin_ns = (long)(kg_env_float(KG_ENV_KENG_POOL_SPIN_US) * 1e3);
+  P.wait_ns = (long)(kg_env_float(KG_ENV_KENG_POOL_WAIT_US) * 1e3);
+  P.have_mask = !sched_getaffinity(0, sizeof P.mask, &P.mask);
+  P.ncpu = P.have_mask ? CPU_COUNT(&P.mask) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (P.ncpu < 1) P.ncpu = 1;
+}
+
 /* starts workers up to `want` (fewer if the system refuses threads); under P.busy */
 static int ensure_workers(int want) {
   if (want > POOL_MAX_WORKERS) want = POOL_MAX_WORKERS;
   int have = atomic_load(&P.workers);
   if (have >= want) return have;
   pthread_mutex_lock(&P.grow);
-  if (!have) {
-    P.spin_ns = (long)(kg_env_float(KG_ENV_KENG_POOL_SPIN_US) * 1e3);
-    P.wait_ns = (long)(kg_env_float(KG_ENV_KENG_POOL_WAIT_US) * 1e3);
-    P.have_mask = !sched_getaffinity(0, sizeof P.mask, &P.mask);
-  }
   while ((have = atomic_load(&P.workers)) < want) {
     pthread_t t;
     pthread_attr_t a;
@@ -205,7 +212,9 @@ int kg_parallel_for(int64_t n, int nt, kg_chunk_fn fn, void *ctx) {
   if (nt > n) nt = (int)n;
   if (n > UINT32_MAX - 1 || nt <= 1 || in_chunk || is_worker || omp_in_parallel()) return run_inline(n, fn, ctx);
   if (pthread_mutex_trylock(&P.busy)) return run_inline(n, fn, ctx); /* another thread's loop */
-  int have = ensure_workers(nt - 1);
+  if (!P.ncpu) init();
+  if (nt > P.ncpu) nt = P.ncpu;
+  int have = nt > 1 ? ensure_workers(nt - 1) : 0;
   if (have < nt - 1) nt = have + 1;
   if (nt <= 1) {
     pthread_mutex_unlock(&P.busy);
