@@ -224,17 +224,20 @@ void kg_set_num_threads(int n) {
   apply(n < 1 ? 1 : n);
 }
 
-/* The measuring runs on a thread of its own, so that no op pays for the /proc reads: every
- * KG_THREADS_WINDOW_MS, if ops ran since the last window, it takes a reading and, when the count
- * is adaptive, decides the next count; the op dispatch only applies it (omp_set_num_threads sets
- * the calling thread's own count). A window without ops is not measured: the next one starts
- * afresh. */
+/* The measuring runs on a thread of its own, so that no op pays for the /proc reads: it takes a
+ * reading when the first op runs and then every KG_THREADS_WINDOW_MS; after a window with ops it
+ * decides the next count (adaptive only), which the op dispatch applies (omp_set_num_threads sets
+ * the calling thread's own count). After 4 windows without ops it stops reading until ops run
+ * again (that window then only starts a new one). */
 static void *monitor(void *arg) {
   (void)arg;
   struct timespec ts = {0, KG_THREADS_WINDOW_MS * 1000000L};
-  for (;;) {
-    nanosleep(&ts, NULL);
-    if (!atomic_exchange(&tp.active, 0)) {
+  int quiet = 0; /* windows without ops in a row */
+  for (int first = 1;; first = 0) {
+    if (!first) nanosleep(&ts, NULL); /* the first reading at once: a decision after one window */
+    int active = atomic_exchange(&tp.active, 0) || first;
+    quiet = active ? 0 : quiet + 1;
+    if (quiet > 4) { /* long without ops: no readings, the next window starts afresh */
       tp.have_last = 0;
       continue;
     }
@@ -244,7 +247,7 @@ static void *monitor(void *arg) {
       tp.no_proc = 1;
       return NULL;
     }
-    if (tp.have_last) {
+    if (tp.have_last && active) {
       double wall = s.wall_s - tp.last.wall_s;
       double others = kg_threads_others(&tp.last, &s), waiting = wall > 0 ? (s.delay_s - tp.last.delay_s) / wall : 0;
       if (waiting < 0) waiting = 0; /* a thread that exited took its count along */
