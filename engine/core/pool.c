@@ -119,6 +119,7 @@ static int64_t run_chunks(uint32_t gen) {
 static void *worker(void *arg) {
   int id = (int)(intptr_t)arg;
   is_worker = 1;
+  omp_set_num_threads(1); /* an OpenMP region inside a chunk stays on this thread */
   atomic_store(&P.tid[id], (pid_t)syscall(SYS_gettid));
   uint32_t seen = 0; /* the `wake` value of the last loop looked at */
   for (;;) {

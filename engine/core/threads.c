@@ -49,11 +49,12 @@ static struct {
 
 static void apply(int n) {
   tp.current = n;
-  omp_set_num_threads(n);
   /* OpenBLAS runs single-threaded: keng cuts products into pieces for its own pool
    * (engine/cpu/gemm_par.c), whose dynamic handout survives a busy core where OpenBLAS's static
-   * split waits for the parked thread */
+   * split waits for the parked thread. Its OpenMP build's openblas_set_num_threads also calls
+   * omp_set_num_threads with the same count, so it goes first. */
   openblas_set_num_threads(1);
+  omp_set_num_threads(n);
 }
 
 /* ---- plain functions (tested with fake readings) -------------------------------------- */
