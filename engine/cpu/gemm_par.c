@@ -21,6 +21,7 @@
 #include "cpu.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <string.h>
 
 /* flops below which a product is one call */
@@ -118,10 +119,23 @@ static int ksum(void *ctx, int64_t t) {
   return 0;
 }
 
+static void blas_gemm(bool wide, bool ta, bool tb, int64_t N, int64_t M, int64_t K, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, double beta, void *C, int64_t ldc, int nt);
+
+/* OpenBLAS's OpenMP build takes its thread count from the calling thread's OpenMP count (it sets
+ * its own to omp_get_max_threads() on each call), so the caller's count is 1 while it runs here:
+ * every BLAS call is single-threaded, whichever thread makes it (the pool's workers keep 1) */
 void kg_cpu_blas_gemm(bool wide, bool ta, bool tb, int64_t N, int64_t M, int64_t K, const void *A, int64_t lda,
                       const void *B, int64_t ldb, double beta, void *C, int64_t ldc, int nt) {
+  int cur = kg_num_threads(), icv = omp_get_max_threads();
+  if (icv != 1) omp_set_num_threads(1);
+  blas_gemm(wide, ta, tb, N, M, K, A, lda, B, ldb, beta, C, ldc, nt <= 0 ? cur : nt);
+  if (icv != 1) omp_set_num_threads(icv);
+}
+
+static void blas_gemm(bool wide, bool ta, bool tb, int64_t N, int64_t M, int64_t K, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, double beta, void *C, int64_t ldc, int nt) {
   if (N <= 0 || M <= 0) return;
-  if (nt <= 0) nt = kg_num_threads();
   if (kg_pool_nested()) nt = 1; /* tiles would only repack on this one thread */
   kg_gemm_split s = kg_cpu_gemm_split(N, M, K);
   gp_job j = {wide, ta, tb, N, M, K, lda, ldb, ldc, A, B, C, beta, N, M, 1, K, NULL};

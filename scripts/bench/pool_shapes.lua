@@ -23,5 +23,9 @@ for _, s in ipairs(shapes) do
   io.write(string.format("%-14s %7.3f ms\n", s[1], t[R // 2 + 1] * 1e3))
 end
 local p = keng.thread_policy()
-io.write(string.format("threads %d (%s); pool: loops %d, worker chunks %d, waits > 0.1 ms %d (%.1f ms)\n", p.current,
-  p.source, p.pool.loops, p.pool.worker_chunks, p.pool.long_waits, p.pool.long_wait_ms))
+io.write(string.format("threads %d (%s)", p.current, p.source))
+if p.pool then -- absent before keng's pool
+  io.write(string.format("; pool: loops %d, worker chunks %d, waits > 0.1 ms %d (%.1f ms)", p.pool.loops,
+    p.pool.worker_chunks, p.pool.long_waits, p.pool.long_wait_ms))
+end
+io.write("\n")
