@@ -141,21 +141,6 @@ static int l_thread_policy(lua_State *L) {
   }
   lua_pushstring(L, p.source);
   lua_setfield(L, -2, "source");
-  kg_pool_stats ps = kg_pool_get_stats();
-  lua_createtable(L, 0, 6);
-  lua_pushinteger(L, ps.parallel);
-  lua_setfield(L, -2, "loops");
-  lua_pushinteger(L, ps.inline_runs);
-  lua_setfield(L, -2, "inline");
-  lua_pushinteger(L, ps.worker_chunks);
-  lua_setfield(L, -2, "worker_chunks");
-  lua_pushinteger(L, ps.workers);
-  lua_setfield(L, -2, "workers");
-  lua_pushinteger(L, ps.long_waits);
-  lua_setfield(L, -2, "long_waits");
-  lua_pushnumber(L, ps.long_wait_ns * 1e-6);
-  lua_setfield(L, -2, "long_wait_ms");
-  lua_setfield(L, -2, "pool");
   return 1;
 }
 

@@ -30,7 +30,6 @@
  * The reference is the nested-loop convolution in tests/lua/conv_spec.lua; figures in
  * docs/kernels.md ("Convolution and elementwise", "Winograd convolution"). */
 #include "conv_winograd.h"
-#include "gemm_par.h"
 #include "cpu.h"
 #include "../ops/interp.h"
 
@@ -233,7 +232,12 @@ static void gemm(bool wide, bool ta, bool tb, int64_t M, int64_t N, int64_t K, c
       for (int64_t r = 0; r < M; r++) memset((char *)C + r * ldc * (wide ? 8 : 4), 0, (size_t)N * (wide ? 8 : 4));
     return;
   }
-  kg_cpu_blas_gemm(wide, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, 0); /* keng's pool threads it */
+  enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  if (wide)
+    cblas_dgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+  else
+    cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, (float)beta, C,
+                (int)ldc);
   kg_flop_add((uint64_t)(2 * M * N * K));
 }
 

@@ -1,6 +1,5 @@
 /* iter.c — dtype conversion of element runs and the strided N-operand iterator. */
 #include "cpu.h"
-#include "../core/pool.h"
 
 #include <keng/scalar.h>
 #include <omp.h>
@@ -256,19 +255,6 @@ static void run_range(const kg_iter *it, kg_iter_fn fn, void *ctx, int64_t begin
   }
 }
 
-typedef struct {
-  const kg_iter *it;
-  kg_iter_fn fn;
-  void *ctx;
-  int64_t total, nchunk;
-} iter_job;
-
-static int iter_chunk(void *arg, int64_t c) {
-  iter_job *j = arg;
-  run_range(j->it, j->fn, j->ctx, j->total * c / j->nchunk, j->total * (c + 1) / j->nchunk);
-  return 0;
-}
-
 void kg_iter_run(const kg_iter *it, kg_iter_fn fn, void *ctx) {
   int64_t total = 1;
   for (int d = 0; d < it->ndim; d++) total *= it->shape[d];
@@ -278,8 +264,10 @@ void kg_iter_run(const kg_iter *it, kg_iter_fn fn, void *ctx) {
     run_range(it, fn, ctx, 0, total);
     return;
   }
-  /* chunks of >= 16K elements from keng's pool (engine/core/pool.c): a thread the scheduler
-   * parks takes fewer of them instead of holding the others up */
-  iter_job j = {it, fn, ctx, total, kg_pool_chunks(total, 16384, 8 * (int64_t)nt)};
-  kg_parallel_for(j.nchunk, nt, iter_chunk, &j);
+#pragma omp parallel num_threads(nt)
+  {
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+    int64_t b = total * t / n, e = total * (t + 1) / n;
+    run_range(it, fn, ctx, b, e);
+  }
 }

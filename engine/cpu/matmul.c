@@ -11,8 +11,8 @@
  * with AVX2, gemm_bf16.c reads b as bf16 instead (no conversion pass); with AVX512_BF16 also any
  * number of rows of a bf16 a (its vdpbf16ps kernel). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
- * point at the same matrix. A threaded product is cut into pieces for keng's pool (gemm_par.c,
- * threaded_gemm). See docs/kernels.md for the figures.
+ * point at the same matrix. A tall product (>= MM_SPLIT_ROWS rows) is split by rows among our
+ * threads (threaded_gemm). See docs/kernels.md for the figures.
  *
  * kg_cpu_linear (y = x wᵀ + b) runs the same product with b = wᵀ (a strided view, no copy) and
  * adds the bias inside the product: each output block in the compute type is first filled with
@@ -22,7 +22,6 @@
  */
 #include "cpu.h"
 #include "gemm_bf16.h"
-#include "gemm_par.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -36,6 +35,8 @@
 #define MM_BLOCK_BYTES (256 * 1024)
 /* flops below which a blocked product stays on one thread */
 #define MM_PAR_FLOPS (4 << 20)
+/* rows from which a product is split among our threads by rows (threaded_gemm) */
+#define MM_SPLIT_ROWS 4096
 
 /* an [R, C] operand: base pointer, dtype, element strides */
 typedef struct {
@@ -147,14 +148,31 @@ static void store_bias_f32(char *out, kg_dtype odt, const float *c, const float 
     }
 }
 
-/* C[N, M] (compute type wt, contiguous) = A[N, K] @ B[K, M] (+ bias) on kg_num_threads() threads:
- * the bias rows first, then the product accumulated on them, in pieces handed out by keng's pool
- * (gemm_par.c; a row split of our own beat OpenBLAS's threading by 7-10% on BERT's linears, and
- * the pool's dynamic handout keeps that beside a busy core: docs/kernels.md, "Threads under load") */
+/* C[N, M] (compute type wt, contiguous) = A[N, K] @ B[K, M] (+ bias) on kg_num_threads() threads.
+ * A tall product is split by rows among our threads, one single-threaded GEMM each (bias rows
+ * written just before): 7-10% faster than OpenBLAS's own threading on BERT's linears. Others go
+ * to OpenBLAS's threading (a split by K for weight gradients measured level with it). Figures in
+ * docs/kernels.md ("f32 GEMM threading"). */
 static void threaded_gemm(kg_dtype wt, int64_t N, int64_t M, int64_t K, const mat *A, const mat *B, void *C,
                           const void *bias) {
+  int ws = kg_dtype_info[wt].size;
+  int nt = 2.0 * (double)N * (double)M * (double)K >= MM_PAR_FLOPS ? kg_num_threads() : 1;
+  if (nt > 1 && N >= MM_SPLIT_ROWS) { /* rows */
+    int64_t rb = ((N + nt - 1) / nt + 15) / 16 * 16;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t t = 0; t < nt; t++) {
+      int64_t r0 = t * rb, nr = N - r0 < rb ? N - r0 : rb;
+      if (nr <= 0) continue;
+      mat At = *A;
+      At.p = (const char *)A->p + (A->trans ? r0 : r0 * A->ld) * ws;
+      char *Ct = (char *)C + r0 * M * ws;
+      if (bias) fill_bias(wt, Ct, M, nr, M, bias, 0, 1);
+      gemm(wt, nr, M, K, &At, B, Ct, M, bias != NULL);
+    }
+    return;
+  }
   if (bias) fill_bias(wt, C, M, N, M, bias, 0, pass_threads(N * M));
-  kg_cpu_blas_gemm(wt == KG_F64, A->trans, B->trans, N, M, K, A->p, A->ld, B->p, B->ld, bias ? 1.0 : 0.0, C, M, 0);
+  gemm(wt, N, M, K, A, B, C, M, bias != NULL);
 }
 
 /* out[N, M] (contiguous, dtype odt) = A[N, K] @ B[K, M] (+ bias, wt, when not NULL): B
@@ -344,7 +362,7 @@ static kg_status run_product(const product *p, const char *op) {
   if (small_batch(p, batch, N, M, K, wt)) return KG_OK;
   buf abuf = {0}, bbuf = {0}, cbuf = {0};
   int64_t last_aoff = -1, last_boff = -1;
-  mat A = {0}, B = {0};
+  mat A, B;
   kg_status st = KG_OK;
   for (int64_t bi = 0; bi < batch && st == KG_OK && !kg_interrupt_pending(); bi++) {
     int64_t aoff, boff;

@@ -1,9 +1,8 @@
 -- threads_spec.lua — which thread setting wins, checked on real child processes: a count given
 -- by keng.set_num_threads, KENG_NUM_THREADS or OMP_NUM_THREADS (in that order) is kept and turns
 -- the adaptive count off; with none, the count follows the load (engine/core/threads.c; the
--- decision itself is tests/c/test_threads.c). keng's pool starts only with more than one thread
--- (the pool itself: tests/c/test_pool.c). And keng's short spin (lua_bindings/main.c) gives way
--- to an explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT.
+-- decision itself is tests/c/test_threads.c). And keng's short spin (lua_bindings/main.c) gives
+-- way to an explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT.
 local H = require "helper"
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
@@ -72,24 +71,6 @@ io.write(p.current, " ", p.max, " ", type(p.others), " ", (p.others >= 0 and p.w
     assert.is_true(tonumber(cur) >= 1 and tonumber(cur) <= tonumber(max))
     assert.equal("number", kind)
     assert.equal("ok", sign)
-  end)
-end)
-
-describe("keng's pool (engine/core/pool.c)", function()
-  it("runs big products and elementwise ops on its threads; one thread never starts it", function()
-    local code = [[local a, b = keng.randn({512, 512}), keng.randn({512, 512})
-for _ = 1, 3 do a:matmul(b):mul(2.0) end
-local p = keng.thread_policy().pool
-io.write(p.loops, " ", p.workers, " ", p.worker_chunks >= 0 and "ok" or "bad", " ", p.long_waits >= 0 and "ok" or "bad")]]
-    local loops, workers, rest = child({KENG_NUM_THREADS = "1"}, code):match("^(%d+) (%d+) (.*)$")
-    assert.equal("0", loops)
-    assert.equal("0", workers)
-    assert.equal("ok ok", rest)
-    if cores() >= 2 then -- a loop gets at most one thread per core
-      loops, workers = child({KENG_NUM_THREADS = "2"}, code):match("^(%d+) (%d+)")
-      assert.is_true(tonumber(loops) >= 6, "loops " .. tostring(loops)) -- 3 products, 3 muls at least
-      assert.equal("1", workers)
-    end
   end)
 end)
 

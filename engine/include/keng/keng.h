@@ -389,16 +389,6 @@ typedef struct {
   double waiting;     /* cores' worth of time our threads sat runnable but not running, last window */
 } kg_thread_policy;
 kg_thread_policy kg_get_thread_policy(void);
-/* keng's pool (engine/core/pool.c), counters since the start: loops run on several threads, loops
- * run inline (nested, one thread or one chunk, or the pool busy with another thread's loop),
- * chunks the worker threads ran, workers started, and the callers that waited > 0.1 ms for
- * chunks other threads were running (a worker parked mid-chunk) with their total wait. */
-typedef struct {
-  int64_t parallel, inline_runs, worker_chunks;
-  int workers;
-  int64_t long_waits, long_wait_ns;
-} kg_pool_stats;
-kg_pool_stats kg_pool_get_stats(void);
 
 /* the vector instructions the CPU kernels use: 2 AVX-512F, 1 AVX2 + FMA, 0 none (an older CPU, or
  * KENG_NO_SIMD=1: the kernels dispatched on it run their scalar fallbacks) */
@@ -415,8 +405,8 @@ typedef struct {
 /* best of `reps` passes of each kernel on `threads` threads (0: kg_num_threads()) over `bytes`
  * bytes in all (a buffer well past the last-level cache measures DRAM; a small one the cache) */
 kg_status kg_cpu_bandwidth(kg_bandwidth *out, size_t bytes, int threads, int reps);
-/* Called before each cpu op: applies the count the measuring thread (started by the first call)
- * decided; that thread reads the load every KG_THREADS_WINDOW_MS while ops run. */
+/* Called before each cpu op: at most every KG_THREADS_WINDOW_MS it measures the load and moves
+ * the adaptive count (a coarse clock read otherwise). */
 void kg_threads_poll(void);
 #define KG_THREADS_WINDOW_MS 250
 #define KG_THREADS_MAX_CPUS 1024
