@@ -8,14 +8,18 @@
  * also wants waits, every parallel region, for the thread the scheduler has parked (a slice is
  * milliseconds; a region tens of microseconds), and the waiting threads spin on top: on the
  * 2-core machine of docs/kernels.md, "Threads", one busy core made 2-thread rows 2-3x slower
- * while 1 thread ran at its idle speed. The decision is kg_threads_choose, a plain function of
- * the readings (tests/c/test_threads.c feeds it fake ones). */
+ * while 1 thread ran at its idle speed. The decision is kg_threads_step, a plain function of
+ * the readings (tests/c/test_threads.c feeds it fake ones); a thread of its own takes the readings
+ * (monitor, below), so the op dispatch only compares two integers. */
 #define _GNU_SOURCE 1 /* sched_getaffinity, cpu_set_t */
 #include "internal.h"
 
 #include <dirent.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,15 +32,18 @@ extern void openblas_set_num_threads(int);
 static struct {
   int current;          /* threads the next parallel region gets (0: not set up yet) */
   int max;              /* cores this process may use */
-  int adaptive;         /* 1: current follows the load */
+  _Atomic int adaptive; /* 1: current follows the load */
+  _Atomic int want;     /* the count the measuring thread decided (adaptive only) */
+  _Atomic int active;   /* ops ran since the measuring thread last looked */
+  int monitor_started;
   const char *source;   /* where the count came from */
-  double waiting;       /* last measured run-queue wait of our threads, in cores */
-  double others;        /* last measured busy cores of other processes (-1: none yet) */
+  _Atomic double waiting; /* last measured run-queue wait of our threads, in cores */
+  _Atomic double others;  /* last measured busy cores of other processes (-1: none yet) */
   unsigned char cpus[KG_THREADS_MAX_CPUS];
   int ncpu;             /* cores in the affinity mask */
   kg_cpu_sample last;   /* start of the current window */
   int have_last;
-  int no_proc;          /* /proc/stat could not be read: no readings */
+  _Atomic int no_proc;  /* /proc/stat could not be read (or no thread to read it): no readings */
   kg_threads_state st;  /* the adaptive decision's memory */
 } tp = {.others = -1, .st = {.probe_every_s = KG_THREADS_PROBE_MIN_S}};
 
@@ -198,6 +205,7 @@ static void setup(void) {
     n = tp.max;
     tp.source = "adaptive";
   }
+  tp.want = n;
   apply(n);
 }
 
@@ -213,37 +221,69 @@ void kg_set_num_threads(int n) {
   apply(n < 1 ? 1 : n);
 }
 
+/* The measuring runs on a thread of its own, so that no op pays for the /proc reads: every
+ * KG_THREADS_WINDOW_MS, if ops ran since the last window, it takes a reading and, when the count
+ * is adaptive, decides the next count; the op dispatch only applies it (omp_set_num_threads sets
+ * the calling thread's own count). A window without ops is not measured: the next one starts
+ * afresh. */
+static void *monitor(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, KG_THREADS_WINDOW_MS * 1000000L};
+  for (;;) {
+    nanosleep(&ts, NULL);
+    if (!atomic_exchange(&tp.active, 0)) {
+      tp.have_last = 0;
+      continue;
+    }
+    kg_cpu_sample s;
+    if (!sample(&s)) {
+      atomic_store(&tp.adaptive, 0); /* no /proc/stat: keep the count we have */
+      tp.no_proc = 1;
+      return NULL;
+    }
+    if (tp.have_last) {
+      double wall = s.wall_s - tp.last.wall_s;
+      double others = kg_threads_others(&tp.last, &s), waiting = wall > 0 ? (s.delay_s - tp.last.delay_s) / wall : 0;
+      if (waiting < 0) waiting = 0; /* a thread that exited took its count along */
+      atomic_store(&tp.others, others);
+      atomic_store(&tp.waiting, waiting);
+      if (atomic_load(&tp.adaptive)) {
+        tp.st.current = atomic_load(&tp.want);
+        kg_threads_step(&tp.st, tp.max, tp.ncpu, others, waiting, wall);
+        atomic_store(&tp.want, tp.st.current);
+      }
+    }
+    tp.last = s;
+    tp.have_last = 1;
+  }
+  return NULL;
+}
+
 void kg_threads_poll(void) {
   if (!tp.current) setup();
-  /* a fixed count is measured too (keng.thread_policy reports the load), just never moved */
-  if (tp.no_proc || omp_in_parallel()) return;
-  /* the coarse clock costs a few nanoseconds: this runs before every cpu op */
-  static double next;
-  double now = clock_s(CLOCK_MONOTONIC_COARSE);
-  if (now < next) return;
-  next = now + KG_THREADS_WINDOW_MS * 1e-3;
-  kg_cpu_sample s;
-  if (!sample(&s)) {
-    tp.adaptive = 0; /* no /proc/stat: keep the count we have */
-    tp.no_proc = 1;
-    return;
+  if (tp.no_proc) return;
+  if (!atomic_load_explicit(&tp.active, memory_order_relaxed)) atomic_store_explicit(&tp.active, 1, memory_order_relaxed);
+  if (!tp.monitor_started) {
+    /* a fixed count is measured too (keng.thread_policy reports the load), just never moved;
+     * signals stay with the threads that were there */
+    tp.monitor_started = 1;
+    pthread_t t;
+    pthread_attr_t a;
+    sigset_t all, old;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    if (pthread_create(&t, &a, monitor, NULL)) tp.no_proc = 1;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
   }
-  if (tp.have_last) {
-    double wall = s.wall_s - tp.last.wall_s;
-    tp.others = kg_threads_others(&tp.last, &s);
-    tp.waiting = wall > 0 ? (s.delay_s - tp.last.delay_s) / wall : 0;
-    if (tp.waiting < 0) tp.waiting = 0; /* a thread that exited took its count along */
-    if (tp.adaptive) {
-      tp.st.current = tp.current;
-      kg_threads_step(&tp.st, tp.max, tp.ncpu, tp.others, tp.waiting, wall);
-      if (tp.st.current != tp.current) apply(tp.st.current);
-    }
-  }
-  tp.last = s;
-  tp.have_last = 1;
+  int want = atomic_load_explicit(&tp.want, memory_order_relaxed);
+  if (atomic_load_explicit(&tp.adaptive, memory_order_relaxed) && want != tp.current && !omp_in_parallel()) apply(want);
 }
 
 kg_thread_policy kg_get_thread_policy(void) {
   if (!tp.current) setup();
-  return (kg_thread_policy){tp.current, tp.max, tp.adaptive, tp.others, tp.source, tp.waiting};
+  return (kg_thread_policy){tp.current, tp.max, atomic_load(&tp.adaptive), atomic_load(&tp.others), tp.source,
+                            atomic_load(&tp.waiting)};
 }

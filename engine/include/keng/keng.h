@@ -405,8 +405,8 @@ typedef struct {
 /* best of `reps` passes of each kernel on `threads` threads (0: kg_num_threads()) over `bytes`
  * bytes in all (a buffer well past the last-level cache measures DRAM; a small one the cache) */
 kg_status kg_cpu_bandwidth(kg_bandwidth *out, size_t bytes, int threads, int reps);
-/* Called before each cpu op: at most every KG_THREADS_WINDOW_MS it measures the load and moves
- * the adaptive count (a coarse clock read otherwise). */
+/* Called before each cpu op: applies the count the measuring thread (started by the first call)
+ * decided; that thread reads the load every KG_THREADS_WINDOW_MS while ops run. */
 void kg_threads_poll(void);
 #define KG_THREADS_WINDOW_MS 250
 #define KG_THREADS_MAX_CPUS 1024
