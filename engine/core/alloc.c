@@ -13,6 +13,9 @@
 #include "internal.h"
 
 #include <pthread.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +140,12 @@ void kg_memory_empty_cache(kg_device d) {
   }
   pool.cached = 0;
   pthread_mutex_unlock(&pool.lock);
+#ifdef __GLIBC__
+  /* blocks under glibc's mmap threshold (it rises to 32 MB once large blocks are freed) live in
+   * its heap, and free() keeps their pages: a model whose weights were replaced (keng.quantize)
+   * would stay resident at its float size. malloc_trim hands every free page back. */
+  malloc_trim(0);
+#endif
 }
 
 void kg_memory_empty_caches(void) {

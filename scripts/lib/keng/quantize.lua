@@ -76,7 +76,9 @@ function M.quantize_at(level, model, fmt, opts)
       install(m, q, s)
     end
   end)
-  collectgarbage()  -- the float weights are unreferenced now: give their memory back
+  -- the float weights are unreferenced now: give their memory back to the system (keng's block
+  -- cache would keep it, and the process would stay resident at the float model's size)
+  keng.empty_cache()
   return model
 end
 
