@@ -172,6 +172,20 @@ void kgl_register_runtime(lua_State *L, int methods, int keng) {
   kgl_set(L, 0, keng, "time", l_time);
   kgl_set(L, 0, keng, "flop_count_performed", l_flop_count_performed);
   kgl_set(L, 0, keng, "thread_policy", l_thread_policy);
+  /* keng.address_sanitizer: this build runs under AddressSanitizer (its allocator, not glibc's,
+   * owns the heap: memory figures differ; the specs that measure the process say so) */
+#if defined(__SANITIZE_ADDRESS__)
+  lua_pushboolean(L, 1);
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  lua_pushboolean(L, 1);
+#else
+  lua_pushboolean(L, 0);
+#endif
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, keng, "address_sanitizer");
   lua_createtable(L, 0, 3); /* keng.cuda */
   lua_pushcfunction(L, l_cuda_available);
   lua_setfield(L, -2, "is_available");
