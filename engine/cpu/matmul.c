@@ -12,7 +12,7 @@
  * number of rows of a bf16 a (its vdpbf16ps kernel). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
  * point at the same matrix. A tall product (>= MM_SPLIT_ROWS rows) is split by rows among our
- * threads (threaded_gemm). An f32 product with a short K (<= 64), few columns (<= 256) and
+ * threads (threaded_gemm). An f32 product with a short K (<= 128), few columns (<= 256) and
  * row-major a runs on an AVX-512 kernel instead (smallk: a read in place, b packed once per
  * call). See docs/kernels.md for the figures.
  *
@@ -40,9 +40,11 @@
 /* rows from which a product is split among our threads by rows (threaded_gemm) */
 #define MM_SPLIT_ROWS 4096
 
-/* the short-K f32 kernel (smallk): K and M at most, rows from which it is used, row block */
-#define SK_MAX_K 64
+/* the short-K f32 kernel (smallk): K, M and K * M (packed b <= 64 KiB) at most, rows from
+ * which it is used, row block (measured: docs/kernels.md, "Short-K f32 products") */
+#define SK_MAX_K 128
 #define SK_MAX_M 256
+#define SK_MAX_KM 16384
 #define SK_MIN_ROWS 64
 #define SK_ROWS 6
 
@@ -227,8 +229,8 @@ static kg_status blocked(kg_dtype wt, const mat *A, const view *B, char *out, kg
 
 /* ---- short-K f32 products (AVX-512) ---------------------------------------------------------
  * The UNet's attention and feed-forward linears at latent sizes ([3328, 32] x [32, 32]ᵀ,
- * [3328, 32] x [256, 32]ᵀ + b) have a K of 32: OpenBLAS spends as long packing the tall a as
- * multiplying it (57 and 90 GFLOP/s on one core). Here a is read in place: SK_ROWS rows at a
+ * [3328, 32] x [256, 32]ᵀ + b, [3328, 128] x [32, 128]ᵀ + b) have a K of 32-128: OpenBLAS
+ * spends as long packing the tall a as multiplying it (57 and 90 GFLOP/s on one core). Here a is read in place: SK_ROWS rows at a
  * time, each of their K values broadcast against a row of b packed once per call ([K, Mp], Mp
  * = M rounded up to 32, zero past M), 2 x SK_ROWS accumulators of 16 columns, started from the
  * bias. Each output is the same sum in k order (float rounding only). */
@@ -272,7 +274,7 @@ __attribute__((target("avx512f"))) static void smallk_block(const float *A, int6
  * short-K kernel; false (nothing done) when it does not apply or b's buffer is out of memory */
 static bool smallk(const mat *A, const view *b, float *out, int64_t N, int64_t M, int64_t K, const float *bias) {
 #ifdef KG_X86
-  if (A->trans || K > SK_MAX_K || M > SK_MAX_M || N < SK_MIN_ROWS || kg_cpu_vector_isa(KG_ENV_KENG_GEMM_SMALLK) < 2)
+  if (A->trans || K > SK_MAX_K || M > SK_MAX_M || K * M > SK_MAX_KM || N < SK_MIN_ROWS || kg_cpu_vector_isa(KG_ENV_KENG_GEMM_SMALLK) < 2)
     return false;
   int64_t Mp = (M + 31) / 32 * 32;
   buf bb = {0};
