@@ -12,7 +12,9 @@
  * number of rows of a bf16 a (its vdpbf16ps kernel). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
  * point at the same matrix. A tall product (>= MM_SPLIT_ROWS rows) is split by rows among our
- * threads (threaded_gemm). See docs/kernels.md for the figures.
+ * threads (threaded_gemm). An f32 product with a short K (<= 128), few columns (<= 256) and
+ * row-major a runs on an AVX-512 kernel instead (smallk: a read in place, b packed once per
+ * call). See docs/kernels.md for the figures.
  *
  * kg_cpu_linear (y = x wᵀ + b) runs the same product with b = wᵀ (a strided view, no copy) and
  * adds the bias inside the product: each output block in the compute type is first filled with
@@ -37,6 +39,14 @@
 #define MM_PAR_FLOPS (4 << 20)
 /* rows from which a product is split among our threads by rows (threaded_gemm) */
 #define MM_SPLIT_ROWS 4096
+
+/* the short-K f32 kernel (smallk): K, M and K * M (packed b <= 64 KiB) at most, rows from
+ * which it is used, row block (measured: docs/kernels.md, "Short-K f32 products") */
+#define SK_MAX_K 128
+#define SK_MAX_M 256
+#define SK_MAX_KM 16384
+#define SK_MIN_ROWS 64
+#define SK_ROWS 6
 
 /* an [R, C] operand: base pointer, dtype, element strides */
 typedef struct {
@@ -217,6 +227,79 @@ static kg_status blocked(kg_dtype wt, const mat *A, const view *B, char *out, kg
   return oom ? kg_error(KG_ERR_OOM, "matmul", "out of memory converting operands") : KG_OK;
 }
 
+/* ---- short-K f32 products (AVX-512) ---------------------------------------------------------
+ * The UNet's attention and feed-forward linears at latent sizes ([3328, 32] x [32, 32]ᵀ,
+ * [3328, 32] x [256, 32]ᵀ + b, [3328, 128] x [32, 128]ᵀ + b) have a K of 32-128: OpenBLAS
+ * spends as long packing the tall a as multiplying it (57 and 90 GFLOP/s on one core). Here a is read in place: SK_ROWS rows at a
+ * time, each of their K values broadcast against a row of b packed once per call ([K, Mp], Mp
+ * = M rounded up to 32, zero past M), 2 x SK_ROWS accumulators of 16 columns, started from the
+ * bias. Each output is the same sum in k order (float rounding only). */
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KG_X86 1
+
+__attribute__((target("avx512f"))) static void smallk_block(const float *A, int64_t lda, const float *Bp, int64_t Mp,
+                                                            int64_t K, int64_t M, const float *bias, float *C,
+                                                            int64_t i, int rn) {
+  const float *ar[SK_ROWS];
+  for (int r = 0; r < SK_ROWS; r++) ar[r] = A + (i + (r < rn ? r : rn - 1)) * lda; /* short block: repeat the last row */
+  for (int64_t j = 0; j < M; j += 32) {
+    int64_t left = M - j;
+    __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    __mmask16 m1 = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+    __m512 i0 = bias ? _mm512_maskz_loadu_ps(m0, bias + j) : _mm512_setzero_ps();
+    __m512 i1 = bias ? _mm512_maskz_loadu_ps(m1, bias + j + 16) : _mm512_setzero_ps();
+    __m512 c0[SK_ROWS], c1[SK_ROWS];
+#pragma GCC unroll 6
+    for (int r = 0; r < SK_ROWS; r++) c0[r] = i0, c1[r] = i1;
+    for (int64_t k = 0; k < K; k++) {
+      __m512 b0 = _mm512_loadu_ps(Bp + k * Mp + j), b1 = _mm512_loadu_ps(Bp + k * Mp + j + 16);
+#pragma GCC unroll 6
+      for (int r = 0; r < SK_ROWS; r++) {
+        __m512 a = _mm512_set1_ps(ar[r][k]);
+        c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
+        c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
+      }
+    }
+    for (int r = 0; r < rn; r++) {
+      _mm512_mask_storeu_ps(C + (i + r) * M + j, m0, c0[r]);
+      if (m1) _mm512_mask_storeu_ps(C + (i + r) * M + j + 16, m1, c1[r]);
+    }
+  }
+}
+#endif
+
+/* out[N, M] (f32, contiguous) = A[N, K] (f32 rows, row stride A->ld) @ b (+ bias) by the
+ * short-K kernel; false (nothing done) when it does not apply or b's buffer is out of memory */
+static bool smallk(const mat *A, const view *b, float *out, int64_t N, int64_t M, int64_t K, const float *bias) {
+#ifdef KG_X86
+  if (A->trans || K > SK_MAX_K || M > SK_MAX_M || K * M > SK_MAX_KM || N < SK_MIN_ROWS || kg_cpu_vector_isa(KG_ENV_KENG_GEMM_SMALLK) < 2)
+    return false;
+  int64_t Mp = (M + 31) / 32 * 32;
+  buf bb = {0};
+  float *Bp = buf_get(&bb, (size_t)(K * Mp) * sizeof(float));
+  if (!Bp) return false;
+  int es = kg_dtype_info[b->dt].size;
+  for (int64_t k = 0; k < K; k++) {
+    kg_cpu_load_f32(Bp + k * Mp, b->p + k * b->rs * es, b->dt, b->cs, M);
+    memset(Bp + k * Mp + M, 0, (size_t)(Mp - M) * sizeof(float));
+  }
+  int64_t nblk = (N + SK_ROWS - 1) / SK_ROWS;
+  int nt = 2.0 * (double)N * (double)M * (double)K >= MM_PAR_FLOPS ? kg_num_threads() : 1;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t t = 0; t < nblk; t++) {
+    int64_t i = t * SK_ROWS;
+    smallk_block(A->p, A->ld, Bp, Mp, K, M, bias, out, i, N - i < SK_ROWS ? (int)(N - i) : SK_ROWS);
+  }
+  buf_free(&bb);
+  return true;
+#else
+  (void)A, (void)b, (void)out, (void)N, (void)M, (void)K, (void)bias;
+  return false;
+#endif
+}
+
 /* one product out[batch..., N, M] = a[batch..., N, K] @ b[batch..., K, M] (+ bias[M] on every
  * row): out contiguous; a's and b's element strides given per dim of out's shape (broadcast
  * batch dims have stride 0) */
@@ -387,6 +470,7 @@ static kg_status run_product(const product *p, const char *op) {
       st = run_bf16_direct(p, optr, &A, &av, &bv, N, M, K, &cbuf);
       continue;
     }
+    if (wt == KG_F32 && odt == KG_F32 && smallk(&A, &bv, (float *)optr, N, M, K, p->bias)) continue;
     bool bdirect = direct(&bv, wt, &B);
     if (!bdirect && N < MM_BLOCK_ROWS) { /* few rows: convert b in cache-sized column blocks */
       st = blocked(wt, &A, &bv, optr, odt, N, M, K, p->bias);

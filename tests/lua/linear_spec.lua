@@ -97,6 +97,33 @@ describe("linear values", function()
     keng.set_num_threads(nt)
   end)
 
+  it("a short K (<= 128) against <= 256 columns (the AVX-512 short-K kernel): row and column tails, strided rows", function()
+    keng.manual_seed(17)
+    local nt = keng.num_threads()
+    local function f64ref(x, w, b) return keng.linear(x:double(), w:double(), b and b:double()) end
+    for _, threads in ipairs({1, 3}) do
+      keng.set_num_threads(threads)
+      for _, K in ipairs({1, 32, 64, 128}) do            -- K 128 x M 256: past SK_MAX_KM, OpenBLAS
+        for _, M in ipairs({1, 16, 17, 33, 256}) do
+          local N = M == 256 and 3001 or M == 17 and 1003 or 67       -- not whole 6-row blocks; 3001: threaded
+          local w, b = keng.randn({M, K}), keng.randn({M})
+          local x = keng.randn({N, K + 3}):narrow(2, 2, K)             -- rows strided (row stride K + 3)
+          local msg = string.format("[%d, %d] x [%d, %d]ᵀ on %d threads", N, K, M, K, threads)
+          local tol = K > 32 and 4e-5 or 1e-5                         -- f32 sums of up to 128 terms
+          H.close(keng.linear(x, w, b), f64ref(x, w, b), tol, msg .. " with bias")
+          H.close(keng.linear(x, w), f64ref(x, w), tol, msg .. " without bias")
+        end
+      end
+    end
+    keng.set_num_threads(nt)
+    -- the UNet's shapes against the triple loop; a 3-D x, a bf16 weight, and matmul with a plain b
+    local x, w, b = keng.randn({2, 40, 32}), keng.randn({40, 32}), keng.randn({40})
+    H.close(keng.linear(x, w, b), ref(x, w, b), 1e-5, "3-D x")
+    H.close(keng.linear(x, w:bf16(), b), ref(x, w:bf16(), b), 1e-5, "bf16 w")
+    local x2, bm = keng.randn({70, 20}), keng.randn({20, 24})
+    H.close(x2:matmul(bm), ref(x2, bm.T:contiguous()), 1e-5, "matmul [70, 20] @ [20, 24]")
+  end)
+
   it("bf16 past 32 rows, or 16 with a small weight (the packed vdpbf16ps kernel with AVX512_BF16)", function()
     keng.manual_seed(13)
     for _, shape in ipairs({{33, 37}, {100, 257}, {3, 50, 300}, {24, 37}, {2, 9, 64}}) do
