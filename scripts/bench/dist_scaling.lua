@@ -24,6 +24,19 @@ local function flag(name, default)
 end
 local function has(name) for i = 1, #arg do if arg[i] == "--" .. name then return true end end return false end
 
+-- every argument is a known option (with its value) or the run stops naming it
+do
+  local takes = {steps = true, ranks = true, threads = true, warmup = true, json = true, child = false}
+  local i = 1
+  while i <= #arg do
+    local name = arg[i]:match("^%-%-(.+)$")
+    if takes[name] == nil then
+      error("dist_scaling: unknown argument '" .. arg[i] .. "' (valid: --ranks N --steps N --warmup N --threads N --json FILE)", 0)
+    end
+    i = i + (takes[name] and 2 or 1)
+  end
+end
+
 local STEPS = math.tointeger(tonumber(flag("steps", "20")))
 local RANKS = math.tointeger(tonumber(flag("ranks", "2")))
 local THREADS = math.tointeger(tonumber(flag("threads", "1")))

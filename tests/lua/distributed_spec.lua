@@ -310,6 +310,15 @@ end)
     assert.is_true(math.abs(r.efficiency - r.ms_1 / r.ms_n / 2) < 1e-9)
   end)
 
+  it("dist_scaling.lua stops on an argument it does not know, naming it", function()
+    for args, named in pairs({["--stepz 3"] = "--stepz", ["--steps 3 extra"] = "extra"}) do
+      local out, code = run_capture("cd " .. sh_quote(root) .. " && " .. sh_quote(KENG) ..
+        " scripts/bench/dist_scaling.lua " .. args .. " 2>&1")
+      assert.are_not.equal(0, code, out)
+      assert.truthy(out:find("dist_scaling: unknown argument '" .. named .. "'", 1, true), out)
+    end
+  end)
+
   it("keng --nproc N starts N ranks through mpirun; a rank's error fails the launch", function()
     local run = "cd " .. sh_quote(root) .. " && " .. ASAN_RANKS .. " OMPI_MCA_btl=self,vader timeout 60 " .. sh_quote(KENG)
     local out, code = run_capture(run .. [[ --nproc 2 -e 'local d = require "keng.distributed"; d.init()
