@@ -6,9 +6,12 @@
  * them) walks its reduced elements in runs along the innermost reduced dim. Along-one-dim ops
  * treat each kept position as a row of N elements (N = the dim's size, any stride); max / min /
  * argmax / argmin on rows contiguous along the dim in f32 or bf16 take select_row_f32 (8-lane
- * extremes; KENG_SELECT_DIRECT=0 forces the general loop). */
+ * extremes), bf16 rows with AVX-512 BW select_row_bf16_z (32 lanes on the bf16 bits);
+ * KENG_SELECT_DIRECT=0 forces the general loop. */
 #include "cpu.h"
 #include "rows_simd.h"
+
+#include <keng/scalar.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -150,6 +153,76 @@ static int64_t select_row_f32(const char *row, kg_dtype dt, int64_t n, bool want
   return bi;
 }
 
+#if defined(__x86_64__)
+/* bf16 rows with AVX-512 BW: 32 elements per vector compared as 16-bit integers, no widening.
+ * The key of a bf16 is its magnitude bits m, negated when the sign is set (-m): the keys order
+ * as the values do, -0 and +0 share key 0 (equal, as in the float compare: the first wins), and
+ * every key fits int16. A NaN is m > 0x7f80 (the first NaN of the row wins, as in
+ * select_row_f32). Per block of SEL_Z_BLOCK elements: the keys' max (min), and a NaN mask; only
+ * a block that beats the best so far is scanned again for the first index of its extreme. */
+#define SEL_Z_BLOCK 512
+__attribute__((target("avx512f,avx512bw"))) static int64_t select_row_bf16_z(const uint16_t *row, int64_t n,
+                                                                            bool want_max, float *best_out) {
+  const __m512i magm = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(0x7f80), zero = _mm512_setzero_si512();
+  const __m512i fill = _mm512_set1_epi16(want_max ? INT16_MIN : INT16_MAX); /* past the row's end: never the extreme */
+  int16_t best = 0;
+  int64_t bi = -1;
+  for (int64_t j = 0; j < n; j += SEL_Z_BLOCK) {
+    int64_t m = n - j < SEL_Z_BLOCK ? n - j : SEL_Z_BLOCK;
+    __m512i e = fill;
+    __mmask32 nan = 0;
+    for (int64_t i = 0; i < m; i += 32) {
+      __mmask32 lm = m - i >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (m - i)) - 1);
+      __m512i x = _mm512_maskz_loadu_epi16(lm, row + j + i), mag = _mm512_and_si512(x, magm);
+      nan |= _mm512_mask_cmpgt_epi16_mask(lm, mag, inf);
+      __m512i key = _mm512_mask_mov_epi16(fill, lm, _mm512_mask_sub_epi16(mag, _mm512_movepi16_mask(x), zero, mag));
+      e = want_max ? _mm512_max_epi16(e, key) : _mm512_min_epi16(e, key);
+    }
+    if (nan) { /* the first NaN of the block ends the row */
+      for (int64_t i = 0; i < m; i += 32) {
+        __mmask32 lm = m - i >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (m - i)) - 1);
+        __m512i mag = _mm512_and_si512(_mm512_maskz_loadu_epi16(lm, row + j + i), magm);
+        __mmask32 hit = _mm512_mask_cmpgt_epi16_mask(lm, mag, inf);
+        if (hit) {
+          bi = j + i + __builtin_ctz(hit);
+          break;
+        }
+      }
+      break;
+    }
+    __m512i b = _mm512_set1_epi16(best);
+    if (bi >= 0 && !(want_max ? _mm512_cmpgt_epi16_mask(e, b) : _mm512_cmplt_epi16_mask(e, b))) continue;
+    int16_t lanes[32];
+    _mm512_storeu_si512(lanes, e);
+    int16_t be = lanes[0];
+    for (int l = 1; l < 32; l++) be = want_max ? (lanes[l] > be ? lanes[l] : be) : (lanes[l] < be ? lanes[l] : be);
+    __m512i want = _mm512_set1_epi16(be);
+    for (int64_t i = 0; i < m; i += 32) { /* the block holds be: the first lane with its key */
+      __mmask32 lm = m - i >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (m - i)) - 1);
+      __m512i x = _mm512_maskz_loadu_epi16(lm, row + j + i), mag = _mm512_and_si512(x, magm);
+      __m512i key = _mm512_mask_sub_epi16(mag, _mm512_movepi16_mask(x), zero, mag);
+      __mmask32 hit = _mm512_mask_cmpeq_epi16_mask(lm, key, want);
+      if (hit) {
+        bi = j + i + __builtin_ctz(hit);
+        break;
+      }
+    }
+    best = be;
+  }
+  *best_out = kg_bf16_to_f32(row[bi]);
+  return bi;
+}
+
+static bool select_bf16_z(void) {
+  static int have = -1; /* set once; a race writes the same value */
+  if (have < 0) {
+    __builtin_cpu_init();
+    have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 1 : 0;
+  }
+  return have == 1 && kg_cpu_simd() >= 2; /* KENG_NO_SIMD=1: the 8-lane / scalar path */
+}
+#endif
+
 /* KENG_SELECT_DIRECT=0 forces the general path (the kernel lab compares both) */
 static bool select_direct_enabled(void) { return kg_env_bool(KG_ENV_KENG_SELECT_DIRECT); }
 
@@ -167,6 +240,17 @@ static kg_status select_run(const kg_op_call *c, bool want_max) {
   int64_t *ibase = kg_data(io);
   char *vbase = vo ? kg_data(vo) : NULL;
   if (xs == 1 && (x->dtype == KG_F32 || x->dtype == KG_BF16) && select_direct_enabled()) {
+#if defined(__x86_64__)
+    if (x->dtype == KG_BF16 && n > 0 && select_bf16_z()) {
+#pragma omp parallel for if (p.nout * n > KG_PAR_THRESHOLD && p.nout > 1) schedule(static)
+      for (int64_t o = 0; o < p.nout; o++) {
+        float best = 0;
+        ibase[o] = select_row_bf16_z((const uint16_t *)(base + kg_cpu_reduce_row_offset(&p, o) * es), n, want_max, &best);
+        if (vbase) kg_store_from_double(vbase, vo->dtype, o, best);
+      }
+      return KG_OK;
+    }
+#endif
 #pragma omp parallel for if (p.nout * n > KG_PAR_THRESHOLD && p.nout > 1) schedule(static)
     for (int64_t o = 0; o < p.nout; o++) {
       float best = 0;

@@ -500,4 +500,57 @@ describe("row kernels on contiguous f32 rows", function()
       end
     end
   end)
+
+  -- bf16 rows take a 32-lane kernel on the bf16 bits where the CPU has AVX-512 BW (blocks of 512):
+  -- planted ties across vector and block edges, -0 against +0, rows of negatives ending in a
+  -- partial vector, a negative NaN, NaN only in the tail; indices and values against a scalar
+  -- reference, and the f32 and strided (general) paths
+  it("bf16 argmax / argmin / max / min: ties, signed zeros, NaN at vector and block edges", function()
+    keng.manual_seed(7)
+    for _, n in ipairs({1, 31, 32, 33, 511, 512, 513, 1100, 32000}) do
+      local x = (keng.randn({8, n}) * 10):to("bf16")
+      if n > 2 then
+        x[1][n] = 99; x[1][(n + 1) // 2] = 99; x[1][1] = -99; x[1][n - 1] = -99     -- ties: the first wins
+      end
+      if n > 513 then x[2][513] = 120; x[2][n] = 120; x[2][512] = -120; x[2][514] = -120 end -- across blocks
+      x[3]:fill_(-3); x[3][n] = -2                                                 -- negatives, a tail
+      x[4]:fill_(0); x[4][n] = -0.0; if n > 1 then x[4][1] = -0.0 end             -- -0 == +0: the first
+      x[5]:fill_(-1); if n > 1 then x[5][n] = -0.0; x[5][n // 2 + 1] = 0 end
+      x[6][n] = 0 / 0                                                              -- NaN in the tail
+      x[7][math.max(1, n // 3)] = -(0 / 0); x[7][n] = math.huge                    -- a negative NaN first
+      x[8]:fill_(math.huge); x[8][n] = -math.huge
+      local rows = x:float():tolist()
+      local v, i = x:max(-1)
+      local vm, im = x:min(-1)
+      local am, an = x:argmax(-1), x:argmin(-1)
+      local fam, fan = x:float():argmax(-1), x:float():argmin(-1)
+      local sx = n > 1 and H.noncontig(x) or x                                     -- [8, 1] is contiguous
+      local sam, san = sx:argmax(-1), sx:argmin(-1)
+      for r = 1, 8 do
+        local row = rows[r]
+        local bmax, bmin = 1, 1
+        for j = 2, n do
+          if row[bmax] == row[bmax] and (row[j] ~= row[j] or row[j] > row[bmax]) then bmax = j end
+          if row[bmin] == row[bmin] and (row[j] ~= row[j] or row[j] < row[bmin]) then bmin = j end
+        end
+        local msg = "n " .. n .. " row " .. r
+        assert.are.equal(bmax - 1, am[r]:item(), "argmax " .. msg)
+        assert.are.equal(bmin - 1, an[r]:item(), "argmin " .. msg)
+        assert.are.equal(bmax - 1, i[r]:item(), "max index " .. msg)
+        assert.are.equal(bmin - 1, im[r]:item(), "min index " .. msg)
+        assert.are.equal(fam[r]:item(), am[r]:item(), "argmax f32 path " .. msg)
+        assert.are.equal(fan[r]:item(), an[r]:item(), "argmin f32 path " .. msg)
+        assert.are.equal(sam[r]:item(), am[r]:item(), "argmax strided " .. msg)
+        assert.are.equal(san[r]:item(), an[r]:item(), "argmin strided " .. msg)
+        for _, c in ipairs({{v, bmax, "max"}, {vm, bmin, "min"}}) do
+          local got, want = c[1][r]:item(), row[c[2]]
+          if want ~= want then assert.is_true(got ~= got, c[3] .. " NaN " .. msg)
+          else
+            assert.are.equal(want, got, c[3] .. " value " .. msg)
+            assert.are.equal(1 / want, 1 / got, c[3] .. " sign of zero " .. msg)
+          end
+        end
+      end
+    end
+  end)
 end)
