@@ -40,6 +40,12 @@
 
 /* flops below which the product stays on one thread */
 #define GB_PAR_FLOPS (4 << 20)
+/* a GEMV (1-2 rows of a) is a weight stream: it takes the threads from this many weight bytes
+ * (the 1B model's [2048 -> 256] k/v product, 1 MiB: 1 thread 14 GB/s, 2 threads 25 in the lab,
+ * where the flop rule kept it on one) */
+#ifndef GB_PAR_GEMV_BYTES
+#define GB_PAR_GEMV_BYTES (512 << 10)
+#endif
 /* rows of a beyond which AUTO takes the packed dpbf16 kernel (when a's values are bf16); beyond
  * GB_PACK_ROWS_SMALL_W rows already when the weight holds at most GB_PACK_SMALL_W bytes: batch-32
  * decode's projections, 1 thread, [32,256] x [256,256]ᵀ 25 vs 32 us, x [1024,256]ᵀ 96 vs 124 us;
@@ -1166,7 +1172,8 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
     if (p.kc < 256) p.kc = 256;
     if (!b_trans && p.kc > GB_NN_KC) p.kc = GB_NN_KC;
   }
-  int nt = o->threads > 0 ? o->threads : 2.0 * (double)N * (double)M * (double)K >= GB_PAR_FLOPS ? kg_num_threads() : 1;
+  bool par = 2.0 * (double)N * (double)M * (double)K >= GB_PAR_FLOPS || (N <= 2 && 2 * M * K >= GB_PAR_GEMV_BYTES);
+  int nt = o->threads > 0 ? o->threads : par ? kg_num_threads() : 1;
   /* about 4 chunks per thread (balance), multiples of 16 columns (of a panel when packed), at
    * most GB_MAX_CHUNK */
   int64_t cw = (M + 4 * nt - 1) / (4 * nt);
@@ -1232,6 +1239,8 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
     }
   }
 #endif
+  bool dyn = !p.packed && !p.amx && !p.amx_packed;
+  int64_t next = 0; /* dyn: the next item to take */
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     size_t bytes = 0, apk_bytes = 0, bpk_bytes = 0;
@@ -1241,8 +1250,19 @@ kg_status kg_cpu_gemm_bf16(void *out, kg_dtype odt, int64_t ldo, const float *a,
 #pragma omp atomic write
       oom = true;
     }
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < nitem; it++) {
+    /* the dot-product tiles take chunks first come, first served: a thread that starts late (its
+     * wake-up, or a busy core) leaves its share to the others instead of making them wait at
+     * the end (the 1B decode's [2048 -> 2048] product, 2 threads on a busy machine: 8.7 GB/s
+     * with each thread's half fixed); the packed kernels keep contiguous static blocks */
+    int tid = omp_get_thread_num(), tn = omp_get_num_threads();
+    int64_t q = nitem / tn, r = nitem % tn, lo = tid * q + (tid < r ? tid : r), hi = lo + q + (tid < r);
+    for (int64_t k = 0;; k++) {
+      int64_t it = lo + k;
+      if (dyn) {
+#pragma omp atomic capture
+        it = next++;
+      }
+      if (it >= (dyn ? nitem : hi)) break;
       if (oom) continue;
       int64_t ch = it % nchunk, n0 = it / nchunk * rbs;
       int64_t m0 = ch * cw, mc = M - m0 < cw ? M - m0 : cw, nr = N - n0 < rbs ? N - n0 : rbs;

@@ -3,7 +3,7 @@
 --
 --   keng scripts/bench/decode.lua [--model mistral_tiny|gemma_tiny|mistral_1b|<preset>]
 --        [--batch 1] [--threads N] [--tokens 64] [--prompt 6] [--repeats 3] [--dtype bf16]
---        [--save DIR] [--compare FILE.json] [--format text|json]
+--        [--save DIR] [--compare FILE.json] [--format text|json] [--profile N]
 --
 -- ms/token is the difference of two greedy generate calls (prompt + tokens new tokens and prompt
 -- + 1), divided by tokens - 1: prefill and the call's fixed cost drop out (cpu: the same in
@@ -15,6 +15,8 @@
 -- mistral_tiny_v256: mistral_tiny's layers with a 256-word head (the per-token fixed cost).
 -- mistral_1b: the ~1B Mistral shape of TinyLlama (hidden 2048, intermediate 5632, 22 layers,
 -- 32 / 4 heads, vocab 32000), a memory-bound decode (2.2 GB of bf16 weights, past any LLC).
+-- --profile N: after the timing, the op profile of one decode step (the difference of the
+-- long and the 1-token call, keng.profile) as its N most costly op lines (text format only).
 local here = (arg and arg[0] or ""):match("^(.*)/bench/[^/]*$")
 if here then package.path = here .. "/?.lua;" .. here .. "/lib/?.lua;" .. package.path end
 local keng = require "keng"
@@ -30,7 +32,7 @@ local MODELS = {
 
 local usage = [==[usage: keng scripts/bench/decode.lua [--model mistral_tiny|gemma_tiny|mistral_1b|<family preset>]
        [--batch 1] [--threads N] [--tokens 64] [--prompt 6] [--repeats 3] [--dtype bf16] [--save DIR]
-       [--compare FILE.json] [--format text|json]]==]
+       [--compare FILE.json] [--format text|json] [--profile N]]==]
 
 local function die(msg)
   io.stderr:write("decode.lua: ", msg, "\n", usage, "\n")
@@ -38,7 +40,7 @@ local function die(msg)
 end
 
 local o = {model = "mistral_tiny", batch = 1, tokens = 64, prompt = 6, repeats = 3, dtype = "bf16", format = "text"}
-local NUM = {batch = true, threads = true, tokens = true, prompt = true, repeats = true}
+local NUM = {batch = true, threads = true, tokens = true, prompt = true, repeats = true, profile = true}
 local i = 1
 while i <= #arg do
   local key = arg[i]:match("^%-%-([%w_]+)$")
@@ -136,5 +138,18 @@ else
   if peer then
     print(string.format("  %s: %.3f ms/token (%s threads)  keng/%s %.2f", peer.name, peer.ms, tostring(peer.threads),
       peer.name, r.ratio))
+  end
+  if o.profile then -- one step's ops: (long call - 1-token call) / (tokens - 1)
+    local profile = require "keng.profile"
+    local runs = {}
+    keng.no_grad(function()
+      for _, n in ipairs({o.tokens, 1}) do
+        profile.start()
+        gen(n)
+        runs[#runs + 1] = profile.stop()
+      end
+    end)
+    local n = o.tokens - 1
+    print(profile.report(profile.combine({{runs[1], 1 / n}, {runs[2], -1 / n}}), {top = o.profile}))
   end
 end

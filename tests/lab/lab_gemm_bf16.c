@@ -373,13 +373,16 @@ static void run_roofline(void) {
  * when the whole set is cycled: each call reads a different copy) */
 static void run_gemv(void) {
   /* K, M, DRAM (copies past 1 GiB in all, cycled: each call reads weights no cache holds) */
-  static const int64_t shapes[][3] = {{256, 32000, 0}, {256, 768, 0}, {2048, 2560, 1}, {2048, 5632, 1}, {5632, 2048, 1}};
+  /* the tiny presets' head and projection; the ~1B Mistral's q/o, k/v, gate+up (one GEMM), down, head */
+  static const int64_t shapes[][3] = {{256, 32000, 0}, {256, 768, 0},   {2048, 2048, 1}, {2048, 256, 1},
+                                      {2048, 11264, 1}, {5632, 2048, 1}, {2048, 32000, 1}};
   volatile uint64_t sink = 0;
   printf("\nGEMV GB/s (best of 5 cycles, wall): weight bf16, a bf16 values, out f32; read = plain read of the same weights\n");
   printf("| K x M (copies) | N | threads | read | avx512 | dpbf16 | auto | amx |\n|---|---|---|---|---|---|---|---|\n");
-  size_t nshape = sizeof shapes / sizeof *shapes;
+  size_t nshape = sizeof shapes / sizeof *shapes, s0 = 0;
   if (getenv("LAB_GEMV_SHAPES")) nshape = (size_t)atoi(getenv("LAB_GEMV_SHAPES")); /* the first n only */
-  for (size_t s = 0; s < nshape; s++) {
+  if (getenv("LAB_GEMV_FROM")) s0 = (size_t)atoi(getenv("LAB_GEMV_FROM"));          /* from shape s0 (0-based) */
+  for (size_t s = s0; s < nshape; s++) {
     int64_t K = shapes[s][0], M = shapes[s][1];
     size_t one = (size_t)(K * M) * 2;
     int64_t ncp = shapes[s][2] ? (int64_t)(((size_t)1 << 30) / one + 1) : 1;
@@ -387,7 +390,8 @@ static void run_gemv(void) {
     if (!w) continue;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < K * M * ncp; i++) w[i] = (uint16_t)(0x3f80 + (i % 61));
-    for (int64_t N = 1; N <= 32; N += 31) {
+    int64_t nmax = getenv("LAB_GEMV_N") ? atoi(getenv("LAB_GEMV_N")) : 32; /* 1: batch 1 only */
+    for (int64_t N = 1; N <= nmax; N += 31) {
       float *a = malloc(4 * (size_t)(N * K)), *c = malloc(4 * (size_t)(N * M));
       for (int64_t i = 0; i < N * K; i++) a[i] = kg_bf16_to_f32(kg_f32_to_bf16(frand()));
       for (int th = 1; th <= 2; th++) {
