@@ -41,10 +41,11 @@
 /* flops below which the product stays on one thread */
 #define GB_PAR_FLOPS (4 << 20)
 /* a GEMV (1-2 rows of a) is a weight stream: it takes the threads from this many weight bytes
- * (the 1B model's [2048 -> 256] k/v product, 1 MiB: 1 thread 14 GB/s, 2 threads 25 in the lab,
- * where the flop rule kept it on one) */
+ * (the 1B model's [2048 -> 256] k/v product, 1 MiB: 1 thread 14 GB/s, 2 threads 19-25 with the
+ * second core free, where the flop rule kept it on one). Not lower: the tiny presets' 768 KiB
+ * gate+up sits in L2/L3 (~30 us), where the second thread's wake-up and the join eat the gain */
 #ifndef GB_PAR_GEMV_BYTES
-#define GB_PAR_GEMV_BYTES (512 << 10)
+#define GB_PAR_GEMV_BYTES (1 << 20)
 #endif
 /* rows of a beyond which AUTO takes the packed dpbf16 kernel (when a's values are bf16); beyond
  * GB_PACK_ROWS_SMALL_W rows already when the weight holds at most GB_PACK_SMALL_W bytes: batch-32
