@@ -69,6 +69,29 @@ describe("bf16 matmul, few rows", function()
     check(bf16({3, 256}), bf16({256, 5000}, 0.1), "x @ W, threaded")
   end)
 
+  -- batch-1 decode's GEMV: chunks taken first come, first served by the threads, and threaded
+  -- from 1 MiB of weight ([2048 -> 256] is exactly 1 MiB, 255 rows just under it); the bits do
+  -- not depend on the thread count, and odd M leaves a partial 8-row tile
+  it("GEMV (1-2 rows): the same bits at 1 and 2 threads, at the threading edge and odd M", function()
+    local prev = keng.num_threads()
+    for _, s in ipairs({{2048, 256}, {2048, 255}, {2048, 1029}, {300, 3001}}) do
+      local K, M = s[1], s[2]
+      local w = bf16({M, K}, 0.1)
+      for _, N in ipairs({1, 2}) do
+        local x = bf16({N, K})
+        local ys = {}
+        for t = 1, 2 do
+          keng.set_num_threads(t)
+          ys[t] = keng.linear(x, w)
+        end
+        local tag = string.format("N=%d K=%d M=%d", N, K, M)
+        H.close(ys[1], ref(x, w:transpose(1, 2)), TOL, "GEMV " .. tag)
+        H.close(ys[2], ys[1], 0, "GEMV 2 threads = 1 thread " .. tag)
+      end
+    end
+    keng.set_num_threads(prev)
+  end)
+
   it("keeps f32 x in f32 against a bf16 weight (x is not rounded to bf16)", function()
     -- a bf16 x may be multiplied as bf16 pairs (AVX512_BF16), an f32 x must not be
     for _, N in ipairs({1, 4, 32}) do
