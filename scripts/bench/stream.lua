@@ -25,6 +25,7 @@ while i <= #arg do
   end
   o[key] = key == "format" and v or math.tointeger(tonumber(v))
   if o[key] == nil then io.stderr:write("stream.lua: --" .. key .. " must be an integer\n") os.exit(2) end
+  if key == "gemv" and o.gemv ~= 0 and o.gemv ~= 1 then io.stderr:write("stream.lua: --gemv must be 0 or 1\n") os.exit(2) end
   i = i + 2
 end
 

@@ -60,4 +60,36 @@ describe("scripts/bench/decode.lua", function()
     assert.truthy(out:match("unknown option %-%-modle"), out)
     assert.truthy(out:match("rc=2"), out)
   end)
+
+  it("--profile N prints one step's op profile, linear first", function()
+    local out = run("--model mistral_tiny --tokens 3 --repeats 1 --threads 1 --profile 3")
+    assert.truthy(out:match("rc=0"), out)
+    assert.truthy(out:match("%(all ops%)"), out)
+    assert.truthy(out:match("\n%s+[%d.]+%s+[%d.]+%%%s+[%d.]+%s+[%d.]*%s*linear"), out)
+  end)
+end)
+
+describe("scripts/bench/stream.lua --gemv", function()
+  it("prints each GEMV shape's GB/s against the read figure of the same run (JSON)", function()
+    local exe = keng_exe()
+    local p = io.popen(string.format("cd '%s' && '%s' scripts/bench/stream.lua --mib 8 --cache-mib 1 --reps 1 " ..
+      "--threads 1 --gemv 1 --format json 2>&1; echo rc=$?", root, exe))
+    local out = p:read("a")
+    p:close()
+    assert.truthy(out:match("rc=0"), out)
+    local j = require("keng.json").decode(out:match("^(%b{})"))
+    assert.equals(6, #j.gemv)
+    for _, g in ipairs(j.gemv) do
+      assert.equals(1, g.threads)
+      assert.is_true(g.gb_per_s > 0 and g.read > 0, g.shape)
+      assert.is_true(math.abs(g.pct - 100 * g.gb_per_s / g.read) < 1e-9, g.shape)
+      if g.dram then assert.is_true(g.K * g.M * 2 * g.copies > 8 * 1048576, g.shape) -- cycled past --mib
+      else assert.equals(1, g.copies, g.shape) end
+    end
+    assert.equals("head 2048->32000", j.gemv[5].shape)
+    local q = io.popen(string.format("cd '%s' && '%s' scripts/bench/stream.lua --gemv 2 2>&1; echo rc=$?", root, exe))
+    local bad = q:read("a")
+    q:close()
+    assert.truthy(bad:match("%-%-gemv must be 0 or 1") and bad:match("rc=2"), bad)
+  end)
 end)
