@@ -121,9 +121,34 @@ describe("Module registration", function()
     local M = nn.Module:extend("Bad")
     function M:init(init, shape) self:param("w", shape or {2}, init) end
     H.raises(function() M("nope") end, "unknown initialiser 'nope'")
-    H.raises(function() M("zeros", {2, 1.5}) end, "param: 'w': size 2 of [2, 1.5]")
+    H.raises(function() M("zeros", {2, 1.5}) end, "param: 'w': size 2 of [2,1.5]")
     H.raises(function() M(function() return keng.zeros({3}) end) end, "returned shape [3], expected [2]")
     H.raises(function() nn.Module():forward() end, "Module does not define forward")
+  end)
+
+  it("raises on an initialiser option it does not know, naming it and the valid ones", function()
+    H.raises(function() nn.initializers.normal({2}, {stdd = 1}) end,
+      "normal: unknown option 'stdd' (valid: device, dtype, mean, std, stddev)")
+    H.raises(function() nn.initializers.kaiming_uniform({2, 2}, {fan_out = 3}) end,
+      "he_uniform: unknown option 'fan_out' (valid: device, dtype, fan_in)")
+    local M = nn.Module:extend("Opts")
+    function M:init(init, opts, shape) self:param("w", shape or {2}, init, opts) end
+    -- std on a uniform draw used to be dropped without a word
+    H.raises(function() M("uniform", {std = 0.02}) end,
+      "param: 'w' (uniform): unknown option 'std' (valid: device, dtype, high, low, maxval, minval, requires_grad)")
+    H.raises(function() M(nil, {std = 0.02}) end, "param: 'w' (glorot_uniform): unknown option 'std'")
+    H.raises(function() M("zeros", {normalize = false}) end, "param: 'w' (zeros): unknown option 'normalize'")
+    H.raises(function() M("zeros", {std = 1}, keng.ones({2})) end, "param: 'w': unknown option 'std'")
+    H.raises(function() nn.Linear(2, 3, {std = 0.02}) end, "unknown option 'std'")
+    H.raises(function() nn.Embedding(4, 3, {std = 0.02}) end, "param: 'weight' (uniform): unknown option 'std'")
+    -- known options still apply; a user's function gets whatever it was given
+    keng.manual_seed(3)
+    local m = M("constant", {value = 2.5, requires_grad = false})
+    assert.are.same({2.5, 2.5}, m.w:tolist())
+    assert.is_false(m.w.requires_grad)
+    local seen
+    M(function(shape, o) seen = o.scale; return keng.full(shape, o.scale) end, {scale = 4})
+    assert.are.equal(4, seen)
   end)
 end)
 
@@ -464,7 +489,7 @@ describe("state_dict", function()
     sd["1.scale"] = keng.zeros({1})
     local err = H.raises(function() m:load_state_dict(sd) end, 'missing keys: "1.bias"')
     assert.is_truthy(err:find('unexpected keys: "1.scale", "extra.weight"', 1, true), err)
-    assert.is_truthy(err:find("size mismatch for 2.weight: checkpoint [2, 5], model [2, 4]", 1, true), err)
+    assert.is_truthy(err:find("size mismatch for 2.weight: checkpoint [2,5], model [2,4]", 1, true), err)
     -- non-strict: key problems are reported, shape mismatches still raise
     sd["2.weight"] = keng.zeros({2, 4})
     local res = m:load_state_dict(sd, {strict = false})
@@ -565,8 +590,8 @@ describe("summary", function()
     local s = m:summary({print_fn = function(t) printed = t end})
     assert.are.equal(s, printed)
     assert.is_truthy(s:find('Model: "Sequential"', 1, true))
-    assert.is_truthy(s:find("1%s+Linear%s+%[8, 50%]%s+5,050"), s)
-    assert.is_truthy(s:find("2%s+ReLU%s+%[8, 50%]%s+0"), s)
+    assert.is_truthy(s:find("1%s+Linear%s+%[8,50%]%s+5,050"), s)
+    assert.is_truthy(s:find("2%s+ReLU%s+%[8,50%]%s+0"), s)
     assert.is_truthy(s:find("Total params: 5,560", 1, true), s)
     assert.is_truthy(s:find("Trainable params: 5,550", 1, true), s)
     assert.is_truthy(s:find("Frozen params: 10", 1, true), s)
