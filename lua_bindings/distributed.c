@@ -7,6 +7,7 @@
  *   available() -> {mpi = bool (a launcher started this process), mpi_built = bool (built with MPI),
  *                   nccl = bool (built with NCCL)}
  *   all_reduce_start(t, {op =}) -> work        work:test() -> done, work:wait() -> t (once)
+ *   setup(device): the communicator of a cuda device now (before any CUDA graph capture)
  *   backward_hooked(t, gradient|nil, retain_graph, leaves, fn): t:backward that calls fn(i) as
  *     soon as leaves[i]'s grad is final (data_parallel starts its bucket all-reduces from there) */
 #include "keng_lua.h"
@@ -55,6 +56,11 @@ static int l_local_rank(lua_State *L) {
 }
 static int l_barrier(lua_State *L) {
   KGL_CALL(L, kg_dist_barrier());
+  return 0;
+}
+static int l_setup(lua_State *L) {
+  kg_device dev = kgl_device(L, 1);
+  KGL_CALL(L, kg_dist_setup(dev));
   return 0;
 }
 static int l_available(lua_State *L) {
@@ -197,6 +203,7 @@ void kgl_register_distributed(lua_State *L, int methods, int keng) {
                                  {"local_rank", l_local_rank},
                                  {"barrier", l_barrier},
                                  {"available", l_available},
+                                 {"setup", l_setup},
                                  {"all_reduce", l_all_reduce},
                                  {"broadcast", l_broadcast},
                                  {"all_gather", l_all_gather},

@@ -1,5 +1,5 @@
 /* elementwise.c — bindings of unary and binary ops (registered from the op table), clamp,
- * where, gelu's approximate option, and in-place arithmetic. */
+ * where, gelu's approximate option, softplus's beta and threshold, and in-place arithmetic. */
 #include "keng_lua.h"
 
 #include <math.h>
@@ -73,6 +73,16 @@ static int l_gelu(lua_State *L) {
   return 1;
 }
 
+/* t:softplus() as the SOFTPLUS row, t:softplus{beta = 1, threshold = 20} as PyTorch's nn.Softplus */
+static int l_softplus(lua_State *L) {
+  kg_tensor *x = kgl_check(L, 1), *r;
+  kgl_check_options(L, 2, "softplus", (const char *const[]){"beta", "threshold", NULL});
+  double beta = kgl_field_number(L, 2, "beta", 1), threshold = kgl_field_number(L, 2, "threshold", 20);
+  KGL_CALL(L, kg_softplus(&r, x, beta, threshold));
+  kgl_push(L, r);
+  return 1;
+}
+
 static int l_clamp(lua_State *L) {
   kg_tensor *x = kgl_check(L, 1), *r;
   double lo, hi;
@@ -123,4 +133,5 @@ void kgl_register_elementwise(lua_State *L, int methods, int keng) {
   kgl_set(L, methods, keng, "gelu", l_gelu);
   kgl_set(L, methods, keng, "clamp", l_clamp);
   kgl_set(L, methods, keng, "where", l_where);
+  kgl_set(L, methods, keng, "softplus", l_softplus);
 }

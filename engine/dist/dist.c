@@ -128,6 +128,21 @@ static kg_status need_init(const char *op) {
   return KG_OK;
 }
 
+kg_status kg_dist_setup(kg_device dev) {
+  KG_TRY(need_init("setup"));
+  if (dev.type != KG_DEV_CUDA) return KG_OK;
+  if (!kg_nccl_available()) return kg_error(KG_ERR_DEVICE, "setup", "cuda tensors need NCCL, and this keng was built without it");
+  return kg_nccl_setup(dev.index);
+}
+
+kg_status kg_dist_comm_rule(const char *op, int device, bool have_comm, bool capturing) {
+  if (have_comm || !capturing) return KG_OK;
+  return kg_error(KG_ERR_DEVICE, op,
+                  "cuda:%d has no NCCL communicator yet, and none can be made while a CUDA graph is being captured: "
+                  "call keng.distributed.setup(\"cuda:%d\") before capturing (data_parallel and tensor_parallel do)",
+                  device, device);
+}
+
 kg_status kg_dist_barrier(void) {
   KG_TRY(need_init("barrier"));
   if (!use_mpi) return KG_OK;

@@ -13,6 +13,12 @@ kg_status kg_dist_bcast_bytes(void *buf, size_t n, int root);
 typedef enum { KG_NCCL_ALL_REDUCE, KG_NCCL_BROADCAST, KG_NCCL_ALL_GATHER, KG_NCCL_REDUCE_SCATTER } kg_nccl_kind;
 /* in and out contiguous on the same cuda device; runs on keng's compute stream of that device. */
 kg_status kg_nccl_run(kg_nccl_kind kind, kg_tensor *out, const kg_tensor *in, kg_dist_op op, int root);
+/* The communicator of a cuda device, made now if it is not yet (kg_dist_setup). */
+kg_status kg_nccl_setup(int device);
+/* May `op` on cuda:device go ahead? Making a missing communicator (ncclCommInitRank, a collective
+ * of its own, outside any stream) cannot happen while the device's stream is being captured into
+ * a CUDA graph: then an error that says to call setup first. Plain C, so the CPU tests check it. */
+kg_status kg_dist_comm_rule(const char *op, int device, bool have_comm, bool capturing);
 
 /* Seconds a collective may wait for the other ranks (KENG_DIST_TIMEOUT, default 1800). */
 double kg_dist_timeout_s(void);

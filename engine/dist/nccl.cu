@@ -1,5 +1,7 @@
 /* nccl.cu — collectives on cuda tensors through NCCL, on keng's compute stream of the tensor's
- * device (so they order with kernels). One communicator per device, made on first use: rank 0's
+ * device (so they order with kernels). One communicator per device, made by kg_dist_setup (data_parallel
+ * and tensor_parallel call it when they are set up) or else by the first collective, but never during
+ * a CUDA graph capture (ncclCommInitRank cannot be captured: kg_dist_comm_rule): rank 0's
  * ncclUniqueId reaches the others over MPI (kg_dist_bcast_bytes). Each collective enqueued
  * outside a CUDA Graph capture is watched (watchdog.c): an event recorded after it, polled by the
  * watchdog thread; past KENG_DIST_TIMEOUT (or on NCCL's asynchronous error) the communicator is
@@ -23,9 +25,12 @@ static kg_status nccl_err(ncclResult_t r, const char *what) {
   return kg_error(KG_ERR_DEVICE, "distributed", "%s: %s", what, ncclGetErrorString(r));
 }
 
-static kg_status comm_for(int device, ncclComm_t *out) {
-  if (device < 0 || device >= 128) return kg_error(KG_ERR_DEVICE, "distributed", "cuda:%d out of range", device);
+static kg_status comm_for(const char *op, int device, ncclComm_t *out) {
+  if (device < 0 || device >= 128) return kg_error(KG_ERR_DEVICE, op, "cuda:%d out of range", device);
   if (!comms[device]) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(kg_cuda_stream(device), &cs) != cudaSuccess) cs = cudaStreamCaptureStatusNone;
+    KG_TRY(kg_dist_comm_rule(op, device, false, cs != cudaStreamCaptureStatusNone));
     ncclUniqueId id;
     if (kg_dist_rank() == 0) KG_TRY(nccl_err(ncclGetUniqueId(&id), "ncclGetUniqueId"));
     KG_TRY(kg_dist_bcast_bytes(&id, sizeof id, 0));
@@ -50,6 +55,11 @@ static bool nccl_type(kg_dtype dt, ncclDataType_t *t) {
 }
 
 extern "C" bool kg_nccl_available(void) { return true; }
+
+extern "C" kg_status kg_nccl_setup(int device) {
+  ncclComm_t comm;
+  return comm_for("setup", device, &comm);
+}
 
 /* ---- the watchdog's view of one collective: an event after it on the stream */
 
@@ -137,18 +147,19 @@ extern "C" kg_status kg_nccl_run(kg_nccl_kind kind, kg_tensor *out, const kg_ten
     return kg_error(KG_ERR_TYPE, "distributed", "NCCL has no %s type", kg_dtype_info[in->dtype].name);
   ncclRedOp_t rop = op == KG_DIST_AVG ? ncclAvg : op == KG_DIST_MAX ? ncclMax : op == KG_DIST_MIN ? ncclMin : ncclSum;
   int dev = in->device.index;
+  static const char *const names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter"};
+  const char *name = names[kind];
   ncclComm_t comm = NULL;
-  KG_TRY(comm_for(dev, &comm));
+  KG_TRY(comm_for(name, dev, &comm));
   cudaStream_t s = kg_cuda_stream(dev);
   void *src = kg_data(in), *dst = kg_data(out);
   size_t n = (size_t)kg_numel(in);
   ncclResult_t r;
-  const char *name;
   switch (kind) {
-    case KG_NCCL_ALL_REDUCE: name = "all_reduce", r = ncclAllReduce(src, dst, n, type, rop, comm, s); break;
-    case KG_NCCL_BROADCAST: name = "broadcast", r = ncclBroadcast(src, dst, n, type, root, comm, s); break;
-    case KG_NCCL_ALL_GATHER: name = "all_gather", r = ncclAllGather(src, dst, n, type, comm, s); break;
-    default: name = "reduce_scatter", r = ncclReduceScatter(src, dst, (size_t)kg_numel(out), type, rop, comm, s); break;
+    case KG_NCCL_ALL_REDUCE: r = ncclAllReduce(src, dst, n, type, rop, comm, s); break;
+    case KG_NCCL_BROADCAST: r = ncclBroadcast(src, dst, n, type, root, comm, s); break;
+    case KG_NCCL_ALL_GATHER: r = ncclAllGather(src, dst, n, type, comm, s); break;
+    default: r = ncclReduceScatter(src, dst, (size_t)kg_numel(out), type, rop, comm, s); break;
   }
   KG_TRY(nccl_err(r, "NCCL collective"));
   return watch_collective(name, dev, comm, s);

@@ -7,3 +7,8 @@ kg_status kg_nccl_run(kg_nccl_kind kind, kg_tensor *out, const kg_tensor *in, kg
   (void)kind, (void)out, (void)in, (void)op, (void)root;
   return kg_error(KG_ERR_DEVICE, "distributed", "this keng was built without NCCL");
 }
+
+kg_status kg_nccl_setup(int device) {
+  (void)device;
+  return kg_error(KG_ERR_DEVICE, "setup", "this keng was built without NCCL");
+}

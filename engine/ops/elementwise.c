@@ -141,6 +141,51 @@ kg_status kg_where(kg_tensor **out, const kg_tensor *cond, const kg_tensor *a, c
   return s;
 }
 
+/* softplus(x) = log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's
+ * nn.Softplus). The defaults (1, 20) are the fused SOFTPLUS row. Other values are composed from
+ * ops, so the tape gives PyTorch's gradient: sigmoid(beta x) below the threshold, 1 above. The row
+ * is z itself above 20; under a threshold above 20 those z take z + log(1 + exp(-z)), exact and
+ * without overflow. Half-precision inputs compute in f32 (as PyTorch's opmath); integers and bools
+ * give f32, as the row does. */
+kg_status kg_softplus(kg_tensor **out, const kg_tensor *x, double beta, double threshold) {
+  if (!isfinite(beta) || beta == 0)
+    return kg_error(KG_ERR_VALUE, "softplus", "beta must be a finite non-zero number, got %g",
+                    isnan(beta) ? fabs(beta) : beta); /* "nan", not "-nan" */
+  if (isnan(threshold)) return kg_error(KG_ERR_VALUE, "softplus", "threshold must be a number, got nan");
+  if (beta == 1 && threshold == 20) return kg_unary(out, KG_OP_SOFTPLUS, x);
+  kg_dtype dt = unary_dtype(KG_OP_SOFTPLUS, x->dtype), ct = dt == KG_F64 ? KG_F64 : KG_F32;
+  kg_tensor *xc = NULL, *z = NULL, *sp = NULL, *nz = NULL, *tail = NULL, *zt = NULL, *big = NULL, *y0 = NULL,
+            *lin = NULL, *y = NULL;
+  kg_status s = KG_OK;
+  /* a failed op leaves its out pointer dangling: keep a result only once its op succeeded */
+#define STEP(dst, call)                 \
+  if (!s) {                             \
+    kg_tensor *r_ = NULL;               \
+    if ((s = (call)) == KG_OK) dst = r_; \
+  }
+  STEP(xc, kg_to(&r_, x, ct, x->device))
+  STEP(z, kg_binary_scalar(&r_, KG_OP_MUL, xc, beta, false))
+  STEP(sp, kg_unary(&r_, KG_OP_SOFTPLUS, z))
+  if (threshold > 20) { /* sp <- where(z > 20, z + softplus(-z), sp) */
+    STEP(nz, kg_unary(&r_, KG_OP_NEG, z))
+    STEP(tail, kg_unary(&r_, KG_OP_SOFTPLUS, nz))
+    STEP(zt, kg_binary(&r_, KG_OP_ADD, z, tail))
+    STEP(big, kg_binary_scalar(&r_, KG_OP_GT, z, 20, false))
+    kg_tensor *merged = NULL;
+    STEP(merged, kg_where(&r_, big, zt, sp))
+    if (!s) kg_tensor_release(sp), sp = merged;
+  }
+  STEP(y0, kg_binary_scalar(&r_, KG_OP_DIV, sp, beta, false))
+  STEP(lin, kg_binary_scalar(&r_, KG_OP_GT, z, threshold, false))
+  STEP(y, kg_where(&r_, lin, xc, y0))
+  STEP(*out, kg_to(&r_, y, dt, x->device))
+#undef STEP
+  kg_tensor *tmp[] = {xc, z, sp, nz, tail, zt, big, y0, lin, y};
+  for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++)
+    if (tmp[i]) kg_tensor_release(tmp[i]);
+  return s;
+}
+
 /* ---- backward --------------------------------------------------------------------------- */
 
 static kg_status unary_backward(kg_tensor **din, kg_op op, const kg_tensor *g, const kg_tensor *saved, double lo,

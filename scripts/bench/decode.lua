@@ -106,22 +106,7 @@ end
 
 local B, P = o.batch, o.prompt
 local prompts = keng.randint(3, math.min(lm.cfg.vocab, 250), {B, P})   -- [B, P], no special ids
-local function gen(n)
-  collectgarbage()
-  local t0, c0 = keng.time(), os.clock()
-  lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
-  return keng.time() - t0, os.clock() - c0
-end
-local best, best_cpu = math.huge, math.huge
-keng.no_grad(function()
-  gen(2)                                                            -- warm-up
-  for _ = 1, o.repeats do
-    local long, long_cpu = gen(o.tokens)
-    local short, short_cpu = gen(1)
-    best = math.min(best, (long - short) / (o.tokens - 1))
-    best_cpu = math.min(best_cpu, (long_cpu - short_cpu) / (o.tokens - 1))
-  end
-end)
+local best, best_cpu = require("keng.bench").decode_per_token(lm, prompts, {tokens = o.tokens, repeats = o.repeats})
 local ms = best * 1e3
 local gbs = bytes / best / 1e9
 local r = {id = string.format("decode_%s_%d", o.model, B), model = o.model, batch = B, threads = keng.num_threads(), tokens = o.tokens, ms_per_token = ms,

@@ -19,7 +19,7 @@
 #
 # LLAMA_CPP_SRC is a llama.cpp source checkout. The script builds llama-bench and llama-quantize
 # into WORK/build once (or takes them from --llama-bin: a directory with llama-bench, and
-# llama-quantize if there is one), makes the bf16 GGUF as scripts/bench/peers/llama_cpp.sh does
+# llama-quantize if there is one), makes the bf16 GGUF with scripts/bench/peers/keng_to_gguf.sh
 # (or takes --gguf), and quantizes it with `llama-quantize --pure` (every tensor Q8_0 / Q4_0, as
 # keng's layers are; without llama-quantize, with the source tree's gguf-py, the same rounding). Needs cmake, a C++
 # compiler, python3 with numpy, torch, sentencepiece. Optional: no test needs it. Run it on a
@@ -70,32 +70,12 @@ if [ -z "$BIN" ]; then
 fi
 [ -x "$BIN/llama-bench" ] || die "no llama-bench in $BIN"
 
-# 2. the bf16 GGUF of mistral_1b (keng's seed-0 weights), as scripts/bench/peers/llama_cpp.sh makes it
+# 2. the bf16 GGUF of mistral_1b (keng's seed-0 weights), made as for scripts/bench/peers/llama_cpp.sh
 if [ -z "$GGUF" ]; then
   GGUF="$WORK/mistral_1b-bf16.gguf"
   if [ ! -f "$GGUF" ]; then
     echo "writing mistral_1b (keng, seed 0) and converting it to $GGUF"
-    CK="$WORK/mistral_1b"
-    rm -rf "$CK"
-    (cd "$ROOT" && "$KENG" scripts/bench/decode.lua --model mistral_1b --save "$CK")
-    python3 - "$CK/tokenizer.model" 32000 <<'EOF'
-import sys
-from sentencepiece import sentencepiece_model_pb2 as pb
-path, n = sys.argv[1], int(sys.argv[2])
-m = pb.ModelProto()
-for i in range(n):
-    p = m.pieces.add()
-    p.piece, p.score, p.type = {0: ("<unk>", 0.0, 2), 1: ("<s>", 0.0, 3), 2: ("</s>", 0.0, 3)}.get(
-        i, ("\u2581w%d" % i, -float(i), 1))
-m.trainer_spec.model_type = 1
-m.trainer_spec.vocab_size = n
-m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = 0, 1, 2, -1
-m.normalizer_spec.name = "identity"
-m.normalizer_spec.add_dummy_prefix = False
-open(path, "wb").write(m.SerializeToString())
-EOF
-    python3 "$SRC/convert_hf_to_gguf.py" "$CK" --outtype bf16 --outfile "$GGUF" >"$WORK/convert.log" 2>&1 ||
-      die "convert_hf_to_gguf.py failed (see $WORK/convert.log)"
+    "$ROOT/scripts/bench/peers/keng_to_gguf.sh" mistral_1b "$SRC" "$KENG" "$GGUF"
   fi
 fi
 [ -f "$GGUF" ] || die "no GGUF at $GGUF"

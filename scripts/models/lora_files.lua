@@ -23,7 +23,7 @@ local options = require "keng.options"
 
 local M = {}
 
-local function shape_str(t) return "[" .. table.concat(t.shape, ", ") .. "]" end
+local shape_str = require("keng.util").shape_str
 
 -- name -> module for a model, under its dotted names, with "_" for "." (kohya) and, for a text
 -- encoder, without its "text_model." prefix

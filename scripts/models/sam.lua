@@ -82,8 +82,8 @@ function VisionAttention:init(cfg, window, o)
   self.qkv = nn.Linear(C, 3 * C, {bias = cfg.qkv_bias ~= false, dtype = o.dtype, device = o.device})
   self.proj = nn.Linear(C, C, {dtype = o.dtype, device = o.device})
   if cfg.rel_pos ~= false then
-    self:param("rel_pos_h", {2 * size - 1, C // H}, "zeros", o)
-    self:param("rel_pos_w", {2 * size - 1, C // H}, "zeros", o)
+    self:param("rel_pos_h", {2 * size - 1, C // H}, "zeros", {dtype = o.dtype, device = o.device})
+    self:param("rel_pos_w", {2 * size - 1, C // H}, "zeros", {dtype = o.dtype, device = o.device})
   end
 end
 
@@ -204,7 +204,7 @@ function VisionEncoder:init(cfg, o)
   self.normalize = o.normalize ~= false
   local g = cfg.image_size // cfg.patch
   self.patch_embed = PatchEmbeddings(cfg, o)
-  if cfg.abs_pos ~= false then self:param("pos_embed", {1, g, g, cfg.width}, "zeros", o) end
+  if cfg.abs_pos ~= false then self:param("pos_embed", {1, g, g, cfg.width}, "zeros", {dtype = o.dtype, device = o.device}) end
   local global = {}
   for _, i in ipairs(cfg.global) do global[i] = true end
   local layers = {}

@@ -16,6 +16,7 @@
 local keng = require "keng"
 local image = require "keng.image"
 local options = require "keng.options"
+local shape_str = require("keng.util").shape_str
 
 local M = {}
 
@@ -54,7 +55,7 @@ local function image_list(images, who)
   for i, t in ipairs(images) do
     if not keng.is_tensor(t) or t.dtype ~= "u8" or t.ndim ~= 3 or t.shape[3] ~= 3 then
       error(string.format("%s: image %d must be u8 [H, W, 3] (as image.read gives), got %s", who, i,
-        keng.is_tensor(t) and (t.dtype .. " [" .. table.concat(t.shape, ", ") .. "]") or type(t)), 3)
+        keng.is_tensor(t) and (t.dtype .. " " .. shape_str(t)) or type(t)), 3)
     end
   end
   return images
@@ -100,7 +101,7 @@ function Processor:scale_points(points, original_sizes, width)
   width = width or 2
   local t = keng.is_tensor(points) and points:float() or keng.tensor(points)
   if t.ndim < 2 or t.shape[t.ndim] ~= width then
-    error(string.format("%s: expected [B, ..., %d], got [%s]", who, width, table.concat(t.shape, ", ")), 2)
+    error(string.format("%s: expected [B, ..., %d], got %s", who, width, shape_str(t)), 2)
   end
   local B = t.shape[1]
   sizes_of(who, original_sizes, nil, "original_sizes")

@@ -10,9 +10,9 @@
 -- Without --gguf: random bf16 weights (seed 0, scripts/bench/decode.lua's mistral_1b). With it:
 -- models.gguf.from_gguf(FILE) (a bf16 file stays a view of the mapping; Q8_0 / Q4_0 Linear layers
 -- stay quantized). --quantize then runs keng.quantize. --act sets keng.backends.quant_activations.
--- ms/token is decode.lua's: the difference of two greedy generate calls (prompt + tokens and
--- prompt + 1 new tokens) over tokens - 1, best of --repeats, wall time (and process CPU time,
--- which a busy machine inflates less; summed over threads); bytes/token counts every
+-- ms/token is decode.lua's (keng.bench.decode_per_token): the difference of two greedy generate
+-- calls (prompt + tokens and prompt + 1 new tokens) over tokens - 1, best of --repeats, wall time
+-- (and process CPU time, which a busy machine inflates less; summed over threads); bytes/token counts every
 -- weight (codes and scales) but the embedding table; rss_mib / peak_mib are VmRSS / VmHWM,
 -- alloc_mib keng.memory_stats().allocated (the engine's tensors; file views not included).
 -- --accuracy: the bf16 model's logits of a 32-token prompt against those of its int8 and int4
@@ -87,22 +87,7 @@ for k, t in pairs(lm:state_dict()) do
 end
 
 local prompts = keng.randint(3, 250, {1, o.prompt})
-local function gen(n)
-  collectgarbage()
-  local t0, c0 = keng.time(), os.clock()
-  lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
-  return keng.time() - t0, os.clock() - c0
-end
-local best, best_cpu = math.huge, math.huge
-keng.no_grad(function()
-  gen(2)   -- warm-up (and every weight page touched once)
-  for _ = 1, o.repeats do
-    local long, long_cpu = gen(o.tokens)
-    local short, short_cpu = gen(1)
-    best = math.min(best, (long - short) / (o.tokens - 1))
-    best_cpu = math.min(best_cpu, (long_cpu - short_cpu) / (o.tokens - 1))
-  end
-end)
+local best, best_cpu = require("keng.bench").decode_per_token(lm, prompts, {tokens = o.tokens, repeats = o.repeats})
 
 local function status(key)
   local f = io.open("/proc/self/status")

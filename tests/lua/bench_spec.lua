@@ -93,6 +93,47 @@ describe("keng.bench statistics", function()
     r = bench.run_diff(function(k) for _ = 1, k do keng.ones({64}):sum() end end, {short = 1, steps = 3})
     assert.is_true(r.mean_ms >= 0)
   end)
+
+  -- a fake model whose generate takes 30 ms + 4 ms per new token (the CPU clock twice that), the
+  -- second repeat 1 ms per token slower: the rule (long - short) / (tokens - 1), best repeat
+  it("decode_per_token: the difference of two greedy generates per token, best of the repeats", function()
+    local now, cpu, calls, slow = 0, 0, {}, 0
+    local lm = {generate = function(_, prompts, o)
+      assert.are.same({1, 3}, prompts.shape)
+      assert.are.same({"greedy", 0}, {o.sampler, #o.stop_token_ids})
+      calls[#calls + 1] = o.max_new_tokens
+      if #calls == 4 then slow = 0.001 end                          -- the second repeat's long call
+      now = now + 0.030 + (0.004 + slow) * o.max_new_tokens
+      cpu = cpu + 0.060 + 0.008 * o.max_new_tokens
+      slow = 0
+    end}
+    local wall, c = bench.decode_per_token(lm, keng.ones({1, 3}), {tokens = 9, repeats = 2,
+      clock = function() return now end, cpu_clock = function() return cpu end})
+    assert.are.same({2, 9, 1, 9, 1}, calls)                          -- warm-up, then long/short pairs
+    H.close(wall, 0.004, 1e-12)
+    H.close(c, 0.008, 1e-12)
+    H.raises(function() bench.decode_per_token(lm, keng.ones({1, 3}), {tokens = 1}) end,
+      "bench.decode_per_token: tokens must be >= 2, got 1")
+    H.raises(function() bench.decode_per_token(lm, keng.ones({1, 3}), {repeat_ = 2}) end,
+      "bench.decode_per_token: unknown option 'repeat_'")
+  end)
+
+  it("the decode rows share decode_per_token, and the llama.cpp rows one GGUF maker", function()
+    -- keng_to_gguf.sh: keng's checkpoint, a stand-in tokenizer, llama.cpp's converter
+    local helper = root .. "/scripts/bench/peers/keng_to_gguf.sh"
+    assert.is_true(os.execute("bash -n " .. H.sh_quote(helper)) == true)
+    for _, f in ipairs({"scripts/bench/quant.sh", "scripts/bench/peers/llama_cpp.sh"}) do
+      local src = assert(io.open(root .. "/" .. f)):read("a")
+      assert.truthy(src:find('"$ROOT/scripts/bench/peers/keng_to_gguf.sh" ', 1, true), f)
+      assert.is_nil(src:find("sentencepiece_model_pb2", 1, true), f .. " keeps its own tokenizer writer")
+      assert.is_nil(src:find("python3 \"$SRC/convert_hf_to_gguf.py\"", 1, true), f .. " keeps its own convert")
+    end
+    for _, f in ipairs({"scripts/bench/decode.lua", "tests/lab/quant_1b.lua"}) do
+      local src = assert(io.open(root .. "/" .. f)):read("a")
+      assert.truthy(src:find("bench\").decode_per_token(", 1, true), f)
+      assert.is_nil(src:find("max_new_tokens = n", 1, true), f .. " keeps its own timing loop")
+    end
+  end)
 end)
 
 describe("keng.image PNG", function()

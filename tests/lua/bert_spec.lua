@@ -242,7 +242,7 @@ describe("bert model", function()
     H.raises(function() m{token_ids = keng.tensor({{2, -1, 3}}, {dtype = "i64"})} end, "token id -1")
     H.raises(function() m{token_ids = keng.zeros({1, 65}, {dtype = "i64"})} end, "65 tokens exceed the 64 positions")
     H.raises(function() m{token_ids = keng.zeros({1, 4}, {dtype = "i64"}), padding_mask = keng.ones({1, 3})} end,
-      "padding_mask [1, 3] does not match token_ids [1, 4]")
+      "padding_mask [1,3] does not match token_ids [1,4]")
     -- a checkpoint with a mis-shaped and one with a missing tensor
     local sd = keng.load(FIX .. "/model.safetensors")
     local bad = {}
@@ -252,7 +252,7 @@ describe("bert model", function()
     keng.save(tmp .. "/bad/model.safetensors", bad)
     write("bad/config.json", read(FIX .. "/config.json"))
     H.raises(function() bert.from_pretrained(tmp .. "/bad") end,
-      "'encoder.layer.1.intermediate.dense.weight' (our layers.2.ffn_in.weight) has shape [64, 31], the model expects [64, 32]")
+      "'encoder.layer.1.intermediate.dense.weight' (our layers.2.ffn_in.weight) has shape [64,31], the model expects [64,32]")
     bad["encoder.layer.1.intermediate.dense.weight"] = nil
     keng.save(tmp .. "/bad/model.safetensors", bad)
     H.raises(function() bert.from_pretrained(tmp .. "/bad") end, "missing tensor(s) layers.2.ffn_in.weight")

@@ -210,6 +210,35 @@ describe("keng.tensor_parallel in one process", function()
     assert.is_true(t1 / t0 < 0.52, tostring(t1 / t0))                         -- 6.99 of 13.49 GiB
   end)
 
+  it("sets up its devices (a cuda device's NCCL communicator) when made and moved, not at a collective", function()
+    local C = keng._distributed
+    local real, seen = C.setup, {}
+    C.setup = function(d) seen[#seen + 1] = d; return real(d) end
+    local ok, e = pcall(function()
+      local lm = small()
+      dist.tensor_parallel(lm)
+      assert.are.same({"cpu"}, seen)                                  -- one call per device
+      assert.are.equal(lm, lm:to("f64"))                              -- moved: its device again
+      assert.are.same({"cpu", "cpu"}, seen)
+      assert.are.equal("f64", lm.model.layers[1].self_attn.output.weight.dtype)
+      dist.data_parallel(require("keng.nn").Linear(2, 2))
+      assert.are.same({"cpu", "cpu", "cpu"}, seen)
+    end)
+    C.setup = real
+    assert(ok, e)
+    dist.setup("cpu")
+    dist.setup("meta")
+    assert.truthy(err(function() dist.setup("tpu") end):find("unknown device 'tpu'", 1, true))
+    if not dist.available().nccl then
+      assert.truthy(err(function() dist.setup("cuda:0") end):find(
+        "distributed_spec.lua:%d+: setup: cuda tensors need NCCL, and this keng was built without it"))
+    elseif keng.cuda.is_available() then                              -- a communicator of one, then used
+      dist.setup("cuda")
+      local t = keng.tensor({1, 2}, {device = "cuda"})
+      assert.are.same({1, 2}, dist.all_reduce(t):cpu():tolist())
+    end
+  end)
+
   it("refuses what it cannot split, naming it", function()
     local lora = require "keng.lora"
     assert.truthy(err(function() tp.shard(small({kv_heads = 1}), 0, 2) end):find(

@@ -176,10 +176,50 @@ describe("unary ops", function()
     assert.truthy(math.abs(g[2] - sigmoid(19.5)) < 1e-15 and math.abs(g[3] - sigmoid(20)) < 1e-15)
     assert.are.equal(1, g[4])
     assert.truthy(math.abs(g[5] - sigmoid(-50)) < 1e-30)
-    -- no options (beta, threshold) yet: refused, not silently ignored
-    H.raises(function() leaf:softplus{beta = 2} end, "softplus: takes no arguments (got a table)")
-    H.raises(function() keng.softplus(leaf, 20) end, "softplus: takes no arguments (got a number)")
     H.raises(function() keng.softplus("x") end, "tensor expected")
+  end)
+
+  it("softplus{beta =, threshold =} vs torch: f64 and f32 values, f64 gradient, finite differences", function()
+    local DIR = "tests/fixtures/softplus"
+    local G, cases = keng.load(DIR .. "/golden.safetensors"), dofile(DIR .. "/cases.lua")
+    for k, o in ipairs(cases) do
+      local what = string.format("beta %g threshold %g", o.beta, o.threshold)
+      local x = G.x:clone()
+      x.requires_grad = true
+      local y = x:softplus(o)
+      H.close(y, G["y" .. k], 1e-15, what .. " y")
+      local loss = (y * G.g):sum()
+      loss:backward()
+      H.close(x.grad, G["dx" .. k], 1e-15, what .. " dx")
+      H.close(keng.softplus(G.x:float(), o), G["yf" .. k], 1e-6, what .. " f32")
+    end
+    -- finite differences away from the kinks at the thresholds (beta x = 3, 20, 25)
+    local leaf = keng.tensor({-4, -0.7, 0.3, 1.1, 5.5, 9, 40}, {dtype = "f64"}):detach()
+    leaf.requires_grad = true
+    for _, o in ipairs({{beta = 2, threshold = 3}, {beta = 0.5, threshold = 25}, {beta = -0.8}}) do
+      H.gradcheck(function(t) return t:softplus(o) end, {leaf})
+    end
+  end)
+
+  it("softplus{beta =, threshold =}: non-contiguous, integer and bf16 input, errors", function()
+    local base = keng.tensor({{-3, 1, 30}, {0.5, 22, -0.2}}, {dtype = "f64"})
+    local t = base:transpose(1, 2)                                      -- [3, 2], not contiguous
+    assert.is_false(t.is_contiguous)
+    H.close(t:softplus{beta = 2, threshold = 30}, t:contiguous():softplus{beta = 2, threshold = 30}, 0, "view")
+    -- 2 log1p(e^2) / 2 = softplus(2): the options reach the composed path
+    local i = keng.tensor({1, 2}, {dtype = "i64"}):softplus{beta = 2}
+    assert.are.equal("f32", i.dtype)
+    H.close(i, keng.tensor({2, 4}):softplus() / 2, 1e-6, "i64")
+    local b = keng.tensor({-1, 0.5, 12}, {dtype = "bf16"}):softplus{beta = 3, threshold = 30}
+    assert.are.equal("bf16", b.dtype)
+    H.close(b:float(), keng.tensor({-3, 1.5, 36}):softplus() / 3, 4e-3, "bf16")
+    H.raises(function() t:softplus{betta = 2} end, "softplus: unknown option 'betta' (valid: beta, threshold)")
+    H.raises(function() t:softplus{beta = 0} end, "softplus: beta must be a finite non-zero number, got 0")
+    H.raises(function() t:softplus{beta = 0 / 0} end, "softplus: beta must be a finite non-zero number, got nan")
+    H.raises(function() t:softplus{threshold = 0 / 0} end, "softplus: threshold must be a number, got nan")
+    H.raises(function() t:softplus{beta = {}} end, "softplus: option 'beta' must be a number, got table")
+    H.raises(function() keng.softplus(t, 20) end, "table of options expected")
+    H.close(keng.tensor({true, false}):softplus{beta = 2}, keng.tensor({2, 0}):softplus() / 2, 1e-6, "bool")
   end)
 
   it("logical_not gives bool", function()

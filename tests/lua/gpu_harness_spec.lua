@@ -180,6 +180,16 @@ describe("the PyTorch and Keras peers", function()
     for _, r in ipairs(config.rows) do want[#want + 1] = r.id end
     assert.are.same(want, got)
   end)
+
+  it("time their steps with peer_spec.time_steps, not copies of its loop", function()
+    assert.truthy(read("scripts/bench/peers/peer_spec.py"):find("\ndef time_steps(fn, steps, sync", 1, true))
+    for _, peer in ipairs{"peer_rows.py", "keras3.py"} do
+      local src = read("scripts/bench/peers/" .. peer)
+      assert.truthy(src:match("\nfrom peer_spec import [^\n]*time_steps") or
+        src:match("\nfrom peer_spec import %b()"):find("time_steps", 1, true), peer .. " does not import time_steps")
+      assert.is_nil(src:find("for _ in range(steps):", 1, true), peer .. " keeps its own timing loop")
+    end
+  end)
 end)
 
 describe("tests/gpu/summary.lua", function()

@@ -46,9 +46,9 @@ describe("sam point batches (several prompt sets per image)", function()
   it("names the expected shapes of mismatched prompt sets", function()
     local m, g, a = loaded()
     H.raises(function() m:predict{image_embeddings = g.embeddings, points = a.pb_points, labels = a.pb_labels:narrow(2, 1, 2)} end,
-      "labels must be [2, 3, 2] (2 images x 3 prompt sets), got [2, 2, 2]")
+      "labels must be [2, 3, 2] (2 images x 3 prompt sets), got [2,2,2]")
     H.raises(function() m:predict{image_embeddings = g.embeddings, points = a.pb_points, boxes = keng.zeros({2, 2, 4})} end,
-      "boxes must be [2, 3, 4] (2 images x 3 prompt sets), got [2, 2, 4]")
+      "boxes must be [2, 3, 4] (2 images x 3 prompt sets), got [2,2,4]")
     H.raises(function() m:predict{image_embeddings = g.embeddings, points = keng.zeros({1, 3, 2, 2})} end,
       "points must be [2, 3, K, 2]")
     H.raises(function() m:predict{images = g.images, pixel_values = g.images, points = {{1, 2}}} end,
@@ -130,7 +130,7 @@ describe("sam processor", function()
     H.raises(function() proc:post_process_masks({}, {{4, 6}}, {{4, 6}}) end, "masks must be a tensor [B, ..., h, w]")
     H.raises(function() proc:post_process_masks(keng.zeros({1, 3, 24, 24}), {{4, 6.5}}, {{4, 6}}) end,
       "original_sizes[1] must be an {h, w} pair of positive integers")
-    H.raises(function() proc:scale_boxes({{1, 2, 3}}, {{4, 6}}) end, "scale_boxes: expected [B, ..., 4], got [1, 3]")
+    H.raises(function() proc:scale_boxes({{1, 2, 3}}, {{4, 6}}) end, "scale_boxes: expected [B, ..., 4], got [1,3]")
   end)
 end)
 

@@ -76,9 +76,9 @@ describe("sam prompts", function()
   it("names the expected shapes of bad input", function()
     local m, g = loaded()
     H.raises(function() m:predict{images = keng.rand({1, 3, 64, 64}), points = {{1, 2}}} end,
-      "images must be [B, 3, 96, 96] (NCHW), got [1, 3, 64, 64]")
+      "images must be [B, 3, 96, 96] (NCHW), got [1,3,64,64]")
     H.raises(function() m:predict{images = keng.rand({1, 4, 96, 96}), points = {{1, 2}}} end,
-      "images must be [B, 3, 96, 96] (NCHW), got [1, 4, 96, 96]")
+      "images must be [B, 3, 96, 96] (NCHW), got [1,4,96,96]")
     H.raises(function() m.encoder(keng.rand({1, 96, 96, 3})) end, "images must be [B, 3, 96, 96]")
     H.raises(function() m:predict{image_embeddings = g.embeddings, points = keng.rand({3, 2, 2})} end,
       "points must be [2, K, 2]")

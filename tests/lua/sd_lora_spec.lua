@@ -136,7 +136,7 @@ describe("LoRA file errors", function()
     f = file({[Q .. ".lora_A.weight"] = A})
     H.raises(function() lora_files.load(p, f) end, "has lora_A (down) but not lora_B (up)")
     f = file({[Q .. ".lora_A.weight"] = keng.randn({4, 9}), [Q .. ".lora_B.weight"] = B})
-    H.raises(function() lora_files.load(p, f) end, "lora_A [4, 9] and lora_B [8, 4] do not fit the weight [8, 8]")
+    H.raises(function() lora_files.load(p, f) end, "lora_A [4,9] and lora_B [8,4] do not fit the weight [8,8]")
     f = file({["lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight"] = A,
               ["lora_te_text_model_encoder_layers_0_mlp_fc1.lora_up.weight"] = B})
     H.raises(function() lora_files.load({unet = p.unet}, f) end, "has text_encoder adapters, the target has no text_encoder")

@@ -141,7 +141,7 @@ describe("StableDiffusionPipeline", function()
     local worst = (img:float() - gold.pipe_image):abs():max():item()
     assert(worst <= 0.5 + 1e-3, "image differs from diffusers' by " .. worst .. " of 255")
     H.raises(function() pipe:text_to_image(P, {num_steps = 1, latents = keng.zeros({2, 4, 4, 4}), height = 32, width = 32}) end,
-      "latents [2,4,4,4] must be [2, 4, 8, 8]")
+      "latents [2,4,4,4] must be [2,4,8,8]")
     os.execute("rm -rf " .. d)
   end)
 

@@ -1,4 +1,4 @@
--- util_spec.lua — keng.util: shape_str's two forms, the one class helper (what nn.Module, the
+-- util_spec.lua — keng.util: shape_str's one form, the one class helper (what nn.Module, the
 -- optimizers and the callbacks are made with), dtype sizes against the engine's (the data
 -- offsets keng.save writes), and keng.nn.functional being the engine functions themselves.
 local keng = require "keng"
@@ -6,9 +6,12 @@ local H = require "helper"
 local util = require "keng.util"
 
 describe("keng.util", function()
-  it("shape_str takes a tensor or a shape list, spaced by default, compact with ','", function()
-    assert.are.equal("[2, 3]", util.shape_str(keng.zeros({2, 3})))
+  it("shape_str takes a tensor or a shape list, in the engine's one form", function()
+    assert.are.equal("[2,3]", util.shape_str(keng.zeros({2, 3})))
     assert.are.equal("[2,3]", util.shape_str(keng.zeros({2, 3}), ","))
+    -- the same string the engine writes in its own messages
+    local e = H.raises(function() keng.zeros({2, 3}):matmul(keng.zeros({4, 5})) end, "matmul")
+    assert.truthy(e:find("[2,3]", 1, true) and e:find("[4,5]", 1, true), e)
     assert.are.equal("[4]", util.shape_str({4}))
     assert.are.equal("[]", util.shape_str(keng.tensor(1)))
   end)

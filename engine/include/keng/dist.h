@@ -45,6 +45,11 @@ kg_status kg_dist_wait(kg_dist_work *work);
 /* Built with NCCL (cuda collectives go through it; engine/dist/nccl.cu). */
 bool kg_nccl_available(void);
 
+/* Makes the job ready for collectives on dev now rather than at the first one: for a cuda device
+ * its NCCL communicator, which cannot be made while a CUDA graph is being captured; cpu and meta:
+ * nothing. Idempotent. Every rank calls it (each with its own device), as it is a collective. */
+kg_status kg_dist_setup(kg_device dev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -73,6 +73,9 @@ kg_status kg_binary_scalar(kg_tensor **out, kg_op op, const kg_tensor *a, double
 kg_status kg_binary_(kg_op op, kg_tensor *a, const kg_tensor *b);
 kg_status kg_clamp(kg_tensor **out, const kg_tensor *x, double lo, double hi);
 kg_status kg_where(kg_tensor **out, const kg_tensor *cond, const kg_tensor *a, const kg_tensor *b);
+/* PyTorch's softplus: log(1 + exp(beta x)) / beta, x where beta x > threshold; (1, 20) is the
+ * SOFTPLUS row. beta finite and non-zero. */
+kg_status kg_softplus(kg_tensor **out, const kg_tensor *x, double beta, double threshold);
 /* A 0-d tensor holding v. */
 kg_status kg_scalar(kg_tensor **out, double v, kg_dtype dt, kg_device dev);
 

@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 # ---- rows, sizes, inputs, statistics and --only: peer_spec.py, shared with peer_rows.py (which
 # imports torch, whose LLVM clashes with XLA's in one process; peer_spec imports no framework)
 from peer_spec import SAM_LABELS, TIERS, bert_rows, cpu_name, git_commit, lm_rows, prompt_rows  # noqa: E402
-from peer_spec import select_rows, stats  # noqa: E402
+from peer_spec import select_rows, stats, time_steps  # noqa: E402
 
 CPU = TIERS["cpu"]
 
@@ -176,13 +176,8 @@ def llm(family, task, B, dtype, steps):
     mask[:, :P] = True
     inputs = {"token_ids": ids, "padding_mask": mask}
     # no preprocessor: generate fills every padded position; stop_token_ids=None never stops early
-    model.generate(inputs, stop_token_ids=None)          # compiles
-    secs = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        out = model.generate(inputs, stop_token_ids=None)
-        jax.block_until_ready(out["token_ids"])
-        secs.append(time.perf_counter() - t0)
+    # the warm-up call compiles
+    secs = time_steps(lambda: jax.block_until_ready(model.generate(inputs, stop_token_ids=None)["token_ids"]), steps)
     info["shapes"] = {"prompts": [B, P], "output": [B, MAX_LENGTH]}
     return info, secs, B * (MAX_LENGTH - P)
 

@@ -9,11 +9,9 @@
 # the llama-cpp-python sdist: `pip download --no-binary :all: --no-deps llama-cpp-python`). The
 # script
 #   1. builds llama-bench and llama-batched-bench (CPU, GGML_NATIVE, Release) into DIR/build once;
-#   2. writes each model as a Hugging Face checkpoint with keng (`decode.lua --save`: random
-#      weights from seed 0, the ones decode.lua times), adds a stand-in sentencepiece
-#      tokenizer.model of the model's vocabulary size (convert_hf_to_gguf.py needs one; decode
-#      speed does not depend on it), and converts it with llama.cpp's own convert_hf_to_gguf.py
-#      to a bf16 GGUF;
+#   2. writes each model as a bf16 GGUF with peers/keng_to_gguf.sh (keng's `decode.lua --save`
+#      checkpoint: random weights from seed 0, the ones decode.lua times; a stand-in sentencepiece
+#      tokenizer; llama.cpp's own convert_hf_to_gguf.py);
 #   3. times batch 1 with llama-bench (tg: --tokens tokens after a 6-token prompt) and batch 32
 #      with llama-batched-bench (32 sequences of a 6-token prompt then --tokens tokens each);
 #   4. writes keng-bench/1 JSON (framework "llama.cpp"): rows decode_<model>_<batch> with mean_ms
@@ -67,40 +65,14 @@ if [ ! -x "$BIN/llama-bench" ] || [ ! -x "$BIN/llama-batched-bench" ]; then
 fi
 VERSION=$(cd "$SRC" && (git describe --tags --always 2>/dev/null || basename "$(dirname "$(dirname "$SRC")")"))
 
-# a sentencepiece model of n pieces (<unk>, <s>, </s>, then words): the converter's vocabulary
-make_tokenizer() {
-  python3 - "$1" "$2" <<'EOF'
-import sys
-from sentencepiece import sentencepiece_model_pb2 as pb
-path, n = sys.argv[1], int(sys.argv[2])
-m = pb.ModelProto()
-for i in range(n):
-    p = m.pieces.add()
-    p.piece, p.score, p.type = {0: ("<unk>", 0.0, 2), 1: ("<s>", 0.0, 3), 2: ("</s>", 0.0, 3)}.get(
-        i, ("\u2581w%d" % i, -float(i), 1))
-m.trainer_spec.model_type = 1
-m.trainer_spec.vocab_size = n
-m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = 0, 1, 2, -1
-m.normalizer_spec.name = "identity"
-m.normalizer_spec.add_dummy_prefix = False
-open(path, "wb").write(m.SerializeToString())
-EOF
-}
-
 ROWS="$WORK/rows.jsonl"
 : >"$ROWS"
 for M in $MODELS; do
   # 2. the checkpoint and its GGUF (once per model)
-  CK="$WORK/$M"
   GGUF="$WORK/$M-bf16.gguf"
   if [ ! -f "$GGUF" ]; then
     echo "writing $M (keng, seed 0) and converting it to $GGUF"
-    rm -rf "$CK"
-    (cd "$ROOT" && "$KENG" scripts/bench/decode.lua --model "$M" --save "$CK")
-    VOCAB=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$CK/config.json")
-    [ -f "$CK/tokenizer.model" ] || make_tokenizer "$CK/tokenizer.model" "$VOCAB"
-    python3 "$SRC/convert_hf_to_gguf.py" "$CK" --outtype bf16 --outfile "$GGUF" >"$WORK/$M-convert.log" 2>&1 ||
-      die "convert_hf_to_gguf.py failed on $CK (see $WORK/$M-convert.log)"
+    "$ROOT/scripts/bench/peers/keng_to_gguf.sh" "$M" "$SRC" "$KENG" "$GGUF"
   fi
   # 3. batch 1: llama-bench, pp 6 and tg TOKENS; batch 32: llama-batched-bench
   echo "timing $M with llama.cpp, $THREADS threads"

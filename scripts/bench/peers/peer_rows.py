@@ -28,7 +28,7 @@ from transformers import (BertConfig, BertForSequenceClassification, CLIPTextCon
 
 # ---- the rows, tiers and inputs: peer_spec.py (shared with keras3.py) -------------------------
 from peer_spec import (ROWS, SAM_LABELS, SD_PROMPT, TIERS, TOKEN_IDS, WORDS, bert_rows, cpu_name,  # noqa: E402,F401
-                       git_commit, lm_rows, prompt_rows, select_rows, stats, tuple_n, word_ids)
+                       git_commit, lm_rows, prompt_rows, select_rows, stats, time_steps, tuple_n, word_ids)
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -160,13 +160,8 @@ class Runner:
         return time.perf_counter()
 
     def time_steps(self, fn, steps):
-        fn()  # warm-up, untimed
-        secs = []
-        for _ in range(steps):
-            t0 = self.clock()
-            fn()
-            secs.append(self.clock() - t0)
-        return secs
+        """peer_spec.time_steps on this device (a cuda step is synchronised before each clock read)"""
+        return time_steps(fn, steps, self.sync)
 
     def time_diff(self, fn, steps, short=1):
         """(t(short + steps) - t(short)) / steps, `repeats` times (one value each), as keng's

@@ -1,6 +1,6 @@
 """peer_spec.py — what every benchmark peer shares, without importing a framework: the rows of
 scripts/bench/config.lua (ids, batches, dtypes), the sizes of each tier, the synthetic inputs
-(token ids as lists), the timing statistics of the keng-bench/1 schema, the machine's name and the
+(token ids as lists), the timing loop and statistics of the keng-bench/1 schema, the machine's name and the
 commit, and --only's row selection. peer_rows.py (PyTorch: pytorch_cpu.py, pytorch_gpu.py) and
 keras3.py (Keras 3 on JAX, which cannot share a process with torch: their LLVMs clash) import it,
 so the rows stay in step with config.lua in one place.
@@ -8,6 +8,7 @@ so the rows stay in step with config.lua in one place.
 import platform
 import statistics
 import subprocess
+import time
 
 # ---- the rows (ids, batches and dtypes as in scripts/bench/config.lua) -----------------------
 WORDS = 14
@@ -110,6 +111,21 @@ def prompt_rows(family, B, nwords, vocab):
     """B prompts: BOS then the n-th tuple of nwords words"""
     ids, words = TOKEN_IDS[family], word_ids(family, vocab)
     return [[ids["bos"]] + [words[w] for w in tuple_n(n, nwords)] for n in range(B)]
+
+
+def time_steps(fn, steps, sync=lambda: None):
+    """fn() once untimed (the warm-up: builds, compiles), then `steps` timed calls -> seconds each.
+    sync() runs before each clock read, so queued device work counts in the step that queued it
+    (torch.cuda.synchronize; JAX's block_until_ready goes inside fn): keng.bench.run's rule."""
+    fn()
+    secs = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        secs.append(time.perf_counter() - t0)
+    return secs
 
 
 def stats(secs, steps, items):

@@ -150,6 +150,38 @@ function bench.run_diff(fn, opts)
   return r
 end
 
+-- decode_per_token(lm, prompts, {tokens = 64, repeats = 3}) -> seconds per generated token, wall
+-- and process CPU time (which a busy machine inflates less; summed over threads): the difference
+-- of two greedy generate calls (prompts + tokens new tokens, and + 1) over tokens - 1, so prefill
+-- and the call's fixed cost drop out; the best of `repeats` pairs (a shared machine only ever slows
+-- a run), after a 2-token warm-up that touches every weight page once. prompts: [B, P] ids. The
+-- decode rows time with it: scripts/bench/decode.lua, tests/lab/quant_1b.lua. opts.clock /
+-- opts.cpu_clock replace keng.time / os.clock (the spec's simulated ones).
+function bench.decode_per_token(lm, prompts, opts)
+  local who = "bench.decode_per_token"
+  opts = options.check(who, opts, {"tokens", "repeats", "clock", "cpu_clock"})
+  local tokens = options.integer(who, "tokens", opts.tokens or 64, 2)
+  local repeats = options.integer(who, "repeats", opts.repeats or 3, 1)
+  local now, cpu = opts.clock or keng.time, opts.cpu_clock or os.clock
+  local function gen(n)
+    collectgarbage()
+    local t0, c0 = now(), cpu()
+    lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
+    return now() - t0, cpu() - c0
+  end
+  local best, best_cpu = math.huge, math.huge
+  keng.no_grad(function()
+    gen(2)                                                          -- warm-up
+    for _ = 1, repeats do
+      local long, long_cpu = gen(tokens)
+      local short, short_cpu = gen(1)
+      best = math.min(best, (long - short) / (tokens - 1))
+      best_cpu = math.min(best_cpu, (long_cpu - short_cpu) / (tokens - 1))
+    end
+  end)
+  return best, best_cpu
+end
+
 -- ---- CUDA Graphs on the GPU tier -------------------------------------------------------------
 
 -- true when a step may be replayed through keng.cuda.graph: the GPU tier (ctx.tier == "gpu") on a

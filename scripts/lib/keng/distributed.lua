@@ -27,6 +27,23 @@ function dist.init()
   return n
 end
 
+-- setup(device or module): ready for collectives on the device (each device of the module's
+-- parameters) now. A cuda device's NCCL communicator is made here, not by the first collective,
+-- which may be inside a CUDA graph capture where it cannot be made. A collective: every rank calls
+-- it, each with its own device. data_parallel and tensor_parallel call it when set up.
+function dist.setup(what)
+  local ok, e = pcall(function()
+    C.init()
+    if not Module.is_module(what) then return C.setup(tostring(what)) end
+    local seen = {}
+    for _, p in ipairs(what:parameters()) do
+      local d = tostring(p.device)
+      if not seen[d] then seen[d] = true; C.setup(d) end
+    end
+  end)
+  if not ok then error((tostring(e):gsub("^[^\n]-%.lua:%d+: ", "")), 2) end   -- at the caller's line
+end
+
 ------------------------------------------------------------------------------------------------
 -- data parallel
 
@@ -44,7 +61,7 @@ function DataParallel:init(model, opts)
     error("data_parallel: model must be a keng.nn module (got " .. type(model) .. ")", 4)
   end
   if opts.bucket_mb ~= nil then options.number("data_parallel", "bucket_mb", opts.bucket_mb, 0, 4) end
-  C.init()
+  dist.setup(model)                                                 -- before any graph capture
   self.module = model
   rawset(self, "bucket_bytes", math.floor((opts.bucket_mb or 25) * 1024 * 1024))
   keng.no_grad(function()

@@ -115,10 +115,10 @@ function lora.enable(model, opts)
     local n = rawget(m, "einsum_heads") or m.einsum_heads
     if n and n > 1 and fout % n == 0 and opts.per_head ~= false then -- Keras's per-head kernel: fans as Keras computes them
       m:param("lora_a", {fin, n, rank}, "he_uniform",
-        {dtype = o.dtype, device = o.device, fan_in = fin * n, fan_out = rank * fin})
+        {dtype = o.dtype, device = o.device, fan_in = fin * n})
       m:param("lora_b", {rank, fout // n}, "zeros", o)
     else
-      m:param("lora_a", {fin, rank}, "he_uniform", {dtype = o.dtype, device = o.device, fan_in = fin, fan_out = rank})
+      m:param("lora_a", {fin, rank}, "he_uniform", {dtype = o.dtype, device = o.device, fan_in = fin})
       m:param("lora_b", {rank, fout}, "zeros", o)
     end
     rawset(m, "lora_rank", rank)

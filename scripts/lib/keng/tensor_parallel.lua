@@ -146,6 +146,13 @@ function M.shard(lm, rank, W, level)
     if W > 1 then C.broadcast(y, 0) end
     return y
   end)
+  -- moved to a device (cuda:local_rank), the model makes that device's communicator then, so that
+  -- its first all-reduce is not what makes it (inside a CUDA graph capture it cannot be made)
+  rawset(lm, "to", function(self, ...)
+    CausalLM.to(self, ...)
+    require("keng.distributed").setup(self)
+    return self
+  end)
   rawset(lm, "save_pretrained", function()
     error("save_pretrained: a tensor-parallel model holds 1/" .. W .. " of its weights; save the unsharded model", 2)
   end)
@@ -157,6 +164,7 @@ end
 function M.tensor_parallel(lm, level)
   C.init()
   local m = M.shard(lm, C.rank(), C.world_size(), (level or 2) + 1)
+  require("keng.distributed").setup(m)                              -- its devices' communicators now
   collectgarbage()                                                  -- the other ranks' blocks go now
   collectgarbage()
   return m                                                          -- no tail call: level counts this frame
@@ -210,7 +218,7 @@ function M.from_pretrained(F, dir, cfg, j, opts, who, level)
   end
   local ok, e = pcall(lm.load_state_dict, lm, sd)
   if not ok then error(tostring(e):gsub("^[^:]*:%d+: ", ""), level) end
-  if opts.device and opts.device ~= "cpu" then lm:to(opts.device) end
+  if opts.device and opts.device ~= "cpu" then lm:to(opts.device) end       -- (and sets the device up)
   lm:freeze()
   rawset(lm, "tokenizer", causal_lm.load_tokenizer(dir))
   return lm

@@ -4,12 +4,12 @@
 -- that it loads in a bare Lua state too.
 local util = {}
 
--- shape_str(x, sep) -> "[2, 3]": x a tensor or a shape list. sep (default ", ") goes between the
--- sizes; "," gives the engine's compact form "[2,3]", which the messages of the layers, the
--- causal LMs, the UNet and LoRA use (their specs pin it).
-function util.shape_str(x, sep)
+-- shape_str(x) -> "[2,3]": x a tensor or a shape list, in the engine's form (kg_shape_str in
+-- engine/core/error.c), so a shape reads the same in every message, from C or from Lua. A second
+-- argument (the "," older callers pass) is ignored.
+function util.shape_str(x)
   local shape = type(x) == "userdata" and x.shape or x
-  return "[" .. table.concat(shape, sep or ", ") .. "]"
+  return "[" .. table.concat(shape, ",") .. "]"
 end
 
 -- read_file(path) -> the file's bytes, or nil when it cannot be opened

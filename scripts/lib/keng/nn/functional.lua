@@ -18,6 +18,7 @@ local NAMES = {
   "cross_entropy", "mse_loss",
   "linear",                                 -- (x, w [out, in], b): x·wᵀ + b
   "gelu", "silu", "relu", "tanh", "sigmoid", "quick_gelu",
+  "softplus",                               -- (x, {beta = 1, threshold = 20})
   "pad",                                    -- (x, pad, value)
 }
 

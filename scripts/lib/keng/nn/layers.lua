@@ -289,6 +289,25 @@ function GELU:forward(x)
 end
 function GELU:extra_repr() return self.approximate == "tanh" and "approximate=tanh" or nil end
 
+local Softplus = activation("Softplus")
+-- Softplus({beta = 1, threshold = 20}): log(1 + exp(beta x)) / beta, x where beta x > threshold
+function Softplus:init(opts)
+  opts = layer_opts(self, opts, {"beta", "threshold"})
+  local beta, threshold = opts.beta or 1, opts.threshold or 20
+  if type(beta) ~= "number" or beta == 0 or beta ~= beta or math.abs(beta) == math.huge then
+    Module.error("Softplus: beta must be a finite non-zero number, got " .. tostring(beta), 2)
+  end
+  if type(threshold) ~= "number" or threshold ~= threshold then
+    Module.error("Softplus: threshold must be a number, got " .. tostring(threshold), 2)
+  end
+  self.beta, self.threshold = beta, threshold
+end
+function Softplus:forward(x) return keng.softplus(check("Softplus", x), {beta = self.beta, threshold = self.threshold}) end
+function Softplus:extra_repr()
+  if self.beta == 1 and self.threshold == 20 then return nil end
+  return string.format("beta=%g, threshold=%g", self.beta, self.threshold)
+end
+
 activation("SiLU", keng.silu)
 activation("ReLU", keng.relu)
 activation("Tanh", keng.tanh)

@@ -220,14 +220,16 @@ end
 -- self:param(name, shape, init, opts) -> a leaf tensor with requires_grad, stored as self[name].
 -- init: an initialiser name (keng.nn.initializers), a function(shape, opts) -> tensor, or omit
 -- (glorot_uniform). shape may be a tensor, which becomes the parameter (storage shared).
--- opts: dtype, device, requires_grad (true), and options for the initialiser.
+-- opts: dtype, device, requires_grad (true), and options for the initialiser; a key that neither
+-- param nor a built-in initialiser knows raises naming it and the valid ones.
 function Module:param(name, shape, init, opts)
-  opts = opts or {}                          -- open: the initialiser's own options pass through
+  opts = opts or {}                          -- the initialiser checks its own options
   if type(name) ~= "string" then error("param: name must be a string, got " .. type(name), 2) end
   local dtype = opts.dtype or rawget(self, "_param_dtype") or precision.variable_dtype()
   local device = opts.device or rawget(self, "_device") or "cpu"
   local t
   if keng.is_tensor(shape) then
+    options.check(string.format("param: '%s'", name), opts, {"dtype", "device", "requires_grad"}, 2)
     t = shape:detach()
     if opts.dtype or opts.device then t = keng.no_grad(function() return t:to{dtype = opts.dtype, device = opts.device} end) end
   else
@@ -245,7 +247,14 @@ function Module:param(name, shape, init, opts)
     else
       local fn = initializers.get(init or "glorot_uniform", 2)
       local iopts = {}
-      for k, v in pairs(opts) do iopts[k] = v end
+      for k, v in pairs(opts) do if k ~= "requires_grad" then iopts[k] = v end end
+      local ivalid = initializers.options(fn)  -- nil for the user's own function: its options are its own
+      if ivalid then
+        local valid = {requires_grad = true}
+        for _, k in ipairs(ivalid) do valid[k] = true end
+        options.check(string.format("param: '%s' (%s)", name, type(init) == "string" and init or "glorot_uniform"),
+          opts, valid, 2)
+      end
       iopts.dtype, iopts.device = dtype, device
       t = keng.no_grad(function()
         local v = fn(shape, iopts)
