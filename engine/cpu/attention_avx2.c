@@ -371,6 +371,7 @@ static void mask_row(float *s, float *mrow, const kg_attn_plan *P, int64_t b, in
         for (int64_t c = 0; c < nk; c++) s[c] += mrow[c];
     }
   }
+  if (P->has_rel) kg_attn_rel_row_f32(s, mrow, P, b, h, i, j0, nk); /* mrow [bk + kh + kw], free again */
   int64_t lo = kg_attn_key_lo(P, i) - j0, hi = kg_attn_key_hi(P, i) - j0;
   for (int64_t c = 0; c < lo && c < nk; c++) s[c] = -INFINITY;
   for (int64_t c = hi > 0 ? hi : 0; c < n8; c++) s[c] = -INFINITY;
@@ -379,7 +380,7 @@ static void mask_row(float *s, float *mrow, const kg_attn_plan *P, int64_t b, in
 /* does every query of [i0, i0 + nq) see every key of [j0, j0 + nk) (so rows need no mask_row
  * beyond the padding)? */
 static bool tile_open(const kg_attn_plan *P, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
-  return !P->has_mask && kg_attn_key_lo(P, i0 + nq - 1) <= j0 && kg_attn_key_hi(P, i0) >= j0 + nk;
+  return !P->has_mask && !P->has_rel && kg_attn_key_lo(P, i0 + nq - 1) <= j0 && kg_attn_key_hi(P, i0) >= j0 + nk;
 }
 
 /* ---- packing ----------------------------------------------------------------------------- */
@@ -484,16 +485,16 @@ void kg_attn_fwd_avx2(const kg_attn_plan *P, kg_tensor *out, float *lse) {
   int64_t gh = P->B * P->Hkv * nqb >= nt4 ? G : 1, units = P->B * P->H / gh;
   int64_t nch = min64(nqb, cdiv(nt4, units)), chunk = cdiv(nqb, nch) * bq;
   nch = cdiv(P->T, chunk);
-  int64_t ntask = units * nch, S8 = round8(P->S) + 8;
+  int64_t ntask = units * nch, S8 = round8(P->S) + 8, R = P->kh + P->kw;
   bool key_rows = chunk_rows_few(P->T, chunk); /* decode: scores by dot products, keys untransposed */
   kg_attn_view o = kg_attn_view_of(out, out->stride);
 #pragma omp parallel if (ntask > 1 && P->T * P->S * P->D > 16384)
   {
-    size_t nf = (size_t)(Dp * S8 + S8 * Dp + 2 * bq * Dp + bq * bk + bk + 2 * bq + 8 * Dp);
+    size_t nf = (size_t)(Dp * S8 + S8 * Dp + 2 * bq * Dp + bq * bk + bk + R + 2 * bq + 8 * Dp);
     float *buf = malloc(sizeof(float) * nf);
     fwd_bufs w = {buf};
     w.vp = w.kt + Dp * S8, w.qs = w.vp + S8 * Dp, w.acc = w.qs + bq * Dp, w.s = w.acc + bq * Dp;
-    w.mrow = w.s + bq * bk, w.m = w.mrow + bk, w.l = w.m + bq, w.tmp = w.l + bq;
+    w.mrow = w.s + bq * bk, w.m = w.mrow + bk + R, w.l = w.m + bq, w.tmp = w.l + bq;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < ntask; task++) {
       int64_t unit = task / nch, b = unit / (P->H / gh), h0 = unit % (P->H / gh) * gh, hk = h0 / G;
@@ -522,7 +523,8 @@ typedef struct {
 typedef struct {
   const kg_attn_plan *P;
   const float *lse, *delta;
-  float *dqacc; /* [runs, B·H·T, Dp] */
+  float *dqacc;  /* [runs, B·H·T, Dp] */
+  float *relacc; /* [runs, B·H·T, kh + kw]: the rel bias's gradient, or NULL */
   kg_attn_view g;
   int64_t nrow;
 } bwd_ctx;
@@ -530,7 +532,7 @@ typedef struct {
 /* query rows [i0, i0 + nq) of head (b, h) against key tile [j0, j0 + nk) (packed in w): adds
  * to dq (dqrow: the accumulator of row i0), dk (w->ak) and dv (w->av) */
 static void bwd_tile(const bwd_ctx *x, bwd_bufs *w, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0,
-                     int64_t nk, float *dqrow) {
+                     int64_t nk, float *dqrow, float *relrow) {
   const kg_attn_plan *P = x->P;
   int64_t D = P->D, Dp = round8(D), bk = kg_attn_tune.bk, n8 = round8(nk), row0 = (b * P->H + h) * P->T + i0;
   int64_t ldq, ldg;
@@ -549,6 +551,7 @@ static void bwd_tile(const bwd_ctx *x, bwd_bufs *w, int64_t b, int64_t h, int64_
     else
       for (int64_t c = nk; c < n8; c++) sr[c] = -INFINITY;
     row_probs_grad(sr, dr, n8, L, x->delta[row0 + r]);
+    if (relrow) kg_attn_rel_grad_f32(relrow + r * (P->kh + P->kw), relrow + r * (P->kh + P->kw) + P->kh, dr, P, j0, nk);
   }
   tile_gemm(nq, Dp, nk, w->dp, bk, 1, w->kb, Dp, dqrow, Dp, true); /* dq += dS·K (scaled at the end) */
   tile_gemm(nk, Dp, nq, w->s, 1, bk, dob, ldg, w->av, Dp, true);   /* dv += Pᵀ·dO */
@@ -568,8 +571,9 @@ static void bwd_key_tile(const bwd_ctx *x, bwd_bufs *w, int64_t run, int64_t b, 
   kg_attn_query_range(P, j0, nk, &ilo, &ihi);
   for (int64_t h = hk * G; h < (hk + 1) * G; h++)
     for (int64_t i0 = ilo; i0 < ihi; i0 += bq) {
-      float *dqrow = x->dqacc + (run * x->nrow + (b * P->H + h) * P->T + i0) * Dp;
-      bwd_tile(x, w, b, h, i0, min64(bq, ihi - i0), j0, nk, dqrow);
+      int64_t row = run * x->nrow + (b * P->H + h) * P->T + i0;
+      float *relrow = x->relacc ? x->relacc + row * (P->kh + P->kw) : NULL;
+      bwd_tile(x, w, b, h, i0, min64(bq, ihi - i0), j0, nk, x->dqacc + row * Dp, relrow);
     }
   for (int64_t c = 0; c < nk; c++) {
     row_scale(w->ak + c * Dp, Dp, (float)P->scale);
@@ -578,9 +582,9 @@ static void bwd_key_tile(const bwd_ctx *x, bwd_bufs *w, int64_t run, int64_t b, 
   }
 }
 
-/* in: q, k, v, mask, out, lse, dout; out: dq, dk, dv */
+/* in: q, k, v, mask, out, lse, dout[, rel_h, rel_w]; out: dq, dk, dv[, drel_h, drel_w] */
 void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
-  int64_t D = P->D, Dp = round8(D), bq = kg_attn_tune.bq, bk = kg_attn_tune.bk;
+  int64_t D = P->D, Dp = round8(D), bq = kg_attn_tune.bq, bk = kg_attn_tune.bk, R = P->kh + P->kw;
   int64_t nrow = P->B * P->H * P->T, nkb = cdiv(P->S, bk), kvheads = P->B * P->Hkv;
   /* a task is a run of key tiles of one kv head; runs split a head only for about 4 tasks per
    * thread, since each run needs its own dq accumulator */
@@ -593,16 +597,21 @@ void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
   float *delta = malloc(sizeof(float) * (size_t)nrow); /* delta_i = dO_i · O_i */
   size_t dq_bytes = sizeof(float) * (size_t)(nrun * nrow * Dp), dq_rounded; /* zeroed below, by rows */
   float *dqacc = kg_cpu_alloc(dq_bytes, &dq_rounded);
-  bwd_ctx x = {P, kg_data(c->in[5]), delta, dqacc, kg_attn_view_of(c->in[6], c->in[6]->stride), nrow};
+  /* the rel bias's gradient per run like dq's (runs of one head share query rows) */
+  size_t rel_bytes = sizeof(float) * (size_t)(nrun * nrow * R), rel_rounded = 0;
+  float *relacc = P->has_rel ? kg_cpu_alloc(rel_bytes, &rel_rounded) : NULL;
+  bwd_ctx x = {P, kg_data(c->in[5]), delta, dqacc, relacc, kg_attn_view_of(c->in[6], c->in[6]->stride), nrow};
+  kg_attn_view drh = {0}, drw = {0};
+  if (P->has_rel) drh = kg_attn_view_of(c->out[3], c->out[3]->stride), drw = kg_attn_view_of(c->out[4], c->out[4]->stride);
   bool par = P->T * P->S * P->D > 16384;
 #pragma omp parallel if (par)
   {
-    size_t nf = (size_t)(2 * bq * Dp + 2 * bk * Dp + 2 * Dp * bk + 2 * bk * Dp + 2 * bq * bk + bk + 8 * Dp);
+    size_t nf = (size_t)(2 * bq * Dp + 2 * bk * Dp + 2 * Dp * bk + 2 * bk * Dp + 2 * bq * bk + bk + R + 8 * Dp);
     float *buf = malloc(sizeof(float) * nf);
     bwd_bufs w = {buf};
     w.dob = w.qs + bq * Dp, w.kb = w.dob + bq * Dp, w.kt = w.kb + bk * Dp, w.vt = w.kt + Dp * bk;
     w.ak = w.vt + Dp * bk, w.av = w.ak + bk * Dp, w.s = w.av + bk * Dp, w.dp = w.s + bq * bk;
-    w.mrow = w.dp + bq * bk, w.tmp = w.mrow + bk;
+    w.mrow = w.dp + bq * bk, w.tmp = w.mrow + bk + R;
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < nrow; row++) {
       int64_t b = row / (P->H * P->T), h = row / P->T % P->H, i = row % P->T;
@@ -612,6 +621,7 @@ void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
       for (int64_t d = 0; d < D; d++) sum += w.qs[d] * w.dob[d];
       delta[row] = sum;
       for (int64_t r = 0; r < nrun; r++) memset(dqacc + (r * nrow + row) * Dp, 0, sizeof(float) * (size_t)Dp);
+      for (int64_t r = 0; relacc && r < nrun; r++) memset(relacc + (r * nrow + row) * R, 0, sizeof(float) * (size_t)R);
     }
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < ntask; task++) {
@@ -628,9 +638,17 @@ void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
       for (int64_t d = 0; d < D; d++) a[d] *= (float)P->scale;
       int64_t b = row / (P->H * P->T), h = row / P->T % P->H, i = row % P->T;
       kg_cpu_store_f32((char *)kg_attn_at(&dq, b, h, i), dq.dt, dq.st[3], a, D);
+      if (relacc) {
+        float *g = relacc + row * R;
+        for (int64_t r = 1; r < nrun; r++)
+          for (int64_t e = 0; e < R; e++) g[e] += relacc[(r * nrow + row) * R + e];
+        kg_cpu_store_f32((char *)kg_attn_at(&drh, b, h, i), drh.dt, drh.st[3], g, P->kh);
+        kg_cpu_store_f32((char *)kg_attn_at(&drw, b, h, i), drw.dt, drw.st[3], g + P->kh, P->kw);
+      }
     }
     free(buf);
   }
   kg_cpu_free(dqacc, dq_rounded);
+  if (relacc) kg_cpu_free(relacc, rel_rounded);
   free(delta);
 }

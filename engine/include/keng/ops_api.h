@@ -225,6 +225,12 @@ kg_status kg_rope_freq(kg_tensor **out, const kg_tensor *x, const kg_tensor *pos
  * which calls take it: D > 256 on cuda, big tensor-core calls, a non-finite scale). */
 kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
                   const kg_sdpa_params *p);
+/* kg_sdpa with SAM's decomposed relative-position bias added to the scaled scores (no mask then):
+ * rel_h [B, H, T, kh], rel_w [B, H, T, kw], kh·kw = S; key j = ky·kw + kx of a kh x kw grid gets
+ * rel_h[b, h, i, ky] + rel_w[b, h, i, kx]. The CPU's fused kernel reads them in place and gives
+ * their gradients; other routes build the [B, H, T, S] bias from them. NULL, NULL: kg_sdpa. */
+kg_status kg_sdpa_rel(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
+                      const kg_tensor *rel_h, const kg_tensor *rel_w, const kg_sdpa_params *p);
 
 /* ---- losses (engine/ops/loss.c) ------------------------------------------------------------ */
 
