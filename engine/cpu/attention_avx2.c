@@ -458,8 +458,9 @@ static void fwd_tile(const kg_attn_plan *P, fwd_bufs *w, const float *kp, int64_
       }
       float corr = expf(w->m[r] - mnew), sum = row_exp(sr, n8, mnew);
       w->l[r] = w->l[r] * corr + sum;
+      /* the row's first visible tile finds acc = 0: no rescale (all of it when one tile holds the keys) */
+      if (corr != 1 && w->m[r] != -INFINITY) row_scale(w->acc + r * Dp, Dp, corr);
       w->m[r] = mnew;
-      if (corr != 1) row_scale(w->acc + r * Dp, Dp, corr);
     }
     tile_gemm(nq, Dp, nk, w->s, bk, 1, vp + (j0 - jlo) * ldv, ldv, w->acc, Dp, true); /* acc += P·V */
   }

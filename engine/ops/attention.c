@@ -232,18 +232,44 @@ static kg_sdpa_desc sdpa_desc(const kg_tensor *q, const kg_tensor *k, const kg_t
   return d;
 }
 
+/* [B, H, T, D] -> [B, T, H, D] contiguous (a copy unless *out's memory is in that order already) */
+static kg_status to_bthd(kg_tensor **out, kg_tensor *a) {
+  kg_tensor *t;
+  kg_status s = kg_transpose(&t, a, 1, 2);
+  kg_tensor_release(a);
+  if (s) return s;
+  s = kg_contiguous(out, t);
+  kg_tensor_release(t);
+  return s;
+}
+
 /* the fused kernel of the device on in = {q, k, v, mask[, rel_h, rel_w]} (nin 4 or 6) */
 static kg_status sdpa_fused(kg_tensor **out, int nin, const kg_tensor *const *in, const kg_sdpa_params *prm) {
   const kg_tensor *q = in[0];
-  /* out: [B, H, T, D]; lse: [B, H, T] logsumexp of each score row, saved for backward */
-  kg_tensor *o[2] = {NULL, NULL};
-  KG_TRY(kg_new_like(&o[0], q, 4, q->shape, q->dtype));
+  /* out: [B, H, T, D]; lse: [B, H, T] logsumexp of each score row, saved for backward. For
+   * out_bthd on the CPU, out is a [B, H, T, D] view of [B, T, H, D] memory (the kernel writes
+   * through strides), so the transpose at the end is free */
+  bool bthd = prm->out_bthd && q->device.type == KG_DEV_CPU;
+  kg_tensor *o[2] = {NULL, NULL}, *base = NULL;
+  int64_t shape[4] = {q->shape[0], q->shape[2], q->shape[1], q->shape[3]};
+  if (bthd) {
+    KG_TRY(kg_new_like(&base, q, 4, shape, q->dtype));
+    kg_status s = kg_transpose(&o[0], base, 1, 2);
+    kg_tensor_release(base);
+    KG_TRY(s);
+  } else {
+    KG_TRY(kg_new_like(&o[0], q, 4, q->shape, q->dtype));
+  }
   kg_status s = kg_new_like(&o[1], q, 3, q->shape, q->dtype == KG_F64 ? KG_F64 : KG_F32);
   if (s == KG_OK) s = kg_op_run(KG_OP_SDPA, 2, o, nin, in, prm, sizeof *prm);
   kg_tensor_release(o[1]);
-  if (s) kg_tensor_release(o[0]);
-  else *out = o[0];
-  return s;
+  if (s) {
+    kg_tensor_release(o[0]);
+    return s;
+  }
+  if (prm->out_bthd) return to_bthd(out, o[0]);
+  *out = o[0];
+  return KG_OK;
 }
 
 /* the params as the kernels take them: scale resolved, a window >= S dropped */
@@ -261,9 +287,13 @@ kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const
   kg_sdpa_desc d = sdpa_desc(q, k, v, mask, &prm);
   kg_sdpa_route route = kg_sdpa_route_of(&d, NULL);
   kg_sdpa_stat_add(5, route);
-  if (route == KG_SDPA_ROUTE_MATH)
-    return sdpa_math(out, q, k, v, mask, &prm,
-                     kg_sdpa_math_rows(d.B, d.H, d.T, d.S, d.requires_grad, math_chunk_bytes()));
+  if (route == KG_SDPA_ROUTE_MATH) {
+    kg_tensor *a;
+    KG_TRY(sdpa_math(&a, q, k, v, mask, &prm, kg_sdpa_math_rows(d.B, d.H, d.T, d.S, d.requires_grad, math_chunk_bytes())));
+    if (prm.out_bthd) return to_bthd(out, a);
+    *out = a;
+    return KG_OK;
+  }
   const kg_tensor *in[4] = {q, k, v, mask};
   return sdpa_fused(out, 4, in, &prm);
 }
@@ -322,7 +352,7 @@ kg_status kg_sdpa_rel(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, c
   if (kg_sdpa_route_of(&d, NULL) != KG_SDPA_ROUTE_CPU) { /* CUDA, or the math route: the bias in full */
     kg_tensor *bias;
     KG_TRY(rel_bias(&bias, rel_h, rel_w));
-    kg_status s = kg_sdpa(out, q, k, v, bias, p);
+    kg_status s = kg_sdpa(out, q, k, v, bias, &prm);
     kg_tensor_release(bias);
     return s;
   }

@@ -112,11 +112,11 @@ function VisionAttention:attend(x)                                  -- x [N, S, 
         self.rel_pos_h.shape[1], S, S, 2 * S - 1), 2)
     end
     local rh, rw = rel_pos_terms(q, self.rel_pos_h, self.rel_pos_w, S, self:rel_index(S, x.device))
-    a = keng.scaled_dot_product_attention(q, k, v, {rel_h = rh, rel_w = rw})  -- [N, H, T, D]
+    a = keng.scaled_dot_product_attention(q, k, v, {rel_h = rh, rel_w = rw, layout = "bthd"})  -- [N, T, H, D]
   else
-    a = keng.scaled_dot_product_attention(q, k, v)
+    a = keng.scaled_dot_product_attention(q, k, v, {layout = "bthd"})
   end
-  a = a:transpose(2, 3):reshape{N, S, S, C}
+  a = a:reshape{N, S, S, C}                                         -- no copy: the heads are side by side
   return self.proj(a)                                               -- [N, S, S, C]
 end
 

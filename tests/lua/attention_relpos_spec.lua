@@ -100,6 +100,33 @@ describe("scaled_dot_product_attention with rel_h/rel_w", function()
     for i = 1, 5 do H.close(g2[i].grad, g1[i].grad, 1e-10, "grad " .. i) end
   end)
 
+  it("writes [B,T,H,D] for layout = 'bthd' (values, gradients, every route)", function()
+    local q, k, v, rh, rw = inputs(2, 3, 1, 10, 3, 4, 8, "f64")
+    for _, o in ipairs({{}, {causal = true}, {rel_h = rh, rel_w = rw}}) do
+      local ref = sdpa(q, k, v, o):transpose(2, 3)
+      o.layout = "bthd"
+      local out = sdpa(q, k, v, o)
+      assert.are.same({2, 10, 3, 8}, out.shape)
+      assert.is_true(out.is_contiguous)
+      H.close(out, ref, 0, "f64")
+      local f = function(t) return t:to("f32") end
+      local o32 = {causal = o.causal, layout = "bthd", rel_h = o.rel_h and f(rh), rel_w = o.rel_w and f(rw)}
+      H.close(sdpa(f(q), f(k), f(v), o32), ref, 2e-5, "f32")
+      keng.backends.sdpa_math = true
+      local ok, m = pcall(sdpa, q, k, v, o)
+      keng.backends.sdpa_math = false
+      assert(ok, m)
+      assert.is_true(m.is_contiguous)
+      H.close(m, ref, 1e-12, "math route")
+    end
+    local a, b, c = H.leaf({1, 2, 5, 3}), H.leaf({1, 1, 6, 3}), H.leaf({1, 1, 6, 3})
+    local d, e = H.leaf({1, 2, 5, 2}), H.leaf({1, 2, 5, 3})
+    H.gradcheck(function(x, y, z, u, w) return sdpa(x, y, z, {rel_h = u, rel_w = w, layout = "bthd"}) end,
+      {a, b, c, d, e})
+    H.gradcheck(function(x, y, z) return sdpa(x, y, z, {causal = true, layout = "bthd"}) end, {a, b, c})
+    H.raises(function() sdpa(q, k, v, {layout = "bhdt"}) end, "layout 'bhdt' unknown (valid: bhtd, bthd)")
+  end)
+
   it("names the problem with bad arguments", function()
     local q, k, v, rh, rw = inputs(1, 2, 1, 6, 2, 3, 4, "f32")
     H.raises(function() sdpa(q, k, v, {rel_h = rh}) end, "rel_h and rel_w go together (got only rel_h)")

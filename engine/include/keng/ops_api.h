@@ -209,6 +209,8 @@ typedef struct {
   double scale;   /* 0 = 1/sqrt(D) */
   bool causal;    /* query i sees keys j <= i + (S - T) (aligned bottom-right, as a KV cache) */
   int64_t window; /* > 0: also j > i + (S - T) - window (sliding window) */
+  bool out_bthd;  /* the output as [B, T, H, D] (contiguous: the heads of a token side by side, as the
+                     out projection reads them), not [B, H, T, D]; the CPU's fused kernel writes it so */
 } kg_sdpa_params;
 
 /* x: [..., T, D] rotated pairwise over halves (x[:D/2], x[D/2:]) as Hugging Face's
