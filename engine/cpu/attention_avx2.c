@@ -339,6 +339,53 @@ static AVX512 void mask_row_unit_z(float *s, const void *mp, kg_dtype dt, int64_
   }
   if (c < n) mask_row_unit_y(s + c, (const char *)mp + c * (dt == KG_F32 ? 4 : 1), dt, n - c);
 }
+/* kg_attn_rel_row_f32 (attention.h) 16 keys per step: each key's grid row ky and column kx
+ * (tabulated per thread for keys below REL_MAXK) pick their terms by a
+ * lane permute from the row's rh and rw held in one register each (kh, kw <= 16: SAM's windows
+ * and small global grids) or by a gather. The scalar loop over short grid rows cost as much as
+ * the materialised bias's add, and masked stores per grid row stall the loads after them. */
+#define REL_MAXK 4096 /* keys tabulated: SAM's largest grid, 64 x 64 */
+typedef struct {
+  int64_t kw;
+  int32_t ky[REL_MAXK], kx[REL_MAXK];
+} rel_index;
+static _Thread_local rel_index rel_idx = {0, {0}, {0}};
+
+static AVX512 void rel_row_z(float *s, const float *rh, const float *rw, const kg_attn_plan *P, int64_t j0,
+                             int64_t nk) {
+  rel_index *x = &rel_idx;
+  if (x->kw != P->kw) {
+    for (int64_t j = 0; j < REL_MAXK; j++) x->ky[j] = (int32_t)(j / P->kw), x->kx[j] = (int32_t)(j % P->kw);
+    x->kw = P->kw;
+  }
+  bool perm = P->kh <= 16 && P->kw <= 16;
+  __m512 hv = _mm512_setzero_ps(), wv = hv;
+  if (perm) {
+    hv = _mm512_maskz_loadu_ps((__mmask16)((1u << P->kh) - 1), rh);
+    wv = _mm512_maskz_loadu_ps((__mmask16)((1u << P->kw) - 1), rw);
+  }
+  for (int64_t c = 0; c < nk; c += 16) {
+    __mmask16 m = (__mmask16)(nk - c >= 16 ? 0xffff : (1u << (nk - c)) - 1);
+    __m512i iy = _mm512_maskz_loadu_epi32(m, x->ky + j0 + c), ix = _mm512_maskz_loadu_epi32(m, x->kx + j0 + c);
+    __m512 bias = perm ? _mm512_add_ps(_mm512_permutexvar_ps(iy, hv), _mm512_permutexvar_ps(ix, wv))
+                       : _mm512_add_ps(_mm512_mask_i32gather_ps(hv, m, iy, rh, 4), _mm512_mask_i32gather_ps(wv, m, ix, rw, 4));
+    _mm512_mask_storeu_ps(s + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, s + c), bias));
+  }
+}
+/* the rel bias of row (b, h, i) added to s [nk] (keys j0..); tmp [kh + kw] */
+static void rel_row(float *s, float *tmp, const kg_attn_plan *P, int64_t b, int64_t h, int64_t i, int64_t j0,
+                    int64_t nk) {
+  const kg_attn_view *vh = &P->rh, *vw = &P->rw;
+  if (!avx512_available() || j0 + nk > REL_MAXK) {
+    kg_attn_rel_row_f32(s, tmp, P, b, h, i, j0, nk);
+    return;
+  }
+  const float *rh = (const float *)kg_attn_at(vh, b, h, i), *rw = (const float *)kg_attn_at(vw, b, h, i);
+  if (vh->dt != KG_F32 || vh->st[3] != 1) kg_cpu_load_f32(tmp, rh, vh->dt, vh->st[3], P->kh), rh = tmp;
+  if (vw->dt != KG_F32 || vw->st[3] != 1) kg_cpu_load_f32(tmp + P->kh, rw, vw->dt, vw->st[3], P->kw), rw = tmp + P->kh;
+  rel_row_z(s, rh, rw, P, j0, nk);
+}
+
 static float row_max(const float *s, int64_t n8) { return avx512_available() ? row_max_z(s, n8) : row_max_y(s, n8); }
 static float row_exp(float *s, int64_t n8, float m) {
   return avx512_available() ? row_exp_z(s, n8, m) : row_exp_y(s, n8, m);
@@ -371,7 +418,7 @@ static void mask_row(float *s, float *mrow, const kg_attn_plan *P, int64_t b, in
         for (int64_t c = 0; c < nk; c++) s[c] += mrow[c];
     }
   }
-  if (P->has_rel) kg_attn_rel_row_f32(s, mrow, P, b, h, i, j0, nk); /* mrow [bk + kh + kw], free again */
+  if (P->has_rel) rel_row(s, mrow, P, b, h, i, j0, nk); /* mrow [bk + kh + kw], free again */
   int64_t lo = kg_attn_key_lo(P, i) - j0, hi = kg_attn_key_hi(P, i) - j0;
   for (int64_t c = 0; c < lo && c < nk; c++) s[c] = -INFINITY;
   for (int64_t c = hi > 0 ? hi : 0; c < n8; c++) s[c] = -INFINITY;

@@ -26,7 +26,9 @@ describe("scaled_dot_product_attention with rel_h/rel_w", function()
 
   it("matches the materialised bias (f64 and f32, several key tiles, tiles that start mid-row)", function()
     -- S = 9*15 = 135: a 128-key forward tile ends inside a grid row; T = 70 > one 64-query tile
-    for _, c in ipairs({{1, 2, 2, 70, 9, 15, 16}, {2, 3, 1, 49, 7, 7, 64}, {1, 2, 1, 3, 4, 4, 8}}) do
+    -- kw 20 > 16 (terms gathered, not permuted); S = 4100 past the kernel's index table (4096)
+    for _, c in ipairs({{1, 2, 2, 70, 9, 15, 16}, {2, 3, 1, 49, 7, 7, 64}, {1, 2, 1, 3, 4, 4, 8}, {1, 2, 1, 30, 3, 20, 16},
+      {1, 1, 1, 2, 2, 2050, 8}}) do
       local q, k, v, rh, rw = inputs(c[1], c[2], c[3], c[4], c[5], c[6], c[7], "f64")
       local ref = sdpa(q, k, v, {mask = full_bias(rh, rw)})
       H.close(sdpa(q, k, v, {rel_h = rh, rel_w = rw}), ref, 1e-12, "f64")
