@@ -394,6 +394,11 @@ static void row_scale(float *a, int64_t n8, float f) {
   if (avx512_available()) row_scale_z(a, n8, f);
   else row_scale_y(a, n8, f);
 }
+/* dst[c] = a[c]·f for c < n8 */
+static AVX2 void row_scale_to(float *dst, const float *a, int64_t n8, float f) {
+  __m256 fv = _mm256_set1_ps(f);
+  for (int64_t c = 0; c < n8; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), fv));
+}
 static void row_probs_grad(float *s, float *dp, int64_t n8, float L, float dl) {
   if (avx512_available()) row_probs_grad_z(s, dp, n8, L, dl);
   else row_probs_grad_y(s, dp, n8, L, dl);
@@ -443,16 +448,51 @@ static void pack_rows(float *dst, int64_t ld, const kg_attn_view *x, int64_t b, 
     memset(d + D, 0, sizeof(float) * (size_t)(ld - D));
   }
 }
+/* dst[(d0 + k)·ld + r] = row[r][d0 + k]·mul for r, k < 8: an 8 x 8 block transposed in registers */
+static AVX2 void transpose8(float *dst, int64_t ld, const float *const *row, int64_t d0, float mul) {
+  __m256 r0 = _mm256_loadu_ps(row[0] + d0), r1 = _mm256_loadu_ps(row[1] + d0), r2 = _mm256_loadu_ps(row[2] + d0);
+  __m256 r3 = _mm256_loadu_ps(row[3] + d0), r4 = _mm256_loadu_ps(row[4] + d0), r5 = _mm256_loadu_ps(row[5] + d0);
+  __m256 r6 = _mm256_loadu_ps(row[6] + d0), r7 = _mm256_loadu_ps(row[7] + d0), m = _mm256_set1_ps(mul);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3);
+  __m256 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  float *o = dst + d0 * ld;
+  _mm256_storeu_ps(o + 0 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u0, u4, 0x20), m));
+  _mm256_storeu_ps(o + 1 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u1, u5, 0x20), m));
+  _mm256_storeu_ps(o + 2 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u2, u6, 0x20), m));
+  _mm256_storeu_ps(o + 3 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u3, u7, 0x20), m));
+  _mm256_storeu_ps(o + 4 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u0, u4, 0x31), m));
+  _mm256_storeu_ps(o + 5 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u1, u5, 0x31), m));
+  _mm256_storeu_ps(o + 6 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u2, u6, 0x31), m));
+  _mm256_storeu_ps(o + 7 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u3, u7, 0x31), m));
+}
+
 /* rows j0..j0+n of x (b, h) times mul, transposed -> dst [Dp, ld] (dst[d·ld + j]), zero
  * elsewhere; tmp holds 8 rows of D */
 static void pack_cols(float *dst, int64_t ld, int64_t Dp, const kg_attn_view *x, int64_t b, int64_t h, int64_t j0,
                       int64_t n, int64_t D, float mul, float *tmp) {
-  memset(dst, 0, sizeof(float) * (size_t)(Dp * ld));
+  /* only what the transposition leaves: columns n.. of rows < D, and rows D..Dp (a window's
+   * 49 keys: the memset of it all and a copy call per key row were a tenth of its time) */
+  for (int64_t d = 0; d < D; d++) memset(dst + d * ld + n, 0, sizeof(float) * (size_t)(ld - n));
+  memset(dst + D * ld, 0, sizeof(float) * (size_t)((Dp - D) * ld));
+  bool direct = x->dt == KG_F32 && x->st[3] == 1; /* f32 rows read in place */
   for (int64_t j = 0; j < n; j += 8) {
     int64_t w = min64(8, n - j);
-    for (int64_t r = 0; r < w; r++) kg_cpu_load_f32(tmp + r * D, kg_attn_at(x, b, h, j0 + j + r), x->dt, x->st[3], D);
-    for (int64_t d = 0; d < D; d++)
-      for (int64_t r = 0; r < w; r++) dst[d * ld + j + r] = tmp[r * D + d] * mul;
+    const float *row[8];
+    for (int64_t r = 0; r < w; r++) {
+      const char *src = kg_attn_at(x, b, h, j0 + j + r);
+      if (direct) row[r] = (const float *)src;
+      else kg_cpu_load_f32(tmp + r * D, src, x->dt, x->st[3], D), row[r] = tmp + r * D;
+    }
+    int64_t d = 0;
+    if (w == 8)
+      for (; d + 8 <= D; d += 8) transpose8(dst + j, ld, row, d, mul);
+    for (; d < D; d++)
+      for (int64_t r = 0; r < w; r++) dst[d * ld + j + r] = row[r][d] * mul;
   }
 }
 
@@ -511,10 +551,15 @@ static void fwd_tile(const kg_attn_plan *P, fwd_bufs *w, const float *kp, int64_
     }
     tile_gemm(nq, Dp, nk, w->s, bk, 1, vp + (j0 - jlo) * ldv, ldv, w->acc, Dp, true); /* acc += P·V */
   }
+  bool direct = o->dt == KG_F32 && o->st[3] == 1 && D % 8 == 0; /* normalised straight into out */
   for (int64_t r = 0; r < nq; r++) { /* rows that see no key give zeros and lse -inf */
-    float *a = w->acc + r * Dp, l = w->l[r];
-    row_scale(a, Dp, l > 0 ? 1 / l : 0);
-    kg_cpu_store_f32((char *)kg_attn_at(o, b, h, i0 + r), o->dt, o->st[3], a, D);
+    float *a = w->acc + r * Dp, l = w->l[r], *dst = (float *)kg_attn_at(o, b, h, i0 + r);
+    if (direct) {
+      row_scale_to(dst, a, D, l > 0 ? 1 / l : 0);
+    } else {
+      row_scale(a, Dp, l > 0 ? 1 / l : 0);
+      kg_cpu_store_f32((char *)dst, o->dt, o->st[3], a, D);
+    }
     lse[(b * P->H + h) * P->T + i0 + r] = l > 0 ? w->m[r] + logf(l) : -INFINITY;
   }
 }
