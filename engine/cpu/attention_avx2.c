@@ -611,6 +611,8 @@ void kg_attn_fwd_avx2(const kg_attn_plan *P, kg_tensor *out, float *lse) {
 
 typedef struct {
   float *qs, *dob, *kb, *kt, *vt, *ak, *av, *s, *dp, *mrow, *tmp;
+  const float *krows; /* K's rows of the key tile: kb, or the tensor itself (rows_f32) */
+  int64_t ldk;
 } bwd_bufs;
 
 typedef struct {
@@ -646,7 +648,7 @@ static void bwd_tile(const bwd_ctx *x, bwd_bufs *w, int64_t b, int64_t h, int64_
     row_probs_grad(sr, dr, n8, L, x->delta[row0 + r]);
     if (relrow) kg_attn_rel_grad_f32(relrow + r * (P->kh + P->kw), relrow + r * (P->kh + P->kw) + P->kh, dr, P, j0, nk);
   }
-  tile_gemm(nq, Dp, nk, w->dp, bk, 1, w->kb, Dp, dqrow, Dp, true); /* dq += dS·K (scaled at the end) */
+  tile_gemm(nq, Dp, nk, w->dp, bk, 1, w->krows, w->ldk, dqrow, Dp, true); /* dq += dS·K (scaled at the end) */
   tile_gemm(nk, Dp, nq, w->s, 1, bk, dob, ldg, w->av, Dp, true);   /* dv += Pᵀ·dO */
   tile_gemm(nk, Dp, nq, w->dp, 1, bk, qs, ldq, w->ak, Dp, true);   /* dk += dSᵀ·Q (scaled at the store) */
 }
@@ -656,7 +658,7 @@ static void bwd_key_tile(const bwd_ctx *x, bwd_bufs *w, int64_t run, int64_t b, 
                          kg_attn_view *dk, kg_attn_view *dv) {
   const kg_attn_plan *P = x->P;
   int64_t D = P->D, Dp = round8(D), G = P->H / P->Hkv, bq = kg_attn_tune.bq, bk = kg_attn_tune.bk, ilo, ihi;
-  pack_rows(w->kb, Dp, &P->k, b, hk, j0, nk, D, 1);
+  w->krows = rows_f32(&P->k, b, hk, j0, nk, D, w->kb, &w->ldk);
   pack_cols(w->kt, bk, Dp, &P->k, b, hk, j0, nk, D, (float)P->scale, w->tmp);
   pack_cols(w->vt, bk, Dp, &P->v, b, hk, j0, nk, D, 1, w->tmp);
   memset(w->ak, 0, sizeof(float) * (size_t)(nk * Dp));
@@ -668,10 +670,17 @@ static void bwd_key_tile(const bwd_ctx *x, bwd_bufs *w, int64_t run, int64_t b, 
       float *relrow = x->relacc ? x->relacc + row * (P->kh + P->kw) : NULL;
       bwd_tile(x, w, b, h, i0, min64(bq, ihi - i0), j0, nk, x->dqacc + row * Dp, relrow);
     }
+  bool direct = dk->dt == KG_F32 && dk->st[3] == 1 && dv->dt == KG_F32 && dv->st[3] == 1 && D % 8 == 0;
   for (int64_t c = 0; c < nk; c++) {
+    float *dkr = (float *)kg_attn_at(dk, b, hk, j0 + c), *dvr = (float *)kg_attn_at(dv, b, hk, j0 + c);
+    if (direct) { /* f32 rows written in place (a copy call per row was a tenth of a window's backward) */
+      row_scale_to(dkr, w->ak + c * Dp, D, (float)P->scale);
+      row_scale_to(dvr, w->av + c * Dp, D, 1);
+      continue;
+    }
     row_scale(w->ak + c * Dp, Dp, (float)P->scale);
-    kg_cpu_store_f32((char *)kg_attn_at(dk, b, hk, j0 + c), dk->dt, dk->st[3], w->ak + c * Dp, D);
-    kg_cpu_store_f32((char *)kg_attn_at(dv, b, hk, j0 + c), dv->dt, dv->st[3], w->av + c * Dp, D);
+    kg_cpu_store_f32((char *)dkr, dk->dt, dk->st[3], w->ak + c * Dp, D);
+    kg_cpu_store_f32((char *)dvr, dv->dt, dv->st[3], w->av + c * Dp, D);
   }
 }
 
@@ -708,10 +717,11 @@ void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < nrow; row++) {
       int64_t b = row / (P->H * P->T), h = row / P->T % P->H, i = row % P->T;
-      kg_cpu_load_f32(w.qs, kg_attn_at(&o, b, h, i), o.dt, o.st[3], D);
-      kg_cpu_load_f32(w.dob, kg_attn_at(&x.g, b, h, i), x.g.dt, x.g.st[3], D);
+      const float *orow = (const float *)kg_attn_at(&o, b, h, i), *grow = (const float *)kg_attn_at(&x.g, b, h, i);
+      if (o.dt != KG_F32 || o.st[3] != 1) kg_cpu_load_f32(w.qs, orow, o.dt, o.st[3], D), orow = w.qs; /* f32: in place */
+      if (x.g.dt != KG_F32 || x.g.st[3] != 1) kg_cpu_load_f32(w.dob, grow, x.g.dt, x.g.st[3], D), grow = w.dob;
       float sum = 0;
-      for (int64_t d = 0; d < D; d++) sum += w.qs[d] * w.dob[d];
+      for (int64_t d = 0; d < D; d++) sum += orow[d] * grow[d];
       delta[row] = sum;
       for (int64_t r = 0; r < nrun; r++) memset(dqacc + (r * nrow + row) * Dp, 0, sizeof(float) * (size_t)Dp);
       for (int64_t r = 0; relacc && r < nrun; r++) memset(relacc + (r * nrow + row) * R, 0, sizeof(float) * (size_t)R);
