@@ -346,17 +346,17 @@ static AVX512 void mask_row_unit_z(float *s, const void *mp, kg_dtype dt, int64_
  * the materialised bias's add, and masked stores per grid row stall the loads after them. */
 #define REL_MAXK 4096 /* keys tabulated: SAM's largest grid, 64 x 64 */
 typedef struct {
-  int64_t kw;
+  int64_t kw, n; /* entries [0, n) hold key j's (j / kw, j % kw) */
   int32_t ky[REL_MAXK], kx[REL_MAXK];
 } rel_index;
-static _Thread_local rel_index rel_idx = {0, {0}, {0}};
+static _Thread_local rel_index rel_idx = {0, 0, {0}, {0}};
 
 static AVX512 void rel_row_z(float *s, const float *rh, const float *rw, const kg_attn_plan *P, int64_t j0,
                              int64_t nk) {
   rel_index *x = &rel_idx;
-  if (x->kw != P->kw) {
-    for (int64_t j = 0; j < REL_MAXK; j++) x->ky[j] = (int32_t)(j / P->kw), x->kx[j] = (int32_t)(j % P->kw);
-    x->kw = P->kw;
+  if (x->kw != P->kw || x->n < j0 + nk) { /* the call's S keys only: sam alternates two grids */
+    for (int64_t j = 0; j < P->S; j++) x->ky[j] = (int32_t)(j / P->kw), x->kx[j] = (int32_t)(j % P->kw);
+    x->kw = P->kw, x->n = P->S;
   }
   bool perm = P->kh <= 16 && P->kw <= 16;
   __m512 hv = _mm512_setzero_ps(), wv = hv;
@@ -376,7 +376,7 @@ static AVX512 void rel_row_z(float *s, const float *rh, const float *rw, const k
 static void rel_row(float *s, float *tmp, const kg_attn_plan *P, int64_t b, int64_t h, int64_t i, int64_t j0,
                     int64_t nk) {
   const kg_attn_view *vh = &P->rh, *vw = &P->rw;
-  if (!avx512_available() || j0 + nk > REL_MAXK) {
+  if (!avx512_available() || P->S > REL_MAXK) {
     kg_attn_rel_row_f32(s, tmp, P, b, h, i, j0, nk);
     return;
   }
