@@ -36,8 +36,9 @@ typedef kg_attn_plan plan;
 #define key_lo kg_attn_key_lo
 #define key_hi kg_attn_key_hi
 
+/* rel_h, rel_w: NULL, or SAM's decomposed bias [B, H, T, kh] and [B, H, T, kw] (attention.h) */
 static plan make_plan(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
-                      const kg_sdpa_params *p) {
+                      const kg_tensor *rel_h, const kg_tensor *rel_w, const kg_sdpa_params *p) {
   plan P = {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3], 0, p->window,
             p->causal, mask != NULL, p->scale, view_of(q, q->stride), view_of(k, k->stride), view_of(v, v->stride),
             {0}};
@@ -47,6 +48,10 @@ static plan make_plan(const kg_tensor *q, const kg_tensor *k, const kg_tensor *v
     int64_t full[4] = {P.B, P.H, P.T, P.S}, st[4];
     kg_broadcast_strides(mask, 4, full, st);
     P.m = view_of(mask, st);
+  }
+  if (rel_h && rel_w) {
+    P.has_rel = true, P.kh = rel_h->shape[3], P.kw = rel_w->shape[3];
+    P.rh = view_of(rel_h, rel_h->stride), P.rw = view_of(rel_w, rel_w->stride);
   }
   return P;
 }
@@ -95,6 +100,12 @@ static void exp_row_f64(double *s, int64_t n, double m) {
       else                                                                                                \
         for (int64_t c = 0; c < nk; c++) s[c] += mrow[c];                                                 \
     }                                                                                                     \
+    if (P->has_rel) { /* mrow [BK + kh + kw]: rh and rw's rows after the mask's */                        \
+      FT *rh = mrow + BK, *rw = rh + P->kh;                                                               \
+      LOAD(rh, at(&P->rh, b, h, i), P->rh.dt, P->rh.st[3], P->kh);                                        \
+      LOAD(rw, at(&P->rw, b, h, i), P->rw.dt, P->rw.st[3], P->kw);                                        \
+      for (int64_t c = 0; c < nk; c++) s[c] += rh[(j0 + c) / P->kw] + rw[(j0 + c) % P->kw];               \
+    }                                                                                                     \
     int64_t lo = key_lo(P, i) - j0, hi = key_hi(P, i) - j0;                                               \
     for (int64_t c = 0; c < lo && c < nk; c++) s[c] = -INFINITY;                                          \
     for (int64_t c = hi > 0 ? hi : 0; c < nk; c++) s[c] = -INFINITY;                                      \
@@ -105,11 +116,12 @@ static void exp_row_f64(double *s, int64_t n, double m) {
                                                                                                           \
   static void sdpa_fwd_##SUF(const plan *P, kg_tensor *out, FT *lse) {                                    \
     int64_t D = P->D, G = P->H / P->Hkv, nqb = (P->T + BQ - 1) / BQ, ntask = P->B * P->H * nqb;           \
+    int64_t R = P->kh + P->kw; /* the rel bias rows' scratch */                                           \
     view4 o = view_of(out, out->stride);                                                                  \
     _Pragma("omp parallel if (ntask > 1 && P->T * P->S * P->D > 16384)") {                                \
-      FT *qs = malloc(sizeof(FT) * (size_t)(2 * BQ * D + 2 * BK * D + BQ * BK + BK + 2 * BQ));           \
+      FT *qs = malloc(sizeof(FT) * (size_t)(2 * BQ * D + 2 * BK * D + BQ * BK + BK + R + 2 * BQ));       \
       FT *acc = qs + BQ * D, *kb = acc + BQ * D, *vb = kb + BK * D, *s = vb + BK * D, *mrow = s + BQ * BK; \
-      FT *m = mrow + BK, *l = m + BQ;                                                                     \
+      FT *m = mrow + BK + R, *l = m + BQ;                                                                 \
       _Pragma("omp for schedule(dynamic)") for (int64_t task = 0; task < ntask; task++) {                 \
         int64_t b = task / (P->H * nqb), h = task / nqb % P->H, hk = h / G, i0 = task % nqb * BQ;         \
         int64_t nq = P->T - i0 < BQ ? P->T - i0 : BQ;                                                     \
@@ -173,20 +185,23 @@ static void exp_row_f64(double *s, int64_t n, double m) {
     }                                                                                                     \
   }                                                                                                       \
                                                                                                           \
-  /* in: q, k, v, mask, out, lse, dout; out: dq, dk, dv */                                                \
+  /* in: q, k, v, mask, out, lse, dout[, rel_h, rel_w]; out: dq, dk, dv[, drel_h, drel_w] */              \
   static void sdpa_bwd_##SUF(const plan *P, const kg_op_call *c) {                                        \
     int64_t D = P->D, G = P->H / P->Hkv, nqb = (P->T + BQ - 1) / BQ, nkb = (P->S + BK - 1) / BK;          \
+    int64_t R = P->kh + P->kw;                                                                            \
     int64_t nrow = P->B * P->H * P->T;                                                                    \
     const FT *lse = kg_data(c->in[5]);                                                                    \
     view4 o = view_of(c->in[4], c->in[4]->stride), g = view_of(c->in[6], c->in[6]->stride);               \
     view4 dq = view_of(c->out[0], c->out[0]->stride), dk = view_of(c->out[1], c->out[1]->stride);         \
-    view4 dv = view_of(c->out[2], c->out[2]->stride);                                                     \
+    view4 dv = view_of(c->out[2], c->out[2]->stride), drh = {0}, drw = {0};                               \
+    if (P->has_rel) drh = view_of(c->out[3], c->out[3]->stride), drw = view_of(c->out[4], c->out[4]->stride); \
     FT *delta = malloc(sizeof(FT) * (size_t)(nrow > 0 ? nrow : 1)); /* delta_i = dO_i · O_i */            \
     bool par = P->T * P->S * P->D > 16384;                                                                \
     _Pragma("omp parallel if (par)") {                                                                    \
-      FT *qs = malloc(sizeof(FT) * (size_t)(3 * BQ * D + 4 * BK * D + 2 * BQ * BK + BK));                 \
+      FT *qs = malloc(sizeof(FT) * (size_t)(3 * BQ * D + 4 * BK * D + 2 * BQ * BK + BK + R + BQ * R));    \
       FT *dob = qs + BQ * D, *acc = dob + BQ * D, *kb = acc + BQ * D, *vb = kb + BK * D, *ak = vb + BK * D; \
       FT *av = ak + BK * D, *s = av + BK * D, *dp = s + BQ * BK, *mrow = dp + BQ * BK;                    \
+      FT *grel = mrow + BK + R; /* [nq, kh + kw]: the rel bias's gradient of the task's rows */         \
       _Pragma("omp for schedule(static)") for (int64_t row = 0; row < nrow; row++) {                      \
         int64_t b = row / (P->H * P->T), h = row / P->T % P->H, i = row % P->T;                           \
         LOAD(qs, at(&o, b, h, i), o.dt, o.st[3], D);                                                      \
@@ -202,6 +217,7 @@ static void exp_row_f64(double *s, int64_t n, double m) {
         load_rows_##SUF(qs, &P->q, b, h, i0, nq, D, (FT)P->scale);                                        \
         load_rows_##SUF(dob, &g, b, h, i0, nq, D, 1);                                                     \
         memset(acc, 0, sizeof(FT) * (size_t)(nq * D));                                                    \
+        memset(grel, 0, sizeof(FT) * (size_t)(nq * R));                                                   \
         int64_t jlo = key_lo(P, i0), jhi = key_hi(P, i0 + nq - 1);                                       \
         for (int64_t j0 = jlo; j0 < jhi; j0 += BK) {                                                      \
           int64_t nk = jhi - j0 < BK ? jhi - j0 : BK;                                                     \
@@ -209,9 +225,19 @@ static void exp_row_f64(double *s, int64_t n, double m) {
           load_rows_##SUF(vb, &P->v, b, hk, j0, nk, D, 1);                                                \
           probs_##SUF(s, dp, mrow, P, qs, dob, kb, vb, lse, delta, b, h, i0, nq, j0, nk);                 \
           GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, (FT)P->scale, dp, BK, kb, D, 1, acc, D); \
+          for (int64_t r = 0; P->has_rel && r < nq; r++) /* d bias = dS: rows summed by grid row / col */ \
+            for (int64_t cc = 0; cc < nk; cc++) {                                                         \
+              grel[r * R + (j0 + cc) / P->kw] += dp[r * BK + cc];                                         \
+              grel[r * R + P->kh + (j0 + cc) % P->kw] += dp[r * BK + cc];                                 \
+            }                                                                                             \
         }                                                                                                 \
-        for (int64_t r = 0; r < nq; r++)                                                                  \
+        for (int64_t r = 0; r < nq; r++) {                                                                \
           STORE((char *)at(&dq, b, h, i0 + r), dq.dt, dq.st[3], acc + r * D, D);                          \
+          if (P->has_rel) {                                                                               \
+            STORE((char *)at(&drh, b, h, i0 + r), drh.dt, drh.st[3], grel + r * R, P->kh);                \
+            STORE((char *)at(&drw, b, h, i0 + r), drw.dt, drw.st[3], grel + r * R + P->kh, P->kw);        \
+          }                                                                                               \
+        }                                                                                                 \
       }                                                                                                   \
       /* pass 2: dv = Pᵀ · dO, dk = dSᵀ · (scale · Q), over the G query heads of kv head hk */            \
       _Pragma("omp for schedule(dynamic)") for (int64_t task = 0; task < P->B * P->Hkv * nkb; task++) {   \
@@ -252,24 +278,27 @@ static bool use_avx2_tiles(void) {
   return kg_attn_tune.variant != KG_ATTN_BLAS && kg_attn_avx2_available();
 }
 
-/* in: q, k, v, mask (or NULL); out: out [B, H, T, D], lse [B, H, T] (f32, f64 for f64) */
+/* in: q, k, v, mask (or NULL)[, rel_h, rel_w]; out: out [B, H, T, D], lse [B, H, T] (f32, f64 for f64) */
 kg_status kg_cpu_scaled_dot_product_attention(const kg_op_call *c) {
-  plan P = make_plan(c->in[0], c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, c->params);
+  plan P = make_plan(c->in[0], c->in[1], c->in[2], c->nin > 3 ? c->in[3] : NULL, c->nin > 5 ? c->in[4] : NULL,
+                     c->nin > 5 ? c->in[5] : NULL, c->params);
   if (P.B * P.H * P.T == 0) return KG_OK;
   if (P.D == 0) return kg_cpu_fill_value(c->out[1], P.S ? log((double)P.S) : -INFINITY); /* all scores 0 */
   kg_flop_add((uint64_t)(4 * P.B * P.H * P.T * P.S * P.D));
   if (c->out[1]->dtype == KG_F64) sdpa_fwd_f64(&P, c->out[0], kg_data(c->out[1]));
-  else if (use_avx2_tiles() && kg_attn_fwd_decode(&P, c->out[0], kg_data(c->out[1]))) return KG_OK;
+  else if (use_avx2_tiles() && !P.has_rel && kg_attn_fwd_decode(&P, c->out[0], kg_data(c->out[1]))) return KG_OK;
   else if (use_avx2_tiles()) kg_attn_fwd_avx2(&P, c->out[0], kg_data(c->out[1]));
   else sdpa_fwd_f32(&P, c->out[0], kg_data(c->out[1]));
   return KG_OK;
 }
 
-/* in: q, k, v, mask, out, lse, dout; out: dq, dk, dv (every row of each is written) */
+/* in: q, k, v, mask, out, lse, dout[, rel_h, rel_w]; out: dq, dk, dv[, drel_h, drel_w] (every row of
+ * each is written) */
 kg_status kg_cpu_sdpa_backward(const kg_op_call *c) {
-  plan P = make_plan(c->in[0], c->in[1], c->in[2], c->in[3], c->params);
+  plan P = make_plan(c->in[0], c->in[1], c->in[2], c->in[3], c->nin > 8 ? c->in[7] : NULL,
+                     c->nin > 8 ? c->in[8] : NULL, c->params);
   if (P.B * P.H * P.T * P.D == 0 || P.S == 0) {
-    for (int i = 0; i < 3; i++) kg_cpu_fill_value(c->out[i], 0);
+    for (int i = 0; i < c->nout; i++) kg_cpu_fill_value(c->out[i], 0);
     return KG_OK;
   }
   kg_flop_add((uint64_t)(10 * P.B * P.H * P.T * P.S * P.D));

@@ -33,7 +33,42 @@ typedef struct {
   bool causal, has_mask;
   double scale;
   kg_attn_view q, k, v, m; /* m: the mask broadcast to [B, H, T, S] */
+  /* SAM's decomposed relative-position bias, added to the scaled scores: key j = (j / kw,
+   * j % kw) of a kh x kw grid (S = kh·kw) gets rh[b, h, i, j / kw] + rw[b, h, i, j % kw];
+   * rh: [B, H, T, kh], rw: [B, H, T, kw] */
+  bool has_rel;
+  int64_t kh, kw;
+  kg_attn_view rh, rw;
 } kg_attn_plan;
+
+/* s[c] += rh[(j0 + c) / kw] + rw[(j0 + c) % kw] for c < nk: the bias of query (b, h, i) against
+ * keys j0.., with its rows loaded as f32 into tmp [kh + kw] (same sum order as the materialised
+ * bias: (rh + rw) first, then added to the score) */
+static inline void kg_attn_rel_row_f32(float *s, float *tmp, const kg_attn_plan *P, int64_t b, int64_t h, int64_t i,
+                                       int64_t j0, int64_t nk) {
+  /* f32 rows with unit stride are read in place: a copy call per row cost a tenth of a window */
+  const float *rh = (const float *)kg_attn_at(&P->rh, b, h, i), *rw = (const float *)kg_attn_at(&P->rw, b, h, i);
+  if (P->rh.dt != KG_F32 || P->rh.st[3] != 1) kg_cpu_load_f32(tmp, rh, P->rh.dt, P->rh.st[3], P->kh), rh = tmp;
+  if (P->rw.dt != KG_F32 || P->rw.st[3] != 1) kg_cpu_load_f32(tmp + P->kh, rw, P->rw.dt, P->rw.st[3], P->kw), rw = tmp + P->kh;
+  for (int64_t c = 0, ky = j0 / P->kw, kx = j0 % P->kw; c < nk; ky++, kx = 0) {
+    int64_t n = P->kw - kx < nk - c ? P->kw - kx : nk - c;
+    float a = rh[ky], *sc = s + c - kx;
+    for (int64_t x = kx; x < kx + n; x++) sc[x] += a + rw[x];
+    c += n;
+  }
+}
+/* the bias's gradient from one row of dS (keys j0..j0+nk): gh[ky] += Σ_kx ds, gw[kx] += Σ_ky ds */
+static inline void kg_attn_rel_grad_f32(float *gh, float *gw, const float *ds, const kg_attn_plan *P, int64_t j0,
+                                        int64_t nk) {
+  for (int64_t c = 0, ky = j0 / P->kw, kx = j0 % P->kw; c < nk; ky++, kx = 0) {
+    int64_t n = P->kw - kx < nk - c ? P->kw - kx : nk - c;
+    const float *dc = ds + c - kx;
+    float sum = 0;
+    for (int64_t x = kx; x < kx + n; x++) sum += dc[x], gw[x] += dc[x];
+    gh[ky] += sum;
+    c += n;
+  }
+}
 
 /* keys visible to query i by the causal/window band: [lo, hi) */
 static inline int64_t kg_attn_key_lo(const kg_attn_plan *P, int64_t i) {

@@ -339,6 +339,53 @@ static AVX512 void mask_row_unit_z(float *s, const void *mp, kg_dtype dt, int64_
   }
   if (c < n) mask_row_unit_y(s + c, (const char *)mp + c * (dt == KG_F32 ? 4 : 1), dt, n - c);
 }
+/* kg_attn_rel_row_f32 (attention.h) 16 keys per step: each key's grid row ky and column kx
+ * (tabulated per thread for keys below REL_MAXK) pick their terms by a
+ * lane permute from the row's rh and rw held in one register each (kh, kw <= 16: SAM's windows
+ * and small global grids) or by a gather. The scalar loop over short grid rows cost as much as
+ * the materialised bias's add, and masked stores per grid row stall the loads after them. */
+#define REL_MAXK 4096 /* keys tabulated: SAM's largest grid, 64 x 64 */
+typedef struct {
+  int64_t kw, n; /* entries [0, n) hold key j's (j / kw, j % kw) */
+  int32_t ky[REL_MAXK], kx[REL_MAXK];
+} rel_index;
+static _Thread_local rel_index rel_idx = {0, 0, {0}, {0}};
+
+static AVX512 void rel_row_z(float *s, const float *rh, const float *rw, const kg_attn_plan *P, int64_t j0,
+                             int64_t nk) {
+  rel_index *x = &rel_idx;
+  if (x->kw != P->kw || x->n < j0 + nk) { /* the call's S keys only: sam alternates two grids */
+    for (int64_t j = 0; j < P->S; j++) x->ky[j] = (int32_t)(j / P->kw), x->kx[j] = (int32_t)(j % P->kw);
+    x->kw = P->kw, x->n = P->S;
+  }
+  bool perm = P->kh <= 16 && P->kw <= 16;
+  __m512 hv = _mm512_setzero_ps(), wv = hv;
+  if (perm) {
+    hv = _mm512_maskz_loadu_ps((__mmask16)((1u << P->kh) - 1), rh);
+    wv = _mm512_maskz_loadu_ps((__mmask16)((1u << P->kw) - 1), rw);
+  }
+  for (int64_t c = 0; c < nk; c += 16) {
+    __mmask16 m = (__mmask16)(nk - c >= 16 ? 0xffff : (1u << (nk - c)) - 1);
+    __m512i iy = _mm512_maskz_loadu_epi32(m, x->ky + j0 + c), ix = _mm512_maskz_loadu_epi32(m, x->kx + j0 + c);
+    __m512 bias = perm ? _mm512_add_ps(_mm512_permutexvar_ps(iy, hv), _mm512_permutexvar_ps(ix, wv))
+                       : _mm512_add_ps(_mm512_mask_i32gather_ps(hv, m, iy, rh, 4), _mm512_mask_i32gather_ps(wv, m, ix, rw, 4));
+    _mm512_mask_storeu_ps(s + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, s + c), bias));
+  }
+}
+/* the rel bias of row (b, h, i) added to s [nk] (keys j0..); tmp [kh + kw] */
+static void rel_row(float *s, float *tmp, const kg_attn_plan *P, int64_t b, int64_t h, int64_t i, int64_t j0,
+                    int64_t nk) {
+  const kg_attn_view *vh = &P->rh, *vw = &P->rw;
+  if (!avx512_available() || P->S > REL_MAXK) {
+    kg_attn_rel_row_f32(s, tmp, P, b, h, i, j0, nk);
+    return;
+  }
+  const float *rh = (const float *)kg_attn_at(vh, b, h, i), *rw = (const float *)kg_attn_at(vw, b, h, i);
+  if (vh->dt != KG_F32 || vh->st[3] != 1) kg_cpu_load_f32(tmp, rh, vh->dt, vh->st[3], P->kh), rh = tmp;
+  if (vw->dt != KG_F32 || vw->st[3] != 1) kg_cpu_load_f32(tmp + P->kh, rw, vw->dt, vw->st[3], P->kw), rw = tmp + P->kh;
+  rel_row_z(s, rh, rw, P, j0, nk);
+}
+
 static float row_max(const float *s, int64_t n8) { return avx512_available() ? row_max_z(s, n8) : row_max_y(s, n8); }
 static float row_exp(float *s, int64_t n8, float m) {
   return avx512_available() ? row_exp_z(s, n8, m) : row_exp_y(s, n8, m);
@@ -346,6 +393,11 @@ static float row_exp(float *s, int64_t n8, float m) {
 static void row_scale(float *a, int64_t n8, float f) {
   if (avx512_available()) row_scale_z(a, n8, f);
   else row_scale_y(a, n8, f);
+}
+/* dst[c] = a[c]·f for c < n8 */
+static AVX2 void row_scale_to(float *dst, const float *a, int64_t n8, float f) {
+  __m256 fv = _mm256_set1_ps(f);
+  for (int64_t c = 0; c < n8; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), fv));
 }
 static void row_probs_grad(float *s, float *dp, int64_t n8, float L, float dl) {
   if (avx512_available()) row_probs_grad_z(s, dp, n8, L, dl);
@@ -371,6 +423,7 @@ static void mask_row(float *s, float *mrow, const kg_attn_plan *P, int64_t b, in
         for (int64_t c = 0; c < nk; c++) s[c] += mrow[c];
     }
   }
+  if (P->has_rel) rel_row(s, mrow, P, b, h, i, j0, nk); /* mrow [bk + kh + kw], free again */
   int64_t lo = kg_attn_key_lo(P, i) - j0, hi = kg_attn_key_hi(P, i) - j0;
   for (int64_t c = 0; c < lo && c < nk; c++) s[c] = -INFINITY;
   for (int64_t c = hi > 0 ? hi : 0; c < n8; c++) s[c] = -INFINITY;
@@ -379,7 +432,7 @@ static void mask_row(float *s, float *mrow, const kg_attn_plan *P, int64_t b, in
 /* does every query of [i0, i0 + nq) see every key of [j0, j0 + nk) (so rows need no mask_row
  * beyond the padding)? */
 static bool tile_open(const kg_attn_plan *P, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
-  return !P->has_mask && kg_attn_key_lo(P, i0 + nq - 1) <= j0 && kg_attn_key_hi(P, i0) >= j0 + nk;
+  return !P->has_mask && !P->has_rel && kg_attn_key_lo(P, i0 + nq - 1) <= j0 && kg_attn_key_hi(P, i0) >= j0 + nk;
 }
 
 /* ---- packing ----------------------------------------------------------------------------- */
@@ -395,16 +448,51 @@ static void pack_rows(float *dst, int64_t ld, const kg_attn_view *x, int64_t b, 
     memset(d + D, 0, sizeof(float) * (size_t)(ld - D));
   }
 }
+/* dst[(d0 + k)·ld + r] = row[r][d0 + k]·mul for r, k < 8: an 8 x 8 block transposed in registers */
+static AVX2 void transpose8(float *dst, int64_t ld, const float *const *row, int64_t d0, float mul) {
+  __m256 r0 = _mm256_loadu_ps(row[0] + d0), r1 = _mm256_loadu_ps(row[1] + d0), r2 = _mm256_loadu_ps(row[2] + d0);
+  __m256 r3 = _mm256_loadu_ps(row[3] + d0), r4 = _mm256_loadu_ps(row[4] + d0), r5 = _mm256_loadu_ps(row[5] + d0);
+  __m256 r6 = _mm256_loadu_ps(row[6] + d0), r7 = _mm256_loadu_ps(row[7] + d0), m = _mm256_set1_ps(mul);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3);
+  __m256 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  float *o = dst + d0 * ld;
+  _mm256_storeu_ps(o + 0 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u0, u4, 0x20), m));
+  _mm256_storeu_ps(o + 1 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u1, u5, 0x20), m));
+  _mm256_storeu_ps(o + 2 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u2, u6, 0x20), m));
+  _mm256_storeu_ps(o + 3 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u3, u7, 0x20), m));
+  _mm256_storeu_ps(o + 4 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u0, u4, 0x31), m));
+  _mm256_storeu_ps(o + 5 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u1, u5, 0x31), m));
+  _mm256_storeu_ps(o + 6 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u2, u6, 0x31), m));
+  _mm256_storeu_ps(o + 7 * ld, _mm256_mul_ps(_mm256_permute2f128_ps(u3, u7, 0x31), m));
+}
+
 /* rows j0..j0+n of x (b, h) times mul, transposed -> dst [Dp, ld] (dst[d·ld + j]), zero
  * elsewhere; tmp holds 8 rows of D */
 static void pack_cols(float *dst, int64_t ld, int64_t Dp, const kg_attn_view *x, int64_t b, int64_t h, int64_t j0,
                       int64_t n, int64_t D, float mul, float *tmp) {
-  memset(dst, 0, sizeof(float) * (size_t)(Dp * ld));
+  /* only what the transposition leaves: columns n.. of rows < D, and rows D..Dp (a window's
+   * 49 keys: the memset of it all and a copy call per key row were a tenth of its time) */
+  for (int64_t d = 0; d < D; d++) memset(dst + d * ld + n, 0, sizeof(float) * (size_t)(ld - n));
+  memset(dst + D * ld, 0, sizeof(float) * (size_t)((Dp - D) * ld));
+  bool direct = x->dt == KG_F32 && x->st[3] == 1; /* f32 rows read in place */
   for (int64_t j = 0; j < n; j += 8) {
     int64_t w = min64(8, n - j);
-    for (int64_t r = 0; r < w; r++) kg_cpu_load_f32(tmp + r * D, kg_attn_at(x, b, h, j0 + j + r), x->dt, x->st[3], D);
-    for (int64_t d = 0; d < D; d++)
-      for (int64_t r = 0; r < w; r++) dst[d * ld + j + r] = tmp[r * D + d] * mul;
+    const float *row[8];
+    for (int64_t r = 0; r < w; r++) {
+      const char *src = kg_attn_at(x, b, h, j0 + j + r);
+      if (direct) row[r] = (const float *)src;
+      else kg_cpu_load_f32(tmp + r * D, src, x->dt, x->st[3], D), row[r] = tmp + r * D;
+    }
+    int64_t d = 0;
+    if (w == 8)
+      for (; d + 8 <= D; d += 8) transpose8(dst + j, ld, row, d, mul);
+    for (; d < D; d++)
+      for (int64_t r = 0; r < w; r++) dst[d * ld + j + r] = row[r][d] * mul;
   }
 }
 
@@ -457,15 +545,21 @@ static void fwd_tile(const kg_attn_plan *P, fwd_bufs *w, const float *kp, int64_
       }
       float corr = expf(w->m[r] - mnew), sum = row_exp(sr, n8, mnew);
       w->l[r] = w->l[r] * corr + sum;
+      /* the row's first visible tile finds acc = 0: no rescale (all of it when one tile holds the keys) */
+      if (corr != 1 && w->m[r] != -INFINITY) row_scale(w->acc + r * Dp, Dp, corr);
       w->m[r] = mnew;
-      if (corr != 1) row_scale(w->acc + r * Dp, Dp, corr);
     }
     tile_gemm(nq, Dp, nk, w->s, bk, 1, vp + (j0 - jlo) * ldv, ldv, w->acc, Dp, true); /* acc += P·V */
   }
+  bool direct = o->dt == KG_F32 && o->st[3] == 1 && D % 8 == 0; /* normalised straight into out */
   for (int64_t r = 0; r < nq; r++) { /* rows that see no key give zeros and lse -inf */
-    float *a = w->acc + r * Dp, l = w->l[r];
-    row_scale(a, Dp, l > 0 ? 1 / l : 0);
-    kg_cpu_store_f32((char *)kg_attn_at(o, b, h, i0 + r), o->dt, o->st[3], a, D);
+    float *a = w->acc + r * Dp, l = w->l[r], *dst = (float *)kg_attn_at(o, b, h, i0 + r);
+    if (direct) {
+      row_scale_to(dst, a, D, l > 0 ? 1 / l : 0);
+    } else {
+      row_scale(a, Dp, l > 0 ? 1 / l : 0);
+      kg_cpu_store_f32((char *)dst, o->dt, o->st[3], a, D);
+    }
     lse[(b * P->H + h) * P->T + i0 + r] = l > 0 ? w->m[r] + logf(l) : -INFINITY;
   }
 }
@@ -484,16 +578,16 @@ void kg_attn_fwd_avx2(const kg_attn_plan *P, kg_tensor *out, float *lse) {
   int64_t gh = P->B * P->Hkv * nqb >= nt4 ? G : 1, units = P->B * P->H / gh;
   int64_t nch = min64(nqb, cdiv(nt4, units)), chunk = cdiv(nqb, nch) * bq;
   nch = cdiv(P->T, chunk);
-  int64_t ntask = units * nch, S8 = round8(P->S) + 8;
+  int64_t ntask = units * nch, S8 = round8(P->S) + 8, R = P->kh + P->kw;
   bool key_rows = chunk_rows_few(P->T, chunk); /* decode: scores by dot products, keys untransposed */
   kg_attn_view o = kg_attn_view_of(out, out->stride);
 #pragma omp parallel if (ntask > 1 && P->T * P->S * P->D > 16384)
   {
-    size_t nf = (size_t)(Dp * S8 + S8 * Dp + 2 * bq * Dp + bq * bk + bk + 2 * bq + 8 * Dp);
+    size_t nf = (size_t)(Dp * S8 + S8 * Dp + 2 * bq * Dp + bq * bk + bk + R + 2 * bq + 8 * Dp);
     float *buf = malloc(sizeof(float) * nf);
     fwd_bufs w = {buf};
     w.vp = w.kt + Dp * S8, w.qs = w.vp + S8 * Dp, w.acc = w.qs + bq * Dp, w.s = w.acc + bq * Dp;
-    w.mrow = w.s + bq * bk, w.m = w.mrow + bk, w.l = w.m + bq, w.tmp = w.l + bq;
+    w.mrow = w.s + bq * bk, w.m = w.mrow + bk + R, w.l = w.m + bq, w.tmp = w.l + bq;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < ntask; task++) {
       int64_t unit = task / nch, b = unit / (P->H / gh), h0 = unit % (P->H / gh) * gh, hk = h0 / G;
@@ -517,12 +611,15 @@ void kg_attn_fwd_avx2(const kg_attn_plan *P, kg_tensor *out, float *lse) {
 
 typedef struct {
   float *qs, *dob, *kb, *kt, *vt, *ak, *av, *s, *dp, *mrow, *tmp;
+  const float *krows; /* K's rows of the key tile: kb, or the tensor itself (rows_f32) */
+  int64_t ldk;
 } bwd_bufs;
 
 typedef struct {
   const kg_attn_plan *P;
   const float *lse, *delta;
-  float *dqacc; /* [runs, B·H·T, Dp] */
+  float *dqacc;  /* [runs, B·H·T, Dp] */
+  float *relacc; /* [runs, B·H·T, kh + kw]: the rel bias's gradient, or NULL */
   kg_attn_view g;
   int64_t nrow;
 } bwd_ctx;
@@ -530,7 +627,7 @@ typedef struct {
 /* query rows [i0, i0 + nq) of head (b, h) against key tile [j0, j0 + nk) (packed in w): adds
  * to dq (dqrow: the accumulator of row i0), dk (w->ak) and dv (w->av) */
 static void bwd_tile(const bwd_ctx *x, bwd_bufs *w, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0,
-                     int64_t nk, float *dqrow) {
+                     int64_t nk, float *dqrow, float *relrow) {
   const kg_attn_plan *P = x->P;
   int64_t D = P->D, Dp = round8(D), bk = kg_attn_tune.bk, n8 = round8(nk), row0 = (b * P->H + h) * P->T + i0;
   int64_t ldq, ldg;
@@ -549,8 +646,9 @@ static void bwd_tile(const bwd_ctx *x, bwd_bufs *w, int64_t b, int64_t h, int64_
     else
       for (int64_t c = nk; c < n8; c++) sr[c] = -INFINITY;
     row_probs_grad(sr, dr, n8, L, x->delta[row0 + r]);
+    if (relrow) kg_attn_rel_grad_f32(relrow + r * (P->kh + P->kw), relrow + r * (P->kh + P->kw) + P->kh, dr, P, j0, nk);
   }
-  tile_gemm(nq, Dp, nk, w->dp, bk, 1, w->kb, Dp, dqrow, Dp, true); /* dq += dS·K (scaled at the end) */
+  tile_gemm(nq, Dp, nk, w->dp, bk, 1, w->krows, w->ldk, dqrow, Dp, true); /* dq += dS·K (scaled at the end) */
   tile_gemm(nk, Dp, nq, w->s, 1, bk, dob, ldg, w->av, Dp, true);   /* dv += Pᵀ·dO */
   tile_gemm(nk, Dp, nq, w->dp, 1, bk, qs, ldq, w->ak, Dp, true);   /* dk += dSᵀ·Q (scaled at the store) */
 }
@@ -560,7 +658,7 @@ static void bwd_key_tile(const bwd_ctx *x, bwd_bufs *w, int64_t run, int64_t b, 
                          kg_attn_view *dk, kg_attn_view *dv) {
   const kg_attn_plan *P = x->P;
   int64_t D = P->D, Dp = round8(D), G = P->H / P->Hkv, bq = kg_attn_tune.bq, bk = kg_attn_tune.bk, ilo, ihi;
-  pack_rows(w->kb, Dp, &P->k, b, hk, j0, nk, D, 1);
+  w->krows = rows_f32(&P->k, b, hk, j0, nk, D, w->kb, &w->ldk);
   pack_cols(w->kt, bk, Dp, &P->k, b, hk, j0, nk, D, (float)P->scale, w->tmp);
   pack_cols(w->vt, bk, Dp, &P->v, b, hk, j0, nk, D, 1, w->tmp);
   memset(w->ak, 0, sizeof(float) * (size_t)(nk * Dp));
@@ -568,19 +666,27 @@ static void bwd_key_tile(const bwd_ctx *x, bwd_bufs *w, int64_t run, int64_t b, 
   kg_attn_query_range(P, j0, nk, &ilo, &ihi);
   for (int64_t h = hk * G; h < (hk + 1) * G; h++)
     for (int64_t i0 = ilo; i0 < ihi; i0 += bq) {
-      float *dqrow = x->dqacc + (run * x->nrow + (b * P->H + h) * P->T + i0) * Dp;
-      bwd_tile(x, w, b, h, i0, min64(bq, ihi - i0), j0, nk, dqrow);
+      int64_t row = run * x->nrow + (b * P->H + h) * P->T + i0;
+      float *relrow = x->relacc ? x->relacc + row * (P->kh + P->kw) : NULL;
+      bwd_tile(x, w, b, h, i0, min64(bq, ihi - i0), j0, nk, x->dqacc + row * Dp, relrow);
     }
+  bool direct = dk->dt == KG_F32 && dk->st[3] == 1 && dv->dt == KG_F32 && dv->st[3] == 1 && D % 8 == 0;
   for (int64_t c = 0; c < nk; c++) {
+    float *dkr = (float *)kg_attn_at(dk, b, hk, j0 + c), *dvr = (float *)kg_attn_at(dv, b, hk, j0 + c);
+    if (direct) { /* f32 rows written in place (a copy call per row was a tenth of a window's backward) */
+      row_scale_to(dkr, w->ak + c * Dp, D, (float)P->scale);
+      row_scale_to(dvr, w->av + c * Dp, D, 1);
+      continue;
+    }
     row_scale(w->ak + c * Dp, Dp, (float)P->scale);
-    kg_cpu_store_f32((char *)kg_attn_at(dk, b, hk, j0 + c), dk->dt, dk->st[3], w->ak + c * Dp, D);
-    kg_cpu_store_f32((char *)kg_attn_at(dv, b, hk, j0 + c), dv->dt, dv->st[3], w->av + c * Dp, D);
+    kg_cpu_store_f32((char *)dkr, dk->dt, dk->st[3], w->ak + c * Dp, D);
+    kg_cpu_store_f32((char *)dvr, dv->dt, dv->st[3], w->av + c * Dp, D);
   }
 }
 
-/* in: q, k, v, mask, out, lse, dout; out: dq, dk, dv */
+/* in: q, k, v, mask, out, lse, dout[, rel_h, rel_w]; out: dq, dk, dv[, drel_h, drel_w] */
 void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
-  int64_t D = P->D, Dp = round8(D), bq = kg_attn_tune.bq, bk = kg_attn_tune.bk;
+  int64_t D = P->D, Dp = round8(D), bq = kg_attn_tune.bq, bk = kg_attn_tune.bk, R = P->kh + P->kw;
   int64_t nrow = P->B * P->H * P->T, nkb = cdiv(P->S, bk), kvheads = P->B * P->Hkv;
   /* a task is a run of key tiles of one kv head; runs split a head only for about 4 tasks per
    * thread, since each run needs its own dq accumulator */
@@ -593,25 +699,32 @@ void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
   float *delta = malloc(sizeof(float) * (size_t)nrow); /* delta_i = dO_i · O_i */
   size_t dq_bytes = sizeof(float) * (size_t)(nrun * nrow * Dp), dq_rounded; /* zeroed below, by rows */
   float *dqacc = kg_cpu_alloc(dq_bytes, &dq_rounded);
-  bwd_ctx x = {P, kg_data(c->in[5]), delta, dqacc, kg_attn_view_of(c->in[6], c->in[6]->stride), nrow};
+  /* the rel bias's gradient per run like dq's (runs of one head share query rows) */
+  size_t rel_bytes = sizeof(float) * (size_t)(nrun * nrow * R), rel_rounded = 0;
+  float *relacc = P->has_rel ? kg_cpu_alloc(rel_bytes, &rel_rounded) : NULL;
+  bwd_ctx x = {P, kg_data(c->in[5]), delta, dqacc, relacc, kg_attn_view_of(c->in[6], c->in[6]->stride), nrow};
+  kg_attn_view drh = {0}, drw = {0};
+  if (P->has_rel) drh = kg_attn_view_of(c->out[3], c->out[3]->stride), drw = kg_attn_view_of(c->out[4], c->out[4]->stride);
   bool par = P->T * P->S * P->D > 16384;
 #pragma omp parallel if (par)
   {
-    size_t nf = (size_t)(2 * bq * Dp + 2 * bk * Dp + 2 * Dp * bk + 2 * bk * Dp + 2 * bq * bk + bk + 8 * Dp);
+    size_t nf = (size_t)(2 * bq * Dp + 2 * bk * Dp + 2 * Dp * bk + 2 * bk * Dp + 2 * bq * bk + bk + R + 8 * Dp);
     float *buf = malloc(sizeof(float) * nf);
     bwd_bufs w = {buf};
     w.dob = w.qs + bq * Dp, w.kb = w.dob + bq * Dp, w.kt = w.kb + bk * Dp, w.vt = w.kt + Dp * bk;
     w.ak = w.vt + Dp * bk, w.av = w.ak + bk * Dp, w.s = w.av + bk * Dp, w.dp = w.s + bq * bk;
-    w.mrow = w.dp + bq * bk, w.tmp = w.mrow + bk;
+    w.mrow = w.dp + bq * bk, w.tmp = w.mrow + bk + R;
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < nrow; row++) {
       int64_t b = row / (P->H * P->T), h = row / P->T % P->H, i = row % P->T;
-      kg_cpu_load_f32(w.qs, kg_attn_at(&o, b, h, i), o.dt, o.st[3], D);
-      kg_cpu_load_f32(w.dob, kg_attn_at(&x.g, b, h, i), x.g.dt, x.g.st[3], D);
+      const float *orow = (const float *)kg_attn_at(&o, b, h, i), *grow = (const float *)kg_attn_at(&x.g, b, h, i);
+      if (o.dt != KG_F32 || o.st[3] != 1) kg_cpu_load_f32(w.qs, orow, o.dt, o.st[3], D), orow = w.qs; /* f32: in place */
+      if (x.g.dt != KG_F32 || x.g.st[3] != 1) kg_cpu_load_f32(w.dob, grow, x.g.dt, x.g.st[3], D), grow = w.dob;
       float sum = 0;
-      for (int64_t d = 0; d < D; d++) sum += w.qs[d] * w.dob[d];
+      for (int64_t d = 0; d < D; d++) sum += orow[d] * grow[d];
       delta[row] = sum;
       for (int64_t r = 0; r < nrun; r++) memset(dqacc + (r * nrow + row) * Dp, 0, sizeof(float) * (size_t)Dp);
+      for (int64_t r = 0; relacc && r < nrun; r++) memset(relacc + (r * nrow + row) * R, 0, sizeof(float) * (size_t)R);
     }
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < ntask; task++) {
@@ -628,9 +741,17 @@ void kg_attn_bwd_avx2(const kg_attn_plan *P, const kg_op_call *c) {
       for (int64_t d = 0; d < D; d++) a[d] *= (float)P->scale;
       int64_t b = row / (P->H * P->T), h = row / P->T % P->H, i = row % P->T;
       kg_cpu_store_f32((char *)kg_attn_at(&dq, b, h, i), dq.dt, dq.st[3], a, D);
+      if (relacc) {
+        float *g = relacc + row * R;
+        for (int64_t r = 1; r < nrun; r++)
+          for (int64_t e = 0; e < R; e++) g[e] += relacc[(r * nrow + row) * R + e];
+        kg_cpu_store_f32((char *)kg_attn_at(&drh, b, h, i), drh.dt, drh.st[3], g, P->kh);
+        kg_cpu_store_f32((char *)kg_attn_at(&drw, b, h, i), drw.dt, drw.st[3], g + P->kh, P->kw);
+      }
     }
     free(buf);
   }
   kg_cpu_free(dqacc, dq_rounded);
+  if (relacc) kg_cpu_free(relacc, rel_rounded);
   free(delta);
 }

@@ -232,47 +232,158 @@ static kg_sdpa_desc sdpa_desc(const kg_tensor *q, const kg_tensor *k, const kg_t
   return d;
 }
 
-kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
-                  const kg_sdpa_params *p) {
-  kg_sdpa_params prm = p ? *p : (kg_sdpa_params){0};
-  KG_TRY(sdpa_check(q, k, v, mask, &prm));
-  if (prm.scale == 0) prm.scale = 1.0 / sqrt((double)q->shape[3]);
-  prm.window = kg_sdpa_window(prm.window, k->shape[2]); /* a window >= S is no window */
-  kg_sdpa_desc d = sdpa_desc(q, k, v, mask, &prm);
-  kg_sdpa_route route = kg_sdpa_route_of(&d, NULL);
-  kg_sdpa_stat_add(5, route);
-  if (route == KG_SDPA_ROUTE_MATH)
-    return sdpa_math(out, q, k, v, mask, &prm,
-                     kg_sdpa_math_rows(d.B, d.H, d.T, d.S, d.requires_grad, math_chunk_bytes()));
-  /* out: [B, H, T, D]; lse: [B, H, T] logsumexp of each score row, saved for backward */
-  kg_tensor *o[2] = {NULL, NULL};
-  KG_TRY(kg_new_like(&o[0], q, 4, q->shape, q->dtype));
-  kg_status s = kg_new_like(&o[1], q, 3, q->shape, q->dtype == KG_F64 ? KG_F64 : KG_F32);
-  const kg_tensor *in[4] = {q, k, v, mask};
-  if (s == KG_OK) s = kg_op_run(KG_OP_SDPA, 2, o, 4, in, &prm, sizeof prm);
-  kg_tensor_release(o[1]);
-  if (s) kg_tensor_release(o[0]);
-  else *out = o[0];
+/* [B, H, T, D] -> [B, T, H, D] contiguous (a copy unless *out's memory is in that order already) */
+static kg_status to_bthd(kg_tensor **out, kg_tensor *a) {
+  kg_tensor *t;
+  kg_status s = kg_transpose(&t, a, 1, 2);
+  kg_tensor_release(a);
+  if (s) return s;
+  s = kg_contiguous(out, t);
+  kg_tensor_release(t);
   return s;
 }
 
-/* dq, dk, dv from one SDPA_BACKWARD kernel that recomputes the probabilities from lse */
+/* the fused kernel of the device on in = {q, k, v, mask[, rel_h, rel_w]} (nin 4 or 6) */
+static kg_status sdpa_fused(kg_tensor **out, int nin, const kg_tensor *const *in, const kg_sdpa_params *prm) {
+  const kg_tensor *q = in[0];
+  /* out: [B, H, T, D]; lse: [B, H, T] logsumexp of each score row, saved for backward. For
+   * out_bthd on the CPU, out is a [B, H, T, D] view of [B, T, H, D] memory (the kernel writes
+   * through strides), so the transpose at the end is free */
+  bool bthd = prm->out_bthd && q->device.type == KG_DEV_CPU;
+  kg_tensor *o[2] = {NULL, NULL}, *base = NULL;
+  int64_t shape[4] = {q->shape[0], q->shape[2], q->shape[1], q->shape[3]};
+  if (bthd) {
+    KG_TRY(kg_new_like(&base, q, 4, shape, q->dtype));
+    kg_status s = kg_transpose(&o[0], base, 1, 2);
+    kg_tensor_release(base);
+    KG_TRY(s);
+  } else {
+    KG_TRY(kg_new_like(&o[0], q, 4, q->shape, q->dtype));
+  }
+  kg_status s = kg_new_like(&o[1], q, 3, q->shape, q->dtype == KG_F64 ? KG_F64 : KG_F32);
+  if (s == KG_OK) s = kg_op_run(KG_OP_SDPA, 2, o, nin, in, prm, sizeof *prm);
+  kg_tensor_release(o[1]);
+  if (s) {
+    kg_tensor_release(o[0]);
+    return s;
+  }
+  if (prm->out_bthd) return to_bthd(out, o[0]);
+  *out = o[0];
+  return KG_OK;
+}
+
+/* the params as the kernels take them: scale resolved, a window >= S dropped */
+static kg_sdpa_params sdpa_resolve(const kg_tensor *q, const kg_tensor *k, const kg_sdpa_params *p) {
+  kg_sdpa_params prm = p ? *p : (kg_sdpa_params){0};
+  if (prm.scale == 0) prm.scale = 1.0 / sqrt((double)q->shape[3]);
+  prm.window = kg_sdpa_window(prm.window, k->shape[2]); /* a window >= S is no window */
+  return prm;
+}
+
+kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
+                  const kg_sdpa_params *p) {
+  KG_TRY(sdpa_check(q, k, v, mask, p ? p : &(kg_sdpa_params){0}));
+  kg_sdpa_params prm = sdpa_resolve(q, k, p);
+  kg_sdpa_desc d = sdpa_desc(q, k, v, mask, &prm);
+  kg_sdpa_route route = kg_sdpa_route_of(&d, NULL);
+  kg_sdpa_stat_add(5, route);
+  if (route == KG_SDPA_ROUTE_MATH) {
+    kg_tensor *a;
+    KG_TRY(sdpa_math(&a, q, k, v, mask, &prm, kg_sdpa_math_rows(d.B, d.H, d.T, d.S, d.requires_grad, math_chunk_bytes())));
+    if (prm.out_bthd) return to_bthd(out, a);
+    *out = a;
+    return KG_OK;
+  }
+  const kg_tensor *in[4] = {q, k, v, mask};
+  return sdpa_fused(out, 4, in, &prm);
+}
+
+/* ---- SAM's decomposed relative-position bias --------------------------------------------- */
+
+/* rel_h [B, H, T, kh] and rel_w [B, H, T, kw] with kh·kw = S, floating, on q's device */
+static kg_status rel_check(const kg_tensor *q, const kg_tensor *k, const kg_tensor *mask, const kg_tensor *rh,
+                           const kg_tensor *rw) {
+  static const char *op = "scaled_dot_product_attention";
+  char a[KG_SHAPE_STR_MAX], b[KG_SHAPE_STR_MAX], c[KG_SHAPE_STR_MAX];
+  if (!rh || !rw) return kg_error(KG_ERR_VALUE, op, "rel_h and rel_w go together (got only %s)", rh ? "rel_h" : "rel_w");
+  const kg_tensor *ts[3] = {q, rh, rw};
+  KG_TRY(kg_check_same_device(op, 3, ts));
+  KG_TRY(kg_check_float(op, rh, "rel_h"));
+  KG_TRY(kg_check_float(op, rw, "rel_w"));
+  if (mask) return kg_error(KG_ERR_VALUE, op, "mask %s: a mask cannot be combined with rel_h/rel_w", KG_SHAPE(mask, a));
+  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], S = k->shape[2];
+  bool ok = rh->ndim == 4 && rw->ndim == 4;
+  for (int i = 0; ok && i < 3; i++) ok = rh->shape[i] == q->shape[i] && rw->shape[i] == q->shape[i];
+  if (!ok || rh->shape[3] * rw->shape[3] != S)
+    return kg_error(KG_ERR_SHAPE, op,
+                    "rel_h %s, rel_w %s: need [B,H,T,kh] and [B,H,T,kw] with B,H,T = %lld,%lld,%lld of q %s "
+                    "and kh*kw = S = %lld",
+                    KG_SHAPE(rh, a), KG_SHAPE(rw, b), (long long)B, (long long)H, (long long)T, KG_SHAPE(q, c),
+                    (long long)S);
+  if (q->shape[3] == 0) return kg_error(KG_ERR_SHAPE, op, "q %s: rel_h/rel_w need a head dim D > 0", KG_SHAPE(q, a));
+  return KG_OK;
+}
+
+/* the bias [B, H, T, S] itself: rel_h[..., ky] + rel_w[..., kx] at key ky·kw + kx (the routes
+ * other than the CPU's fused kernel take it as an additive mask, autograd through these ops) */
+static kg_status rel_bias(kg_tensor **out, const kg_tensor *rh, const kg_tensor *rw) {
+  kg_tensor *a = NULL, *b = NULL, *sum = NULL;
+  int64_t shape[4] = {rh->shape[0], rh->shape[1], rh->shape[2], rh->shape[3] * rw->shape[3]};
+  int64_t sh[5] = {shape[0], shape[1], shape[2], rh->shape[3], 1}, sw[5] = {shape[0], shape[1], shape[2], 1, rw->shape[3]};
+  kg_status s = kg_reshape(&a, rh, 5, sh); /* [B, H, T, kh, 1] */
+  if (!s) s = kg_reshape(&b, rw, 5, sw);   /* [B, H, T, 1, kw] */
+  if (!s) s = kg_binary(&sum, KG_OP_ADD, a, b);
+  if (!s) s = kg_reshape(out, sum, 4, shape);
+  kg_tensor *all[3] = {a, b, sum};
+  kg_release_all(3, all);
+  return s;
+}
+
+kg_status kg_sdpa_rel(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
+                      const kg_tensor *rel_h, const kg_tensor *rel_w, const kg_sdpa_params *p) {
+  if (!rel_h && !rel_w) return kg_sdpa(out, q, k, v, mask, p);
+  KG_TRY(sdpa_check(q, k, v, mask, p ? p : &(kg_sdpa_params){0}));
+  KG_TRY(rel_check(q, k, mask, rel_h, rel_w));
+  kg_sdpa_params prm = sdpa_resolve(q, k, p);
+  /* routed as a call with an additive mask whose gradient the kernel gives (the CPU's does) */
+  kg_sdpa_desc d = sdpa_desc(q, k, v, NULL, &prm);
+  d.mask = KG_SDPA_MASK_ADDITIVE;
+  d.requires_grad |= kg_grad_enabled() && (kg_requires_grad(rel_h) || kg_requires_grad(rel_w));
+  if (kg_sdpa_route_of(&d, NULL) != KG_SDPA_ROUTE_CPU) { /* CUDA, or the math route: the bias in full */
+    kg_tensor *bias;
+    KG_TRY(rel_bias(&bias, rel_h, rel_w));
+    kg_status s = kg_sdpa(out, q, k, v, bias, &prm);
+    kg_tensor_release(bias);
+    return s;
+  }
+  kg_sdpa_stat_add(5, KG_SDPA_ROUTE_CPU);
+  const kg_tensor *in[6] = {q, k, v, NULL, rel_h, rel_w};
+  return sdpa_fused(out, 6, in, &prm);
+}
+
+/* dq, dk, dv (and drel_h, drel_w) from one SDPA_BACKWARD kernel that recomputes the
+ * probabilities from lse */
 kg_status kg_grad_scaled_dot_product_attention(kg_node *n, kg_tensor *const *dout, kg_tensor **din) {
   if (!dout[0]) return KG_OK;
   const kg_tensor *q = n->saved_in[0], *k = n->saved_in[1], *v = n->saved_in[2];
-  kg_tensor *g[3] = {NULL, NULL, NULL};
+  const kg_tensor *rh = n->nin > 5 ? n->saved_in[4] : NULL, *rw = n->nin > 5 ? n->saved_in[5] : NULL;
+  int ng = rh ? 5 : 3;
+  kg_tensor *g[5] = {NULL, NULL, NULL, NULL, NULL};
   kg_status s = kg_new_like(&g[0], q, 4, q->shape, q->dtype);
   if (s == KG_OK) s = kg_new_like(&g[1], k, 4, k->shape, k->dtype);
   if (s == KG_OK) s = kg_new_like(&g[2], v, 4, v->shape, v->dtype);
-  /* in: q, k, v, mask, out, lse, dout */
-  const kg_tensor *in[7] = {q, k, v, n->saved_in[3], n->saved_out[0], n->saved_out[1], dout[0]};
-  if (s == KG_OK) s = kg_op_dispatch(KG_OP_SDPA_BACKWARD, 3, g, 7, in, n->params);
+  if (s == KG_OK && rh) s = kg_new_like(&g[3], rh, 4, rh->shape, rh->dtype);
+  if (s == KG_OK && rh) s = kg_new_like(&g[4], rw, 4, rw->shape, rw->dtype);
+  /* in: q, k, v, mask, out, lse, dout[, rel_h, rel_w] */
+  const kg_tensor *in[9] = {q, k, v, n->saved_in[3], n->saved_out[0], n->saved_out[1], dout[0], rh, rw};
+  if (s == KG_OK) s = kg_op_dispatch(KG_OP_SDPA_BACKWARD, ng, g, rh ? 9 : 7, in, n->params);
   if (s) {
-    kg_release_all(3, g);
+    kg_release_all(5, g);
     return s;
   }
-  for (int i = 0; i < 3; i++) {
-    if (kg_node_needs_grad(n, i)) din[i] = g[i];
+  for (int i = 0; i < ng; i++) { /* g: q, k, v, rel_h, rel_w; inputs: q, k, v, mask, rel_h, rel_w */
+    int in_i = i < 3 ? i : i + 1;
+    if (kg_node_needs_grad(n, in_i)) din[in_i] = g[i];
     else kg_tensor_release(g[i]);
   }
   return KG_OK;

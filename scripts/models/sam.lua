@@ -53,21 +53,19 @@ end
 -- image encoder (ViTDet)
 
 -- relative position bias of the decomposed form (Li et al. 2022, MViTv2): for query (y, x) and
--- key (ky, kx), bias = q·Rh[y - ky] + q·Rw[x - kx]. q [N, H, S·S, D] unscaled -> [N, H, T, T]
-local function rel_pos_bias(q, rel_h, rel_w, S, idx)
+-- key (ky, kx), bias = q·Rh[y - ky] + q·Rw[x - kx]. q [N, H, S·S, D] unscaled -> its two terms
+-- rel_h [N, H, T, ky] and rel_w [N, H, T, kx], which scaled_dot_product_attention adds to the
+-- scores itself (the [N, H, T, T] bias is never built). The products read q where it lies (a
+-- strided view of the qkv projection) with Rh / Rw broadcast over N and H: rel_h comes out in
+-- its final order, rel_w needs one transpose (a quarter of the time of copying q twice first)
+local function rel_pos_terms(q, rel_h, rel_w, S, idx)
   local N, H, D = q.shape[1], q.shape[2], q.shape[4]
-  local NH = N * H
-  local Rh = rel_h:index_select(1, idx):view{S, S, D}               -- Rh[y, ky] = table[y - ky + S - 1]
-  local Rw = rel_w:index_select(1, idx):view{S, S, D}
-  local q5 = q:reshape{NH, S, S, D}                                 -- [NH, y, x, D]
-  local qy = q5:permute{2, 1, 3, 4}:reshape{S, NH * S, D}           -- [y, NH·x, D]
-  local bh = qy:matmul(Rh:transpose(2, 3)):view{S, NH, S, S}        -- [y, NH, x, ky]
-  bh = bh:permute{2, 1, 3, 4}                                       -- [NH, y, x, ky]
-  local qx = q5:permute{3, 1, 2, 4}:reshape{S, NH * S, D}           -- [x, NH·y, D]
-  local bw = qx:matmul(Rw:transpose(2, 3)):view{S, NH, S, S}        -- [x, NH, y, kx]
-  bw = bw:permute{2, 3, 1, 4}                                       -- [NH, y, x, kx]
-  local bias = bh:unsqueeze(5) + bw:unsqueeze(4)                    -- [NH, y, x, ky, kx]
-  return bias:reshape{N, H, S * S, S * S}
+  local Rh = rel_h:index_select(1, idx):view{1, 1, S, S, D}:transpose(4, 5)  -- [1, 1, y, D, ky]: table[y - ky + S - 1]
+  local Rw = rel_w:index_select(1, idx):view{1, 1, S, S, D}:transpose(4, 5)  -- [1, 1, x, D, kx]
+  local q5 = q:view{N, H, S, S, D}                                   -- [N, H, y, x, D]
+  local bh = q5:matmul(Rh):view{N, H, S * S, S}                      -- [N, H, y, x, ky]
+  local bw = q5:transpose(3, 4):matmul(Rw):transpose(3, 4)           -- [N, H, y, x, kx] (of [N, H, x, y, kx])
+  return bh, bw:reshape{N, H, S * S, S}
 end
 
 local VisionAttention = nn.Module:extend("SamVisionAttention")
@@ -110,18 +108,12 @@ function VisionAttention:attend(x)                                  -- x [N, S, 
       error(string.format("SamVisionAttention: rel_pos tables have %d rows, a %dx%d grid needs %d",
         self.rel_pos_h.shape[1], S, S, 2 * S - 1), 2)
     end
-    local bias = rel_pos_bias(q, self.rel_pos_h, self.rel_pos_w, S, self:rel_index(S, x.device))  -- [N, H, T, T]
-    if keng.is_grad_enabled() and bias.requires_grad then
-      -- the fused kernel passes no gradient to its mask: when the tables train, spell it out
-      local scores = q:matmul(k:transpose(3, 4)) * (D ^ -0.5) + bias
-      a = scores:softmax(-1):matmul(v)                              -- [N, H, T, D]
-    else
-      a = keng.scaled_dot_product_attention(q, k, v, {mask = bias})  -- additive float mask
-    end
+    local rh, rw = rel_pos_terms(q, self.rel_pos_h, self.rel_pos_w, S, self:rel_index(S, x.device))
+    a = keng.scaled_dot_product_attention(q, k, v, {rel_h = rh, rel_w = rw, layout = "bthd"})  -- [N, T, H, D]
   else
-    a = keng.scaled_dot_product_attention(q, k, v)
+    a = keng.scaled_dot_product_attention(q, k, v, {layout = "bthd"})
   end
-  a = a:transpose(2, 3):reshape{N, S, S, C}
+  a = a:reshape{N, S, S, C}                                         -- no copy: the heads are side by side
   return self.proj(a)                                               -- [N, S, S, C]
 end
 

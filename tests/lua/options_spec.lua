@@ -311,7 +311,7 @@ describe("engine bindings' option numbers", function()
   local q = keng.randn({1, 1, 2, 4})
   it("sdpa refuses an unknown key and a window that is not a whole number >= 0", function()
     H.raises(function() keng.scaled_dot_product_attention(q, q, q, {casual = true}) end,
-      "unknown option 'casual' (valid: mask, causal, scale, window)")
+      "unknown option 'casual' (valid: mask, causal, scale, window, rel_h, rel_w, layout)")
     H.raises(function() keng.scaled_dot_product_attention(q, q, q, {window = 0/0}) end, "option 'window' must be an integer")
     H.raises(function() keng.scaled_dot_product_attention(q, q, q, {window = -1}) end, "option 'window' must be an integer")
     H.raises(function() keng.scaled_dot_product_attention(q, q, q, {window = 2.5}) end, "option 'window' must be an integer")

@@ -212,6 +212,8 @@ typedef struct {
   double scale;   /* 0 = 1/sqrt(D) */
   bool causal;    /* query i sees keys j <= i + (S - T) (aligned bottom-right, as a KV cache) */
   int64_t window; /* > 0: also j > i + (S - T) - window (sliding window) */
+  bool out_bthd;  /* the output as [B, T, H, D] (contiguous: the heads of a token side by side, as the
+                     out projection reads them), not [B, H, T, D]; the CPU's fused kernel writes it so */
 } kg_sdpa_params;
 
 /* x: [..., T, D] rotated pairwise over halves (x[:D/2], x[D/2:]) as Hugging Face's
@@ -228,6 +230,12 @@ kg_status kg_rope_freq(kg_tensor **out, const kg_tensor *x, const kg_tensor *pos
  * which calls take it: D > 256 on cuda, big tensor-core calls, a non-finite scale). */
 kg_status kg_sdpa(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
                   const kg_sdpa_params *p);
+/* kg_sdpa with SAM's decomposed relative-position bias added to the scaled scores (no mask then):
+ * rel_h [B, H, T, kh], rel_w [B, H, T, kw], kh·kw = S; key j = ky·kw + kx of a kh x kw grid gets
+ * rel_h[b, h, i, ky] + rel_w[b, h, i, kx]. The CPU's fused kernel reads them in place and gives
+ * their gradients; other routes build the [B, H, T, S] bias from them. NULL, NULL: kg_sdpa. */
+kg_status kg_sdpa_rel(kg_tensor **out, const kg_tensor *q, const kg_tensor *k, const kg_tensor *v, const kg_tensor *mask,
+                      const kg_tensor *rel_h, const kg_tensor *rel_w, const kg_sdpa_params *p);
 
 /* ---- losses (engine/ops/loss.c) ------------------------------------------------------------ */
 
