@@ -233,8 +233,9 @@ void kg_set_num_threads(int n) {
  * reading is taken as soon as ops run and the first decision KG_THREADS_SHORT_MS later (a row of
  * a benchmark, or a short script, is over within a second: a 250 ms wait for the first of two
  * readings left the whole of it at a count the load had already made wrong); after that, every
- * kg_threads_window_ms while ops run. A window without ops is not measured: the thread sleeps
- * until the next op wakes it, and the next window starts afresh. The op dispatch only applies
+ * kg_threads_window_ms while ops run. A window in which no op started and this process used
+ * under a tenth of a core is not measured: the thread sleeps until the next op wakes it, and the next
+ * window starts afresh. The op dispatch only applies
  * the count decided (omp_set_num_threads sets the calling thread's own count). */
 static sem_t wake;          /* posted by kg_threads_poll when ops start after a pause */
 static _Atomic int parked;  /* 1: the measuring thread waits on `wake` */
@@ -242,23 +243,28 @@ static _Atomic int parked;  /* 1: the measuring thread waits on `wake` */
 static void *monitor(void *arg) {
   (void)arg;
   for (;;) {
-    if (!atomic_exchange(&tp.active, 0)) { /* no ops since the last look: wait for one */
-      tp.have_last = 0;
-      atomic_store(&parked, 1);
-      if (!atomic_load(&tp.active)) /* an op between the two loads posts `wake` */
-        while (sem_wait(&wake) && errno == EINTR) {
-        }
-      atomic_store(&parked, 0);
-      atomic_store(&tp.active, 0);
-    }
     kg_cpu_sample s;
     if (!sample(&s)) {
       atomic_store(&tp.adaptive, 0); /* no /proc/stat: keep the count we have */
       tp.no_proc = 1;
       return NULL;
     }
+    int ran = atomic_exchange(&tp.active, 0);
     if (tp.have_last) {
-      double wall = s.wall_s - tp.last.wall_s;
+      double wall = s.wall_s - tp.last.wall_s, own = wall > 0 ? (s.own_s - tp.last.own_s) / wall : 0;
+      /* a window counts if an op started in it or one ran through it (one op can outlast several
+       * windows): this process used a tenth of a core or more, which a busy machine that leaves
+       * our threads a fraction of a core still shows and a process waiting for input does not;
+       * otherwise sleep until the next op */
+      if (!ran && own < 0.1) {
+        tp.have_last = 0;
+        atomic_store(&parked, 1);
+        if (!atomic_load(&tp.active)) /* an op between the two loads posts `wake` */
+          while (sem_wait(&wake) && errno == EINTR) {
+          }
+        atomic_store(&parked, 0);
+        continue; /* the next reading starts a window */
+      }
       double others = kg_threads_others(&tp.last, &s), waiting = wall > 0 ? (s.delay_s - tp.last.delay_s) / wall : 0;
       if (waiting < 0) waiting = 0; /* a thread that exited took its count along */
       atomic_store(&tp.others, others);

@@ -84,6 +84,15 @@ repeat for _ = 1, 100 do x = x:mul(1.0) end until ns() - start > 3e8
 io.write(type(keng.thread_policy().others))]])
     assert.equal("number", out)
   end)
+
+  it("one op longer than the windows is measured while it runs", function()
+    -- no op starts during a 2048^3 matmul (0.1 s idle, seconds on a loaded machine), but the
+    -- process works: the windows in it count (before, a window without an op start was skipped)
+    local out = child({}, [[local a = keng.randn({2048, 2048})
+local c = a:matmul(a)
+io.write(type(keng.thread_policy().others))]])
+    assert.equal("number", out)
+  end)
 end)
 
 describe("wait policy: keng's short spin gives way", function()
