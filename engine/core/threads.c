@@ -234,11 +234,11 @@ void kg_set_num_threads(int n) {
  * a benchmark, or a short script, is over within a second: a 250 ms wait for the first of two
  * readings left the whole of it at a count the load had already made wrong); after that, every
  * kg_threads_window_ms while ops run. A window in which no op started and this process used
- * under a tenth of a core is not measured: the thread sleeps until the next op wakes it, and the next
- * window starts afresh. The op dispatch only applies
- * the count decided (omp_set_num_threads sets the calling thread's own count). */
-static sem_t wake;          /* posted by kg_threads_poll when ops start after a pause */
-static _Atomic int parked;  /* 1: the measuring thread waits on `wake` */
+ * under a tenth of a core is not measured: the thread sleeps until the next op wakes it, and the
+ * next window starts afresh. The op dispatch only applies the count decided (omp_set_num_threads
+ * sets the calling thread's own count). */
+static sem_t wake;         /* posted by kg_threads_poll when ops start after a pause */
+static _Atomic int parked; /* 1: the measuring thread waits on `wake` */
 
 static void *monitor(void *arg) {
   (void)arg;
