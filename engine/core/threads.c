@@ -15,9 +15,11 @@
 #include "internal.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sched.h>
@@ -94,6 +96,12 @@ void kg_threads_step(kg_threads_state *st, int max, int ncpu, double others, dou
     st->probing = 1;
     st->since_s = 0;
   }
+}
+
+int kg_threads_window_ms(const kg_threads_state *st) {
+  /* right after a move (or a probe, or its end) the next reading says soonest whether it was
+   * right: a wrong drop on a quiet machine, or a probe beside a busy core, then costs 50 ms */
+  return st->since_s == 0 ? KG_THREADS_SHORT_MS : KG_THREADS_WINDOW_MS;
 }
 
 double kg_threads_others(const kg_cpu_sample *a, const kg_cpu_sample *b) {
@@ -221,28 +229,42 @@ void kg_set_num_threads(int n) {
   apply(n < 1 ? 1 : n);
 }
 
-/* The measuring runs on a thread of its own, so that no op pays for the /proc reads: every
- * KG_THREADS_WINDOW_MS, if ops ran since the last window, it takes a reading and, when the count
- * is adaptive, decides the next count; the op dispatch only applies it (omp_set_num_threads sets
- * the calling thread's own count). A window without ops is not measured: the next one starts
- * afresh. */
+/* The measuring runs on a thread of its own, so that no op pays for the /proc reads. The first
+ * reading is taken as soon as ops run and the first decision KG_THREADS_SHORT_MS later (a row of
+ * a benchmark, or a short script, is over within a second: a 250 ms wait for the first of two
+ * readings left the whole of it at a count the load had already made wrong); after that, every
+ * kg_threads_window_ms while ops run. A window in which no op started and this process used
+ * under a tenth of a core is not measured: the thread sleeps until the next op wakes it, and the
+ * next window starts afresh. The op dispatch only applies the count decided (omp_set_num_threads
+ * sets the calling thread's own count). */
+static sem_t wake;         /* posted by kg_threads_poll when ops start after a pause */
+static _Atomic int parked; /* 1: the measuring thread waits on `wake` */
+
 static void *monitor(void *arg) {
   (void)arg;
-  struct timespec ts = {0, KG_THREADS_WINDOW_MS * 1000000L};
   for (;;) {
-    nanosleep(&ts, NULL);
-    if (!atomic_exchange(&tp.active, 0)) {
-      tp.have_last = 0;
-      continue;
-    }
     kg_cpu_sample s;
     if (!sample(&s)) {
       atomic_store(&tp.adaptive, 0); /* no /proc/stat: keep the count we have */
       tp.no_proc = 1;
       return NULL;
     }
+    int ran = atomic_exchange(&tp.active, 0);
     if (tp.have_last) {
-      double wall = s.wall_s - tp.last.wall_s;
+      double wall = s.wall_s - tp.last.wall_s, own = wall > 0 ? (s.own_s - tp.last.own_s) / wall : 0;
+      /* a window counts if an op started in it or one ran through it (one op can outlast several
+       * windows): this process used a tenth of a core or more, which a busy machine that leaves
+       * our threads a fraction of a core still shows and a process waiting for input does not;
+       * otherwise sleep until the next op */
+      if (!ran && own < 0.1) {
+        tp.have_last = 0;
+        atomic_store(&parked, 1);
+        if (!atomic_load(&tp.active)) /* an op between the two loads posts `wake` */
+          while (sem_wait(&wake) && errno == EINTR) {
+          }
+        atomic_store(&parked, 0);
+        continue; /* the next reading starts a window */
+      }
       double others = kg_threads_others(&tp.last, &s), waiting = wall > 0 ? (s.delay_s - tp.last.delay_s) / wall : 0;
       if (waiting < 0) waiting = 0; /* a thread that exited took its count along */
       atomic_store(&tp.others, others);
@@ -253,8 +275,12 @@ static void *monitor(void *arg) {
         atomic_store(&tp.want, tp.st.current);
       }
     }
+    long ms = tp.have_last ? kg_threads_window_ms(&tp.st) : KG_THREADS_SHORT_MS;
     tp.last = s;
     tp.have_last = 1;
+    struct timespec ts = {ms / 1000, ms % 1000 * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
   }
   return NULL;
 }
@@ -262,7 +288,10 @@ static void *monitor(void *arg) {
 void kg_threads_poll(void) {
   if (!tp.current) setup();
   if (tp.no_proc) return;
-  if (!atomic_load_explicit(&tp.active, memory_order_relaxed)) atomic_store_explicit(&tp.active, 1, memory_order_relaxed);
+  if (!atomic_load_explicit(&tp.active, memory_order_relaxed)) {
+    atomic_store(&tp.active, 1);
+    if (atomic_exchange(&parked, 0)) sem_post(&wake);
+  }
   if (!tp.monitor_started) {
     /* a fixed count is measured too (keng.thread_policy reports the load), just never moved;
      * signals stay with the threads that were there */
@@ -270,6 +299,7 @@ void kg_threads_poll(void) {
     pthread_t t;
     pthread_attr_t a;
     sigset_t all, old;
+    sem_init(&wake, 0, 0);
     pthread_attr_init(&a);
     pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
     sigfillset(&all);

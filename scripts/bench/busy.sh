@@ -14,6 +14,9 @@
 # configuration, row): the idle and busy medians over the rounds and busy / idle, and the
 # configurations interleave so that a load that comes and goes hits all of them alike.
 # Defaults: the five rows of docs/kernels.md ("Threads under load"), --steps 3, --rounds 2.
+# It measures thread policy only where this session can have both cores: on a machine loaded by
+# other sessions the loop takes its half out of our session's share, whatever keng does (the last
+# line repeats the load average; scripts/bench/busy_drop.lua times the reaction on any machine).
 set -euo pipefail
 steps=3 rounds=2 configs="default 2 1"
 rows=sam_fit,sam_predict,bert_fit,mistral_generate_1,gemma_generate_32
@@ -24,7 +27,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "busy.sh: unknown option $1 (valid: --steps --rounds --rows --configs)" >&2; exit 2 ;;
     *) bins+=("$1"); shift ;;
   esac
@@ -76,3 +79,4 @@ for b in "${!bins[@]}"; do
       done
   done
 done
+echo "# load at the end $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -72,6 +72,41 @@ static void choose(void) {
   CHECK(step(&st, 8, 8, 2.9, 0.0) == 5);
 }
 
+/* The monitor's timing, driven by kg_threads_window_ms: a busy loop of equal priority that starts
+ * with ops (our threads queue at 2 threads, not at 1) is seen by the first reading, 50 ms in, and
+ * the probes that check whether the core came back cost 50 ms each. */
+static void windows(void) {
+  kg_threads_state st = at(2);
+  CHECK(kg_threads_window_ms(&st) == KG_THREADS_SHORT_MS); /* nothing measured yet */
+  step(&st, 2, 2, 0.1, 0.0);
+  CHECK(st.current == 2 && kg_threads_window_ms(&st) == KG_THREADS_WINDOW_MS); /* steady: the long window */
+  CHECK(KG_THREADS_SHORT_MS <= 50 && KG_THREADS_WINDOW_MS <= 100);
+
+  st = at(2);
+  double t = 0, at2 = 0, first_drop = -1;
+  while (t < 10.0) {
+    double w = kg_threads_window_ms(&st) / 1000.0;
+    int n = st.current;
+    if (n == 2) at2 += w;
+    kg_threads_step(&st, 2, 2, n == 2 ? 1.3 : 1.0, n == 2 ? 0.9 : 0.05, w);
+    t += w;
+    if (first_drop < 0 && st.current == 1) first_drop = t;
+    if (st.current != n) CHECK(kg_threads_window_ms(&st) == KG_THREADS_SHORT_MS); /* a move is checked soon */
+  }
+  CHECK(NEAR(first_drop, 0.05));
+  /* 10 s beside the loop: 50 ms before the drop, then probes 1, 2 and 4 s apart, 50 ms each */
+  CHECK(at2 <= 0.2 + 1e-9);
+  CHECK(st.probe_every_s == 8.0);
+
+  /* a wrong drop on a quiet machine (one window of queueing) is undone by the next, short, window */
+  st = at(2);
+  step(&st, 2, 2, 0.2, 0.0);
+  step(&st, 2, 2, 1.2, 0.6);
+  CHECK(st.current == 1 && kg_threads_window_ms(&st) == KG_THREADS_SHORT_MS);
+  step(&st, 2, 2, 0.1, 0.0);
+  CHECK(st.current == 2);
+}
+
 static void others(void) {
   /* 0.5 s, 1.5 busy core-seconds, 0.5 of them ours: others held 2 cores' worth per second */
   kg_cpu_sample a = {10.0, 100.0, 3.0}, b = {10.5, 101.5, 3.5};
@@ -111,6 +146,7 @@ static void cgroup(void) {
 
 int main(void) {
   choose();
+  windows();
   others();
   proc_stat();
   cgroup();

@@ -58,7 +58,7 @@ describe("thread count: what wins", function()
   end)
 
   it("an adaptive child measures the load of the others after a window of ops", function()
-    -- ops for a little over two windows (KG_THREADS_WINDOW_MS = 250): a reading of others' busy
+    -- ops for 0.6 s, several windows (KG_THREADS_WINDOW_MS = 100): a reading of others' busy
     -- cores (a number, whatever the machine's load) and a count within [1, max]
     local out = child({}, [[local x = keng.randn({64, 64})
 local function ns() local p = io.popen("date +%s%N") local t = p:read("n") p:close() return t end
@@ -71,6 +71,27 @@ io.write(p.current, " ", p.max, " ", type(p.others), " ", (p.others >= 0 and p.w
     assert.is_true(tonumber(cur) >= 1 and tonumber(cur) <= tonumber(max))
     assert.equal("number", kind)
     assert.equal("ok", sign)
+  end)
+
+  it("the first reading comes soon after ops start (50 ms, not after two 250 ms windows)", function()
+    -- a short run is over before a slow first reading: 0.3 s of ops must see one, even on a
+    -- loaded machine (the tree before this took 0.5 s for it and failed here). The ops come in
+    -- bursts of 100 between clock reads (a popen): a window without ops is not measured
+    local out = child({}, [[local x = keng.randn({64, 64})
+local function ns() local p = io.popen("date +%s%N") local t = p:read("n") p:close() return t end
+local start = ns()
+repeat for _ = 1, 100 do x = x:mul(1.0) end until ns() - start > 3e8
+io.write(type(keng.thread_policy().others))]])
+    assert.equal("number", out)
+  end)
+
+  it("one op longer than the windows is measured while it runs", function()
+    -- no op starts during a 2048^3 matmul (0.1 s idle, seconds on a loaded machine), but the
+    -- process works: the windows in it count (before, a window without an op start was skipped)
+    local out = child({}, [[local a = keng.randn({2048, 2048})
+local c = a:matmul(a)
+io.write(type(keng.thread_policy().others))]])
+    assert.equal("number", out)
   end)
 end)
 

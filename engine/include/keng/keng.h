@@ -406,9 +406,11 @@ typedef struct {
  * bytes in all (a buffer well past the last-level cache measures DRAM; a small one the cache) */
 kg_status kg_cpu_bandwidth(kg_bandwidth *out, size_t bytes, int threads, int reps);
 /* Called before each cpu op: applies the count the measuring thread (started by the first call)
- * decided; that thread reads the load every KG_THREADS_WINDOW_MS while ops run. */
+ * decided; that thread decides KG_THREADS_SHORT_MS after ops start, then after each window
+ * (kg_threads_window_ms) while they run. */
 void kg_threads_poll(void);
-#define KG_THREADS_WINDOW_MS 250
+#define KG_THREADS_SHORT_MS 50
+#define KG_THREADS_WINDOW_MS 100
 #define KG_THREADS_MAX_CPUS 1024
 /* The decision, a plain function of one window's readings: `others` = busy cores of other
  * processes, `waiting` = cores' worth of time our threads sat runnable but not running. It drops
@@ -425,6 +427,9 @@ typedef struct {
 #define KG_THREADS_PROBE_MIN_S 1.0
 #define KG_THREADS_PROBE_MAX_S 16.0
 void kg_threads_step(kg_threads_state *st, int max, int ncpu, double others, double waiting, double window_s);
+/* The next window's length in ms: KG_THREADS_SHORT_MS right after the count moved, a probe began
+ * or ended (since_s == 0), KG_THREADS_WINDOW_MS otherwise. */
+int kg_threads_window_ms(const kg_threads_state *st);
 /* One reading: monotonic wall time, busy seconds of our cores (/proc/stat), this process's CPU,
  * and the run-queue wait of its threads (/proc/self/task/N/schedstat). */
 typedef struct {
