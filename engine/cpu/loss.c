@@ -4,6 +4,10 @@
  * into a float buffer (double for f64) and the logsumexp accumulates in double. Float rows use
  * the vector exp (kg_cpu_exp_f32, <= 1 ulp) and row reductions of rows_simd.h: with an LM head's
  * 32000 classes, libm's expf per element was most of the loss's time.
+ * Contiguous f32, bf16 and f16 rows without class weights take the AVX-512 row kernels below
+ * instead: they read the logits in their own dtype (widened in registers, no f32 copy of the
+ * [B·T, V] logits), compute in f32 lanes with the sums added in double, and write the gradient
+ * in the logits' dtype, as PyTorch's F.cross_entropy on bf16 logits (f32 inside, bf16 grad).
  * Class weights w [C] (optional) and label smoothing ε follow PyTorch: row loss
  * (1-ε)·w[t]·(lse - x[t]) + ε/C·Σc w[c]·(lse - x[c]), mean over Σ w[t] of the kept rows. */
 #include "cpu.h"
@@ -11,6 +15,139 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* engine/ops/loss.c: the out-of-range target error, shared with the CUDA kernel */
+kg_status kg_cross_entropy_range_error(const kg_tensor *logits, const kg_tensor *targets, int64_t row, long long value);
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CE_X86 1
+#endif
+
+#ifdef CE_X86
+#define CE512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define CE512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline
+#define CE_BLOCK 1024 /* f32 lanes add CE_BLOCK/16 terms before their block's total goes to double */
+
+/* AVX-512 F/BW/VL present and KENG_NO_SIMD=1 not set (the spec runs both paths) */
+static bool ce_avx512(void) {
+  static int have = -1; /* set once; a race writes the same value */
+  if (have < 0) {
+    __builtin_cpu_init();
+    have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  }
+  return have == 1 && kg_cpu_simd() >= 2;
+}
+
+static bool ce_fast_dtype(kg_dtype dt) { return dt == KG_F32 || dt == KG_BF16 || dt == KG_F16; }
+
+CE512_INLINE __mmask16 ce_mask(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+
+/* 16 elements p[j..j+15] of dtype dt widened to f32 (exact); lanes outside k read as 0 */
+CE512_INLINE __m512 ce_load16(const char *p, kg_dtype dt, int64_t j, __mmask16 k) {
+  if (dt == KG_F32) return _mm512_maskz_loadu_ps(k, (const float *)p + j);
+  __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)p + j);
+  if (dt == KG_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* bf16: the high half */
+}
+
+/* lanes k of v stored to p[j..] in dtype dt: bf16 nearest even with NaN kept quiet, exactly
+ * kg_f32_to_bf16; f16 by the hardware's nearest-even conversion */
+CE512_INLINE void ce_store16(char *p, kg_dtype dt, int64_t j, __mmask16 k, __m512 v) {
+  if (dt == KG_F32) {
+    _mm512_mask_storeu_ps((float *)p + j, k, v);
+    return;
+  }
+  __m512i h;
+  if (dt == KG_F16) {
+    _mm256_mask_storeu_epi16((uint16_t *)p + j, k, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return;
+  }
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  h = _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  _mm256_mask_storeu_epi16((uint16_t *)p + j, k, _mm512_cvtepi32_epi16(h));
+}
+
+/* e^x: the formula of elementwise.c's exp8 (x = n·ln2 + r with a two-part ln2, the degree-7
+ * Taylor polynomial on |r| <= ln2/2, <= 1 ulp), 2^n applied by scalef (subnormal results
+ * rounded once, exactly 0 far below). NaN stays NaN (max/min pass their second operand). */
+CE512_INLINE __m512 ce_exp16(__m512 x) {
+  __m512 c = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-110.0f), x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), c));
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/* lse = max + log Σ exp(x - max) of one contiguous row x [C] (f32, bf16 or f16) as the buffered
+ * path computes it: NaN when any x is NaN, a row of -inf shifts by 0; *sx = Σ x when sx. Two
+ * passes over the row (max, then exp-sum), which stays in L2 between them. */
+CE512 static double ce_lse16(const char *row, kg_dtype dt, int64_t C, double *sx) {
+  __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+  __mmask16 nan = 0;
+  int64_t j = 0;
+  for (; j + 32 <= C; j += 32) {
+    __m512 a = ce_load16(row, dt, j, 0xffff), b = ce_load16(row, dt, j + 16, 0xffff);
+    nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+    m0 = _mm512_max_ps(m0, a), m1 = _mm512_max_ps(m1, b);
+  }
+  for (; j < C; j += 16) {
+    __mmask16 k = ce_mask(C - j);
+    __m512 a = ce_load16(row, dt, j, k);
+    nan |= _mm512_mask_cmp_ps_mask(k, a, a, _CMP_UNORD_Q);
+    m0 = _mm512_mask_max_ps(m0, k, m0, a);
+  }
+  if (nan) return NAN;
+  float mx = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+  if (mx == -INFINITY) mx = 0;
+  __m512 mv = _mm512_set1_ps(mx);
+  double sum = 0, s_x = 0;
+  for (int64_t b = 0; b < C; b += CE_BLOCK) {
+    int64_t e = C - b < CE_BLOCK ? C : b + CE_BLOCK;
+    __m512 s = _mm512_setzero_ps(), t = s;
+    for (j = b; j < e; j += 16) {
+      __mmask16 k = ce_mask(e - j);
+      __m512 v = ce_load16(row, dt, j, k);
+      s = _mm512_mask_add_ps(s, k, s, ce_exp16(_mm512_sub_ps(v, mv)));
+      if (sx) t = _mm512_add_ps(t, v); /* lanes outside k are 0 */
+    }
+    sum += _mm512_reduce_add_ps(s);
+    s_x += _mm512_reduce_add_ps(t);
+  }
+  if (sx) *sx = s_x;
+  return mx + log(sum);
+}
+
+/* d[j] = a·exp(x[j] - l) - off, minus tsub at j = t: one contiguous row of the gradient, read
+ * from x in dt and written in ddt */
+CE512 static void ce_grad16(char *d, kg_dtype ddt, const char *row, kg_dtype dt, int64_t C, float l, float a, float off,
+                            int64_t t, float tsub) {
+  __m512 lv = _mm512_set1_ps(l), av = _mm512_set1_ps(a), ov = _mm512_set1_ps(off);
+  for (int64_t j = 0; j < C; j += 16) {
+    __mmask16 k = ce_mask(C - j);
+    __m512 v = _mm512_fmsub_ps(av, ce_exp16(_mm512_sub_ps(ce_load16(row, dt, j, k), lv)), ov);
+    if ((uint64_t)(t - j) < 16) v = _mm512_mask_sub_ps(v, (__mmask16)(1u << (t - j)), v, _mm512_set1_ps(tsub));
+    ce_store16(d, ddt, j, k, v);
+  }
+}
+#else /* never called: ce_avx512() is false */
+static bool ce_avx512(void) { return false; }
+static bool ce_fast_dtype(kg_dtype dt) { (void)dt; return false; }
+static double ce_lse16(const char *row, kg_dtype dt, int64_t C, double *sx) { return NAN; }
+static void ce_grad16(char *d, kg_dtype ddt, const char *row, kg_dtype dt, int64_t C, float l, float a, float off,
+                      int64_t t, float tsub) {}
+#endif
 
 static bool ignored(const kg_loss_params *p, int64_t t) { return p->has_ignore && t == p->ignore_index; }
 
@@ -45,17 +182,21 @@ kg_status kg_cpu_cross_entropy(const kg_op_call *c) {
   double total = 0, kept = 0, eps = p->label_smoothing, *wv, W;
   KG_TRY(load_weights(c->nin > 2 ? c->in[2] : NULL, C, &wv, &W));
   bool plain = !wv && eps == 0; /* the one-hot loss: lse - x[t] */
+  bool fast = xs == 1 && !wv && ce_fast_dtype(x->dtype) && ce_avx512(); /* the row kernels, no buffer */
 #pragma omp parallel if (rows * C > KG_PAR_THRESHOLD && rows > 1) reduction(+ : total, kept)
   {
-    void *buf = malloc((size_t)C * (wide ? sizeof(double) : sizeof(float)));
-    if (!buf) failed = true;
+    void *buf = fast ? NULL : malloc((size_t)C * (wide ? sizeof(double) : sizeof(float)));
+    if (!buf && !fast) failed = true;
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < rows; o++) {
-      if (!buf) continue;
+      if (!buf && !fast) continue;
       const char *row = xb + kg_cpu_reduce_row_offset(&px, o) * xe;
       int64_t t = (int64_t)kg_load_as_double(tb, tg->dtype, kg_cpu_reduce_row_offset(&pt, o));
-      double mx = -INFINITY, sum = 0, xt = 0, dot = 0; /* dot = Σc w[c]·x[c], for smoothing */
-      if (wide) {
+      double mx = -INFINITY, sum = 0, xt = 0, dot = 0, l; /* dot = Σc w[c]·x[c], for smoothing */
+      if (fast) {
+        l = ce_lse16(row, x->dtype, C, eps > 0 ? &dot : NULL);
+        if (t >= 0 && t < C) xt = kg_load_as_double(row, x->dtype, t);
+      } else if (wide) {
         double *v = buf;
         kg_cpu_load_f64(v, row, x->dtype, xs, C);
         if (eps > 0)
@@ -64,6 +205,7 @@ kg_status kg_cpu_cross_entropy(const kg_op_call *c) {
         if (mx == -INFINITY) mx = 0;
         for (int64_t j = 0; j < C; j++) sum += exp(v[j] - mx);
         if (t >= 0 && t < C) xt = v[t];
+        l = mx + log(sum);
       } else {
         float *v = buf;
         kg_cpu_load_f32(v, row, x->dtype, xs, C);
@@ -76,8 +218,9 @@ kg_status kg_cpu_cross_entropy(const kg_op_call *c) {
         for (int64_t j = 0; j < C; j++) v[j] -= fm;
         kg_cpu_exp_f32(v, v, C);
         sum = kg_row_sum_f32(v, C);
+        l = mx + log(sum);
       }
-      double l = mx + log(sum), li = 0;
+      double li = 0;
       kg_store_from_double(sb, lse->dtype, o, l);
       if (!ignored(p, t)) {
         if (t < 0 || t >= C) {
@@ -100,12 +243,7 @@ kg_status kg_cpu_cross_entropy(const kg_op_call *c) {
   }
   free(wv);
   if (failed) return kg_error(KG_ERR_OOM, "cross_entropy", "out of memory for a row of %lld classes", (long long)C);
-  if (bad_row >= 0) {
-    char b[KG_SHAPE_STR_MAX];
-    return kg_error(KG_ERR_VALUE, "cross_entropy",
-                    "target %lld (row %lld) is out of range for %lld classes (logits %s); targets are 0-based",
-                    (long long)bad, (long long)bad_row, (long long)C, KG_SHAPE(x, b));
-  }
+  if (bad_row >= 0) return kg_cross_entropy_range_error(x, tg, bad_row, (long long)bad);
   if (p->reduction == KG_REDUCE_SUM) kg_store_from_double(lb, loss->dtype, 0, total);
   if (p->reduction == KG_REDUCE_MEAN) kg_store_from_double(lb, loss->dtype, 0, kept != 0 ? total / kept : NAN);
   return KG_OK;
@@ -131,6 +269,7 @@ kg_status kg_cpu_cross_entropy_backward(const kg_op_call *c) {
   double scale = 1, eps = p->label_smoothing, *wv, W;
   KG_TRY(load_weights(c->nin > 4 ? c->in[4] : NULL, C, &wv, &W));
   bool plain = !wv && eps == 0;
+  bool fast = xs == 1 && ds == 1 && !wv && ce_fast_dtype(x->dtype) && ce_fast_dtype(dx->dtype) && ce_avx512();
   if (p->reduction == KG_REDUCE_MEAN) {
     double kept = 0;
     for (int64_t o = 0; o < rows; o++) {
@@ -147,6 +286,14 @@ kg_status kg_cpu_cross_entropy_backward(const kg_op_call *c) {
     double l = kg_load_as_double(sb, lse->dtype, o);
     const char *row = xb + kg_cpu_reduce_row_offset(&px, o) * xe;
     char *drow = db + kg_cpu_reduce_row_offset(&pd, o) * de;
+    if (fast) { /* without weights a = 1: dx = (p - (1-ε)·onehot(t) - ε/C)·w */
+      if (w == 0)
+        memset(drow, 0, (size_t)C * de); /* exact zeros, even for a row of NaN */
+      else
+        ce_grad16(drow, dx->dtype, row, x->dtype, C, (float)l, (float)w, (float)(eps / (double)C * w), t,
+                  (float)((1 - eps) * w));
+      continue;
+    }
     if (!plain) { /* weights or smoothing: in double */
       double buf[KG_CHUNK], wt = w == 0 ? 0 : (wv ? wv[t] : 1), a = (1 - eps) * wt + eps * W / (double)C;
       for (int64_t j = 0; j < C; j += KG_CHUNK) {

@@ -8,12 +8,17 @@
  * of range sets the device flag; the launcher reads it back (a stream sync on every call, the
  * price of the CPU's error message) and raises the same error. Backward: one thread per logit,
  * dx = (exp(x - lse) - onehot) * g * scale with the kept count computed on the device (no sync).
+ * Logits of any float dtype are read as they are (bf16 widened in registers, no f32 copy) with
+ * float math for f32/bf16/f16 and double for f64; the gradient is stored in the logits' dtype.
  * Class weights w [C] and label smoothing ε as engine/cpu/loss.c: the row loss is
  * (1-ε)·w[t]·(lse - x[t]) + ε/C·Σc w[c]·(lse - x[c]), a row counts w[t] towards the mean's
  * divisor, and dx = (a·p - (1-ε)·w[t]·onehot - ε/C·w)·g·scale with a = (1-ε)·w[t] + ε/C·Σw. */
 #include "util.cuh"
 
 extern "C" kg_status kg_cuda_fill(const kg_op_call *c);
+/* engine/ops/loss.c: the out-of-range target error, as the CPU kernel's */
+extern "C" kg_status kg_cross_entropy_range_error(const kg_tensor *logits, const kg_tensor *targets, int64_t row,
+                                                  long long value);
 
 struct ce_args {
   kg_cuda_rows rx, rt, rg, rd;
@@ -123,13 +128,10 @@ extern "C" kg_status kg_cuda_cross_entropy(const kg_op_call *c) {
   long long bad_row;
   KG_TRY(kg_flag_read(&flag, 1, &bad_row, "cross_entropy"));
   if (bad_row != KG_NO_ERROR) {
-    char b[KG_SHAPE_STR_MAX];
     kg_cuda_rows rt = a.rt;
     int64_t off = 0, o = bad_row; /* the target's element offset, as kg_row_offset on the host */
     for (int d = rt.nk - 1; d >= 0; d--) off += (o % rt.kshape[d]) * rt.kstride[d], o /= rt.kshape[d];
-    return kg_error(KG_ERR_VALUE, "cross_entropy",
-                    "target %lld (row %lld) is out of range for %lld classes (logits %s); targets are 0-based",
-                    (long long)kg_cuda_peek(tg, off), bad_row, (long long)a.rx.n, KG_SHAPE(x, b));
+    return kg_cross_entropy_range_error(x, tg, bad_row, (long long)kg_cuda_peek(tg, off));
   }
   return KG_OK;
 }
@@ -148,6 +150,9 @@ __global__ void ce_count_kernel(ce_args a, double *scale, bool mean) {
   if (threadIdx.x == 0) scale[0] = mean ? (kept != 0 ? 1.0 / kept : 0) : 1.0, scale[1] = W;
 }
 
+/* T: the math type, float for f32/bf16/f16 logits (read in their dtype, the gradient stored in
+ * the logits' dtype, as the CPU), double for f64 */
+template <class T>
 __global__ void ce_backward_kernel(ce_args a, const double *scale) {
   int64_t C = a.rx.n;
   KG_CUDA_FOR(i, a.rx.nout * C) {
@@ -155,8 +160,8 @@ __global__ void ce_backward_kernel(ce_args a, const double *scale) {
     int64_t t = kg_load_index(a.t, a.tdt, kg_row_offset(a.rt, o));
     double g = a.per_row ? kg_load<double>(a.g, a.gdt, kg_row_offset(a.rg, o)) : kg_load<double>(a.g, a.gdt, 0);
     double w = (a.has_ignore && t == a.ignore) ? 0 : (scale ? scale[0] : 1.0) * g;
-    double l = kg_load<double>(a.lse, a.ldt, o);
-    double p = w == 0 ? 0 : exp(kg_load<double>(a.x, a.xdt, kg_row_offset(a.rx, o) + j * a.rx.s) - l);
+    T l = kg_load<T>(a.lse, a.ldt, o);
+    double p = w == 0 ? 0 : (double)exp(kg_load<T>(a.x, a.xdt, kg_row_offset(a.rx, o) + j * a.rx.s) - l);
     double v;
     if (!a.w && a.eps == 0) {
       v = w == 0 ? 0 : (p - (j == t)) * w;
@@ -194,6 +199,9 @@ extern "C" kg_status kg_cuda_cross_entropy_backward(const kg_op_call *c) {
     KG_TRY(scale.alloc(2 * sizeof(double), dev, "cross_entropy_backward"));
     ce_count_kernel<<<1, 1024, 0, s>>>(a, (double *)scale.p, p->reduction == KG_REDUCE_MEAN);
   }
-  ce_backward_kernel<<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, s>>>(a, (const double *)scale.p);
+  if (x->dtype == KG_F64)
+    ce_backward_kernel<double><<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, s>>>(a, (const double *)scale.p);
+  else
+    ce_backward_kernel<float><<<kg_cuda_blocks(n), KG_CUDA_THREADS, 0, s>>>(a, (const double *)scale.p);
   return kg_cuda_check("cross_entropy_backward", dev);
 }

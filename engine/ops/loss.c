@@ -5,6 +5,8 @@
  * weight [C]. */
 #include "../core/internal.h"
 
+#include <stdio.h>
+
 kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_tensor *targets,
                            const kg_tensor *weight, const kg_loss_params *p) {
   char b1[KG_SHAPE_STR_MAX], b2[KG_SHAPE_STR_MAX];
@@ -43,6 +45,20 @@ kg_status kg_cross_entropy(kg_tensor **out, const kg_tensor *logits, const kg_te
   kg_tensor_release(outs[1]);
   *out = outs[0];
   return KG_OK;
+}
+
+/* the error for target `value` out of [0, C) in row `row` (row-major over the targets' shape):
+ * names the value and its 1-based position in targets; shared by the CPU and CUDA kernels */
+kg_status kg_cross_entropy_range_error(const kg_tensor *logits, const kg_tensor *targets, int64_t row, long long value) {
+  char b1[KG_SHAPE_STR_MAX], b2[KG_SHAPE_STR_MAX], pos[KG_SHAPE_STR_MAX] = "";
+  int64_t idx[KG_MAX_DIMS], o = row;
+  for (int d = targets->ndim - 1; d >= 0; d--) idx[d] = o % targets->shape[d], o /= targets->shape[d];
+  for (int d = 0, n = 0; d < targets->ndim && n < (int)sizeof pos; d++)
+    n += snprintf(pos + n, sizeof pos - n, "%s%lld", d ? "," : "", (long long)idx[d] + 1);
+  return kg_error(KG_ERR_VALUE, "cross_entropy",
+                  "target %lld at position [%s] of targets %s is out of range for %lld classes (logits %s); "
+                  "targets are 0-based class ids",
+                  value, pos, KG_SHAPE(targets, b1), (long long)logits->shape[logits->ndim - 1], KG_SHAPE(logits, b2));
 }
 
 /* dlogits = (a·softmax(logits) - (1-ε)·w[t]·onehot(t) - ε/C·w) * g / Σw[t] (mean), with

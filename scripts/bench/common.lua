@@ -100,10 +100,10 @@ function common.time_generate(lm, prompts, gen_opts, ctx, items)
   end)
 end
 
--- causal-LM loss: CE over [B*T, V] logits in f32 against [B*T] targets
+-- causal-LM loss: CE over [B*T, V] logits (the model dtype; f32 math inside) against [B*T] targets
 function common.lm_loss(logits, y)
   local V = logits.shape[#logits.shape]
-  return keng.cross_entropy(logits:reshape{-1, V}:float(), y:reshape{-1})
+  return keng.cross_entropy(logits:reshape{-1, V}, y:reshape{-1})
 end
 
 return common

@@ -329,7 +329,8 @@ local LOGITS_OPTS = {attention_mask = true, position_ids = true, check_ids = tru
 -- mask, as transformers' model(input_ids, attention_mask = m)). Logits at padding positions are
 -- meaningless. check_ids = false skips the range check of ids (ids:max():item() reads them on the
 -- host, which a CUDA Graph capture cannot do): the caller vouches for ids in [0, V).
-function CausalLM:logits(ids, opts)
+-- (raw: logits in the model dtype, for forward)
+function CausalLM:logits(ids, opts, raw)
   opts = opts or {}
   if type(opts) ~= "table" then error("CausalLM:logits: options must be a table, got " .. type(opts), 2) end
   for k in pairs(opts) do
@@ -365,14 +366,17 @@ function CausalLM:logits(ids, opts)
     end
     ctx.mask = padding_mask(m:to(dev), self.cfg.window, dev)
   end
-  return self:head(self:hidden(ids, ctx))
+  return self:head(self:hidden(ids, ctx), raw)
 end
 
 -- lm(ids), lm(ids, {attention_mask =, position_ids =}) or lm(ids, mask): fit passes a table x
--- {ids, mask} as lm(ids, mask), so padded batches train with their mask
+-- {ids, mask} as lm(ids, mask), so padded batches train with their mask. The logits stay in the
+-- model dtype (as transformers' forward): cross_entropy reads bf16 logits directly with f32 math
+-- and gives their gradient in bf16, so no f32 copy of the [B, T, V] logits is made either way
+-- (docs/kernels.md); lm:logits casts to f32.
 function CausalLM:forward(ids, opts)
   if keng.is_tensor(opts) then opts = {attention_mask = opts} end
-  return self:logits(ids, opts)
+  return self:logits(ids, opts, true)
 end
 
 function CausalLM:extra_repr()

@@ -279,3 +279,129 @@ describe("cross_entropy with class weights and label smoothing (PyTorch's)", fun
     H.raises(function() keng.mse_loss(g.logits, g.logits, {reduce = "sum"}) end, "mse_loss: unknown option 'reduce'")
   end)
 end)
+
+-- bf16/f16/f32 logits are read in their own dtype (on AVX-512 machines by the row kernels of
+-- engine/cpu/loss.c) with f32 math; the gradient comes back in the logits' dtype (PyTorch's
+-- F.cross_entropy on bf16 logits). The reference is the f64 kernel on the same (rounded) values,
+-- itself checked against finite differences and torch's goldens above.
+describe("cross_entropy on bf16, f16 and f32 logits", function()
+  local function leaf(t)
+    t = t:detach()
+    t.requires_grad = true
+    return t
+  end
+  -- loss and dlogits of cross_entropy(x, t, o) after sum():backward()
+  local function run(x, t, o)
+    local l = leaf(x)
+    local loss = keng.cross_entropy(l, t, o)
+    loss:sum():backward()
+    return loss, l.grad
+  end
+  -- every element of got (rounded to dt) within half a dt ulp of ref, plus 1e-6 for the f32 math
+  -- (p - 1 at the target cancels: an absolute slack, gradients here are at most 1)
+  local function rounded_close(got, ref, dt, msg)
+    local half = dt == "bf16" and 2 ^ -8 or dt == "f16" and 2 ^ -11 or 2 ^ -23
+    local over = ((got:to("f64") - ref):abs() - ref:abs() * (half * 1.01) - 1e-6):max():item()
+    assert(over <= 0, string.format("%s: an element is %.3g beyond half a %s ulp of the f64 gradient", msg, over, dt))
+  end
+
+  it("values and gradients match f64 for every row length, reduction and smoothing", function()
+    keng.manual_seed(21)
+    for _, c in ipairs({1, 15, 16, 17, 33, 1003, 2100}) do
+      local x64 = keng.randn({3, c}, {dtype = "f64"}) * 4
+      local t = keng.tensor({0, c - 1, c // 2}, {dtype = "i64"})
+      for _, dt in ipairs({"f32", "bf16", "f16"}) do
+        local src = x64:to(dt):to("f64")        -- the values the dt kernel sees
+        for _, red in ipairs({"mean", "sum", "none"}) do
+          for _, eps in ipairs({0, 0.1}) do
+            local o = {reduction = red, label_smoothing = eps}
+            local want, dwant = run(src, t, o)
+            local got, dgot = run(src:to(dt), t, o)
+            local name = string.format("%s C=%d %s eps=%g", dt, c, red, eps)
+            assert.are.equal(dt == "f64" and "f64" or "f32", got.dtype)
+            assert.are.equal(dt, dgot.dtype, name .. " gradient dtype")
+            H.close(got:to("f64"), want, 1e-6, name)
+            rounded_close(dgot, dwant, dt, name .. " gradient")
+          end
+        end
+      end
+    end
+  end)
+
+  it("reads rows of a non-contiguous tensor (a narrowed and a transposed view)", function()
+    keng.manual_seed(22)
+    local big = keng.randn({4, 1040}, {dtype = "f64"}) * 3
+    local t = keng.tensor({3, 1002, 0, 517}, {dtype = "i64"})
+    for _, dt in ipairs({"bf16", "f32"}) do
+      local x = big:to(dt):narrow(2, 7, 1003)  -- rows of unit stride, 1040 apart
+      assert.is_false(x.is_contiguous)
+      local want, dwant = run(x:to("f64"), t, {reduction = "none"})
+      local got, dgot = run(x, t, {reduction = "none"})
+      H.close(got:to("f64"), want, 1e-6, dt .. " narrowed")
+      rounded_close(dgot, dwant, dt, dt .. " narrowed gradient")
+      local xt = x:contiguous():transpose(1, 2):contiguous():transpose(1, 2)   -- class stride 4
+      local got2, dgot2 = run(xt, t, {reduction = "none"})
+      H.close(got2:to("f64"), want, 1e-6, dt .. " transposed")
+      rounded_close(dgot2, dwant, dt, dt .. " transposed gradient")
+    end
+  end)
+
+  it("ignore_index rows count for nothing and get exact zero gradients, even rows of NaN", function()
+    keng.manual_seed(23)
+    local x64 = keng.randn({4, 1003}, {dtype = "f64"})
+    x64:narrow(1, 2, 1):fill_(0 / 0)                      -- an ignored row of NaN
+    x64:narrow(1, 4, 1):fill_(-math.huge)                 -- a row of -inf but its target
+    x64:narrow(1, 4, 1):narrow(2, 6, 1):fill_(2)
+    for _, ii in ipairs({-100, 7}) do
+      local t = keng.tensor({4, ii, 1000, 5}, {dtype = "i64"})
+      for _, dt in ipairs({"bf16", "f32"}) do
+        local src = x64:to(dt):to("f64")
+        local want, dwant = run(src, t, {ignore_index = ii})
+        local got, dgot = run(src:to(dt), t, {ignore_index = ii})
+        H.close(got, want, 1e-6, dt .. " mean over 3 kept rows")
+        assert.are.equal(0, dgot:select(1, 2):abs():sum():item())
+        assert.are.equal(0, dgot:select(1, 4):abs():sum():item())   -- p = onehot: exactly 0
+        rounded_close(dgot:narrow(1, 1, 1), dwant:narrow(1, 1, 1), dt, dt .. " kept row")
+        local none = keng.cross_entropy(src:to(dt), t, {ignore_index = ii, reduction = "none"}):tolist()
+        assert.are.equal(0, none[2])
+      end
+    end
+    -- a NaN logit in a kept row makes the loss NaN (as torch)
+    local nan = keng.tensor({{1, 0 / 0, 2}}, {dtype = "bf16"})
+    local l = keng.cross_entropy(nan, keng.tensor({0}, {dtype = "i64"})):item()
+    assert.is_true(l ~= l)
+  end)
+
+  it("the scalar path (KENG_NO_SIMD=1) gives the vector path's loss and gradient", function()
+    local code = "keng.manual_seed(5); local x = (keng.randn({6, 2100}) * 3):bf16():detach():requires_grad_(); " ..
+      "local t = keng.randint(0, 2100, {6}); local l = keng.cross_entropy(x, t, {label_smoothing = 0.05}); " ..
+      "l:backward(); io.write(string.format('%.7f %.7f %s', l:item(), x.grad:float():abs():sum():item(), x.grad.dtype))"
+    local function run_with(env)
+      local p = io.popen("env " .. env .. " " .. H.keng_bin() .. " -e \"" .. code .. "\" 2>&1")
+      local out = p:read("a")
+      p:close()
+      return out
+    end
+    local a, b = run_with("-u KENG_NO_SIMD"), run_with("KENG_NO_SIMD=1")
+    local a1, a2, adt = a:match("(%S+) (%S+) (%S+)")
+    local b1, b2, bdt = b:match("(%S+) (%S+) (%S+)")
+    assert.truthy(a1 and b1, a .. " / " .. b)
+    assert.are.equal("bf16", adt)
+    assert.are.equal("bf16", bdt)
+    assert.truthy(math.abs(a1 - b1) < 1e-5 and math.abs(a2 - b2) < 1e-3 * a2, a .. " / " .. b)
+  end)
+
+  it("names the bad target's value and 1-based position, the dtype and the shapes", function()
+    local x = keng.zeros({2, 3, 5}, {dtype = "bf16"})
+    H.raises(function() keng.cross_entropy(x, keng.tensor({{0, 1, 2}, {3, 5, 4}}, {dtype = "i64"})) end,
+      "cross_entropy: target 5 at position [2,2] of targets [2,3] is out of range for 5 classes (logits [2,3,5])")
+    H.raises(function() keng.cross_entropy(x:view{6, 5}, keng.tensor({0, 1, 2, 3, 4, -1}, {dtype = "i64"})) end,
+      "target -1 at position [6] of targets [6]")
+    H.raises(function() keng.cross_entropy(x, keng.zeros({2, 3})) end,
+      "cross_entropy: targets must be an integer tensor (i32 or i64), got f32")
+    H.raises(function() keng.cross_entropy(x, keng.zeros({2, 5}, {dtype = "i64"})) end,
+      "cross_entropy: logits [2,3,5] and targets [2,5]: targets must have the logits' shape without the last (class) dim")
+    H.raises(function() keng.cross_entropy(keng.zeros({2, 3}, {dtype = "i64"}), keng.zeros({2}, {dtype = "i64"})) end,
+      "cross_entropy: logits")
+  end)
+end)
