@@ -472,17 +472,18 @@ bool kg_cpu_q8_vnni(void) { return kg_cpu_q8_vnni_present() && kg_cpu_simd() > 0
 
 #define Q8_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-/* software prefetch distance (bytes ahead in each of the 4 weight rows; near a row's end, the same
- * row of the next group of 4, the rows being contiguous): the hardware prefetcher ramps up too
- * slowly on rows of 1-3 KB (K 2048-5632), a new matrix every call. Measured on the 2-core VM, one
- * thread, 256 MiB of weights (a /tmp harness around kg_cpu_gemm_q), K = 2048: Q8_0 from 8.1 to
- * 10.0 GB/s with 1024 bytes (Q4_0: 6.7 to 8.1 with 512; 1024 was slower), then 12.0 and 9.8 with
- * the next group's rows; K = 5632: 12.1 to 13.0 and 10.3 to 11.5 for that last step */
-#ifndef Q8_PREFETCH
-#define Q8_PREFETCH 1024
-#endif
-#ifndef Q4_PREFETCH
-#define Q4_PREFETCH 512
+/* software prefetch: each of the 4 weight rows being read prefetches the same offset Q_PREFETCH_ROWS
+ * rows further on (the rows of a weight are contiguous, so that is the row of a later group read
+ * about a group from now). The hardware prefetcher ramps up too slowly on rows of 1-3 KB (K
+ * 2048-5632), a new matrix every call. A fixed byte distance (the earlier rule: 1024 bytes for Q8,
+ * 512 for Q4_0, then into the next group's rows) suited one row width only. Measured with a /tmp
+ * harness timing every GEMV of one decode step of the ~1B Mistral (22 layers of q, k, v, o, gate,
+ * up, down and the LM head, weights from kg_cpu_alloc; one thread, 2-core VM at load 15-17, best
+ * of 8): rows ahead 5 against the byte rule, Q4_0 45.8 against 55.2 ms (K 2048), 46.2 against
+ * 50.0 (a 7B-shaped K 4096); Q8_0 74.0 against 85.0 and 82.7 against 84.7. 4 and 8 rows ahead
+ * (every line of one later group) were as slow as the byte rule, 3 and 6 in between. */
+#ifndef Q_PREFETCH_ROWS
+#define Q_PREFETCH_ROWS 5
 #endif
 
 /* int8 weights (Q8, or Q8_0 when grouped), one x row, 4 weight rows in named registers; per 64
@@ -495,7 +496,7 @@ Q8_VNNI static inline __attribute__((always_inline)) void q8_vnni(float *acc, co
   const __m512i gidx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (int64_t k = 0; k < K; k += 64) {
     __mmask64 m = K - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (K - k)) - 1; /* the tail, masked */
-    int64_t pf = k + Q8_PREFETCH < K ? k + Q8_PREFETCH : k + Q8_PREFETCH - K + 4 * (wr[1] - wr[0]);
+    int64_t pf = k + Q_PREFETCH_ROWS * (wr[1] - wr[0]); /* the rows repeat in a last group of < 4: no harm */
     for (int r = 0; r < 4; r++) _mm_prefetch((const char *)((uintptr_t)wr[r] + (uintptr_t)pf), _MM_HINT_T0);
     __m512i xv = _mm512_loadu_si512(x->q + k), c = _mm512_loadu_si512(x->corr + k / 4);
     __m512 d = _mm512_loadu_ps(x->dl + k / 4);
@@ -532,7 +533,7 @@ Q8_VNNI static void q4_vnni(float *acc, const xrow *x, const uint8_t *const *wr,
     int nb = K - k >= 128 ? 4 : (int)((K - k) / KG_QF_BLOCK); /* the tail: whole blocks, masked */
     __mmask64 m = nb == 4 ? ~(__mmask64)0 : ((__mmask64)1 << (16 * nb)) - 1;
     __mmask8 ms = (__mmask8)((1u << nb) - 1);
-    int64_t pf = k / 2 + Q4_PREFETCH < K / 2 ? k / 2 + Q4_PREFETCH : k / 2 + Q4_PREFETCH - K / 2 + 4 * (wr[1] - wr[0]);
+    int64_t pf = k / 2 + Q_PREFETCH_ROWS * (wr[1] - wr[0]);
     for (int r = 0; r < 4; r++) _mm_prefetch((const char *)((uintptr_t)wr[r] + (uintptr_t)pf), _MM_HINT_T0);
     __m512i xl = _mm512_loadu_si512(x->q + k), xh = _mm512_loadu_si512(x->q + k + 64);
     __m512i c = _mm512_loadu_si512(x->corr + k / 8);

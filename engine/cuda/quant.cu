@@ -2,8 +2,11 @@
  * decoded by the same KG_HD functions as the CPU's reference, in engine/ops/quant_format.h).
  *
  * linear_q8 / linear_q4: a dequantize-in-the-loop GEMV for decode: one warp per output row m
- * reads the weight row once per x row (from L1/L2 after the first), lane l the elements l, l + 32,
- * ... (each code times its scale, so any format and any K), and the warp sum gets the bias.
+ * reads the weight row once per x row (from L1/L2 after the first), lane l its 32-bit words of
+ * codes l, l + 32, ... (4 int8 or 8 int4 codes of one block, decoded by quant_format.h's
+ * kg_qf_word_*: the sum of their x · code times the block's scale; rows not on 4-byte boundaries —
+ * a Q8 K not a multiple of 4, a view at an odd offset — byte by byte), and the warp sum gets the
+ * bias.
  * Many rows run the same kernel (correct, not tuned: a dequantize-to-bf16 + cuBLASLt path is not
  * written yet). quantize_q8: one block per weight row, absmax by a shared-memory reduction;
  * quantize_q4: a thread per block of 32; dequantize (both ops' backward): a thread per element. */
@@ -16,7 +19,7 @@
 template <class S, class A>
 __global__ void linear_q_kernel(const S *x, int64_t xrs, int64_t xcs, kg_qfmt fmt, const uint8_t *w, int64_t ldq,
                                 const void *scale, int64_t lds, const char *bias, int bdt, int64_t bs, S *y, int64_t N,
-                                int64_t M, int64_t K) {
+                                int64_t M, int64_t K, bool words) {
   int lane = threadIdx.x & 31;
   int64_t m = (int64_t)blockIdx.x * Q_WARPS + (threadIdx.x >> 5);
   if (m >= M) return;
@@ -24,10 +27,20 @@ __global__ void linear_q_kernel(const S *x, int64_t xrs, int64_t xcs, kg_qfmt fm
   const void *sr = fmt == KG_QF_Q8 ? (const void *)((const float *)scale + m)
                                    : (const void *)((const uint16_t *)scale + m * lds);
   A b = bias ? kg_load<A>(bias, bdt, m * bs) : (A)0;
+  /* the row as 32-bit words (words: every row 4-byte aligned, so its bytes are whole words) */
+  int64_t nw = words ? kg_qf_row_bytes(fmt, K) / 4 : 0, k0 = nw * (fmt == KG_QF_Q4_0 ? 8 : 4);
+  const uint32_t *ww = (const uint32_t *)wr;
   for (int64_t n = 0; n < N; n++) {
     const S *xr = x + n * xrs;
     A s = 0;
-    for (int64_t k = lane; k < K; k += 32) /* consecutive lanes, consecutive elements */
+    for (int64_t i = lane; i < nw; i += 32) { /* consecutive lanes, consecutive words: 128 bytes a warp */
+      uint32_t v = ww[i];
+      A t = 0;
+      for (int j = 0; j < kg_qf_word_codes(fmt); j++)
+        t += (A)kg_get(xr + kg_qf_word_elem(fmt, i, j) * xcs) * (A)kg_qf_word_code(fmt, v, j);
+      s += t * (A)kg_qf_scale(fmt, sr, kg_qf_word_elem(fmt, i, 0)); /* one block, one scale */
+    }
+    for (int64_t k = k0 + lane; k < K; k += 32) /* unaligned rows: byte by byte */
       s += (A)kg_get(xr + k * xcs) * (A)kg_qf_code(fmt, wr, k) * (A)kg_qf_scale(fmt, sr, k);
     for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
     if (lane == 0) kg_put(y + n * M + m, s + b);
@@ -49,9 +62,13 @@ static kg_status linear_q(const kg_op_call *c, const char *op) {
   int64_t bs = b ? b->stride[0] : 0, lds = sc->ndim == 2 ? sc->shape[1] : 1;
   const uint8_t *w = (const uint8_t *)kg_data(wq);
   const void *s = kg_data(sc);
+  /* every row starts on a 4-byte boundary (always for Q8_0 / Q4_0, whose rows are whole blocks,
+   * unless the codes are a view at an odd offset): the codes are read as 32-bit words */
+  bool words = (uintptr_t)w % 4 == 0 && wq->shape[1] % 4 == 0;
 #define Q_LAUNCH(S, A)                                                                                              \
   linear_q_kernel<S, A><<<blocks, 32 * Q_WARPS, 0, st>>>((const S *)kg_data(x), x->stride[0], x->stride[1], fmt, w, \
-                                                         wq->shape[1], s, lds, bp, bdt, bs, (S *)kg_data(y), N, M, K)
+                                                         wq->shape[1], s, lds, bp, bdt, bs, (S *)kg_data(y), N, M, K, \
+                                                         words)
   switch (x->dtype) {
   case KG_F32: Q_LAUNCH(float, float); break;
   case KG_F64: Q_LAUNCH(double, double); break;

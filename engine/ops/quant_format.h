@@ -34,6 +34,26 @@ KG_HD int kg_qf_code(kg_qfmt f, const uint8_t *row, int64_t k) {
   return (k % KG_QF_BLOCK < 16 ? (b & 15) : (b >> 4)) - 8;
 }
 
+/* Reading a row of codes as 32-bit words (the CUDA GEMV: one aligned load for 4 or 8 codes
+ * instead of a load per byte): word i holds bytes 4i .. 4i + 3, little-endian. Its codes are
+ * numbered j = 0 .. kg_qf_word_codes - 1 — for Q4_0 the low nibbles of its 4 bytes, then their
+ * high nibbles — and all lie in one block of 32 (a block's 16 or 32 bytes are whole words), so
+ * one scale serves the word: that of element kg_qf_word_elem(f, i, 0). */
+KG_HD int kg_qf_word_codes(kg_qfmt f) { return f == KG_QF_Q4_0 ? 8 : 4; }
+
+/* the element (column of W) of code j of word i */
+KG_HD int64_t kg_qf_word_elem(kg_qfmt f, int64_t i, int j) {
+  if (f != KG_QF_Q4_0) return 4 * i + j;
+  int64_t b = 4 * i + (j & 3); /* the byte */
+  return b / 16 * KG_QF_BLOCK + b % 16 + 16 * (j >> 2);
+}
+
+/* the signed code j of word v */
+KG_HD int kg_qf_word_code(kg_qfmt f, uint32_t v, int j) {
+  if (f != KG_QF_Q4_0) return (int8_t)(uint8_t)(v >> (8 * j));
+  return (int)((v >> (8 * (j & 3) + 4 * (j >> 2))) & 15u) - 8;
+}
+
 /* the scale of element k of a row (srow: the row's first scale) */
 KG_HD float kg_qf_scale(kg_qfmt f, const void *srow, int64_t k) {
   if (f == KG_QF_Q8) return *(const float *)srow;

@@ -7,6 +7,8 @@
  *   - through the Lua binding: dropped device tensors wake the collector (the fake's high-water
  *     mark stays near one tensor, not the sum of all), an allocation failure collects, trims and
  *     retries once, and keng.memory_stats / keng.empty_cache reach the device.
+ *   - CPU blocks of 2 MiB and more sit on 2 MiB boundaries with their whole huge pages marked
+ *     MADV_HUGEPAGE (and no more),
  * The fake hands out 8-byte host blocks standing for device memory of any size; nothing reads
  * them. Run: ctest -R test_memory (or ./build/test_memory); exits non-zero when a check fails. */
 #include <core/internal.h>
@@ -240,8 +242,45 @@ static void binding_checks(void) {
   lua_close(L);
 }
 
+/* the VmFlags of the mapping of /proc/self/smaps holding address a ("" when none) */
+static void vm_flags(uintptr_t a, char *out, size_t n) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  char line[512];
+  bool in = false;
+  out[0] = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) in = a >= lo && a < hi;
+    else if (in && !strncmp(line, "VmFlags:", 8)) snprintf(out, n, "%s", line + 8);
+  }
+  if (f) fclose(f);
+}
+
+/* CPU blocks of 2 MiB and more start on a 2 MiB boundary, and the whole 2 MiB pages of the bytes
+ * asked for (only those) are marked MADV_HUGEPAGE: "hg" in the mapping's VmFlags (where the
+ * kernel has transparent huge pages) */
+static void cpu_block_checks(void) {
+  size_t rp, rq, n = 3 * MiB + 100;
+  char *p = kg_cpu_alloc(n, &rp);
+  CHECKM(p && (uintptr_t)p % (2 * MiB) == 0, "a %zu-byte block at %p, not on a 2 MiB boundary", n, (void *)p);
+  FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (p && thp) {
+    char head[512], tail[512];
+    vm_flags((uintptr_t)p, head, sizeof head);
+    vm_flags((uintptr_t)p + 2 * MiB, tail, sizeof tail);
+    CHECKM(strstr(head, " hg"), "the first 2 MiB are not marked MADV_HUGEPAGE (VmFlags:%s)", head);
+    CHECKM(!strstr(tail, " hg"), "the last partial 2 MiB is marked MADV_HUGEPAGE (VmFlags:%s)", tail);
+  }
+  if (thp) fclose(thp);
+  char *q = kg_cpu_alloc(100000, &rq);
+  CHECKM(q && (uintptr_t)q % 64 == 0, "a 100000-byte block at %p", (void *)q);
+  kg_cpu_free(q, rq);
+  kg_cpu_free(p, rp);
+}
+
 int main(void) {
   kg_memory_set_device(&fake_device);
+  cpu_block_checks();
   engine_checks();
   binding_checks();
   kg_memory_set_device(NULL);

@@ -8,8 +8,13 @@
  *                       AVX2, AVX-512, blocked) against the f64 sum with the dequantized weight,
  *                       the int8-x ones (I8 scalar, VNNI) against the f64 sum with x quantized by
  *                       kg_cpu_quantize_x_row; the quantizers' ties, clamps and zero blocks; the
- *                       size of the int8-x error against f32 x; and planted bugs (a scale off by
- *                       0.1%, an int8-x reference fed f32 x) must be caught
+ *                       size of the int8-x error against f32 x; the 32-bit word decoding of the
+ *                       CUDA GEMV (kg_qf_word_*) against kg_qf_code; and planted bugs (a scale
+ *                       off by 0.1%, an int8-x reference fed f32 x, a word's codes in the wrong
+ *                       order) must be caught
+ *   lab_quant --model [THREADS]  every GEMV of one decode step of the ~1B Mistral (quant_1b.lua's
+ *                       shapes; LAB_QUANT_HIDDEN / _FFN / _LAYERS change them), each format with
+ *                       the AUTO kernel, weights from kg_cpu_alloc: ms per step and GB/s
  *   lab_quant           times a decode GEMV, x [1, 4096] against a [16384, 4096] weight: each
  *                       format and variant vs the bf16 kernel (engine/cpu/gemm_bf16.c), in GB/s
  *                       of weight bytes read; LAB_QUANT_M=131072 makes the weight 512 MiB of int8
@@ -191,6 +196,44 @@ static void check_quantize_q4(void) {
     }
 }
 
+/* the 32-bit word decoding of the CUDA GEMV (quant_format.h's kg_qf_word_*) against kg_qf_code:
+ * every element of a row exactly once, each code right, a word's codes in one block. plant: 1 = the
+ * codes of a word taken in the wrong order (Q4_0: high and low nibbles swapped; int8: bytes
+ * reversed), which must be seen. Returns the mismatches. */
+static int word_mismatches(kg_qfmt f, const uint8_t *row, int64_t K, int plant) {
+  int bad = 0, nc = kg_qf_word_codes(f);
+  char seen[256] = {0};
+  for (int64_t i = 0; i < kg_qf_row_bytes(f, K) / 4; i++) {
+    uint32_t v = (uint32_t)row[4 * i] | (uint32_t)row[4 * i + 1] << 8 | (uint32_t)row[4 * i + 2] << 16 |
+                 (uint32_t)row[4 * i + 3] << 24;
+    for (int j = 0; j < nc; j++) {
+      int jj = plant ? (f == KG_QF_Q4_0 ? j ^ 4 : 3 - j) : j;
+      int64_t e = kg_qf_word_elem(f, i, j);
+      if (e < 0 || e >= K || seen[e]++ || kg_qf_word_code(f, v, jj) != kg_qf_code(f, row, e) ||
+          e / KG_QF_BLOCK != kg_qf_word_elem(f, i, 0) / KG_QF_BLOCK)
+        bad++;
+    }
+  }
+  for (int64_t e = 0; e < K; e++) bad += !seen[e];
+  return bad;
+}
+
+static void check_words(void) {
+  uint8_t row[256];
+  for (int i = 0; i < 256; i++) {
+    rng = rng * 6364136223846793005ull + 1;
+    row[i] = (uint8_t)(rng >> 56);
+  }
+  row[0] = 0x80, row[1] = 0x7F, row[2] = 0x0F, row[3] = 0xF0; /* the extreme codes */
+  for (int f = KG_QF_Q8; f <= KG_QF_Q4_0; f++) {
+    checks += 2;
+    int bad = word_mismatches((kg_qfmt)f, row, 256, 0);
+    if (bad) failures++, printf("\nFAIL %s words: %d codes decoded wrong or missed", fmt_name[f], bad);
+    if (!word_mismatches((kg_qfmt)f, row, 256, 1))
+      failures++, printf("\nFAIL %s words: a planted code order went unseen", fmt_name[f]);
+  }
+}
+
 static int run_check(variant *vars, int nv) {
   double t0 = lab_wall_seconds();
   printf("checking");
@@ -205,6 +248,7 @@ static int run_check(variant *vars, int nv) {
   }
   check_quantize();
   check_quantize_q4();
+  check_words();
   /* the checks can fail: planted bugs must be caught */
   for (int i = 0; i < nv; i++)
     for (int f = KG_QF_Q8; f <= KG_QF_Q4_0; f++) {
@@ -281,14 +325,67 @@ static void run_timing(variant *vars, int nv) {
   free(b.a), free(b.o);
 }
 
+/* one decode step's GEMVs of a Mistral-shaped model (LAB_QUANT_HIDDEN, _FFN, _LAYERS; default the
+ * ~1B of tests/lab/quant_1b.lua: 2048, 5632, 22, kv 1/4 of hidden, a 32000-row head), each weight
+ * its own kg_cpu_alloc block as a model's are, every format with the AUTO kernel: the kernels'
+ * share of a decode step without the rest of the model (docs/quantization.md) */
+static void run_model(int threads) {
+  int64_t H = getenv("LAB_QUANT_HIDDEN") ? atoll(getenv("LAB_QUANT_HIDDEN")) : 2048;
+  int64_t F = getenv("LAB_QUANT_FFN") ? atoll(getenv("LAB_QUANT_FFN")) : 5632;
+  int layers = getenv("LAB_QUANT_LAYERS") ? atoi(getenv("LAB_QUANT_LAYERS")) : 22;
+  int64_t shape[8][2] = {{H, H}, {H / 4, H}, {H / 4, H}, {H, H}, {F, H}, {F, H}, {H, F}, {32000, H}};
+  int n = 7 * layers + 1;
+  float *a = malloc(4 * (size_t)(F > H ? F : H)), *o = malloc(4 * 32000 * 2);
+  for (int64_t i = 0; i < (F > H ? F : H); i++) a[i] = frand();
+  printf("decode step of a Mistral (hidden %lld, ffn %lld, %d layers + head), %d threads, best of 8\n", (long long)H,
+         (long long)F, layers, threads);
+  kg_qweight *ws = malloc(sizeof(kg_qweight) * (size_t)n);
+  size_t *qr = malloc(sizeof(size_t) * (size_t)n * 2);
+  for (int f = KG_QF_Q8; f <= KG_QF_Q4_0; f++) {
+    double bytes = 0;
+    for (int i = 0; i < n; i++) {
+      int64_t M = shape[i == n - 1 ? 7 : i % 7][0], K = shape[i == n - 1 ? 7 : i % 7][1];
+      int64_t ldq = kg_qf_row_bytes((kg_qfmt)f, K), lds = kg_qf_row_scales((kg_qfmt)f, K);
+      size_t sb = (size_t)(M * lds) * (f == KG_QF_Q8 ? 4 : 2);
+      uint8_t *q = kg_cpu_alloc((size_t)(M * ldq), &qr[2 * i]);
+      void *sc = kg_cpu_alloc(sb, &qr[2 * i + 1]);
+      for (int64_t j = 0; j < M * ldq; j++) q[j] = (uint8_t)(j * 2654435761u >> 13) & (f == KG_QF_Q4_0 ? 0xFF : 0x7F);
+      for (int64_t j = 0; j < M * lds; j++)
+        if (f == KG_QF_Q8) ((float *)sc)[j] = 0.01f;
+        else ((uint16_t *)sc)[j] = kg_f32_to_f16(0.01f);
+      ws[i] = (kg_qweight){(kg_qfmt)f, q, ldq, sc, lds};
+      bytes += (double)(M * ldq) + (double)sb;
+    }
+    double best = 1e30, best_cpu = 1e30;
+    for (int r = 0; r < 8; r++) {
+      double t = lab_wall_seconds(), c = lab_cpu_seconds();
+      for (int i = 0; i < n; i++) {
+        int64_t M = shape[i == n - 1 ? 7 : i % 7][0], K = shape[i == n - 1 ? 7 : i % 7][1];
+        kg_cpu_gemm_q(o, M, a, K, &ws[i], NULL, 1, M, K, KG_Q8_AUTO, threads);
+      }
+      t = lab_wall_seconds() - t, c = lab_cpu_seconds() - c;
+      best = t < best ? t : best, best_cpu = c < best_cpu ? c : best_cpu;
+    }
+    printf("  %-4s %8.2f ms (cpu %.2f)  %6.2f GB/s of %.0f MB weights and scales\n", fmt_name[f], best * 1e3,
+           best_cpu * 1e3, bytes / best / 1e9, bytes / 1e6);
+    for (int i = 0; i < n; i++) kg_cpu_free((void *)ws[i].q, qr[2 * i]), kg_cpu_free((void *)ws[i].scale, qr[2 * i + 1]);
+  }
+  kg_memory_empty_cache(KG_CPU);
+  free(ws), free(qr), free(a), free(o);
+}
+
 int main(int argc, char **argv) {
   variant vars[] = {{"scalar", KG_Q8_SCALAR, true, false},       {"avx2", KG_Q8_AVX2, kg_cpu_q8_avx2(), false},
                     {"avx512", KG_Q8_AVX512, kg_cpu_q8_avx512(), false}, {"blocked", KG_Q8_BLOCKED, true, false},
                     {"i8-scalar", KG_Q8_I8_SCALAR, true, true},  {"i8-vnni", KG_Q8_I8_VNNI, kg_cpu_q8_vnni(), true}};
   int nv = (int)(sizeof vars / sizeof *vars);
   if (argc > 1 && !strcmp(argv[1], "--check")) return run_check(vars, nv);
+  if (argc > 1 && !strcmp(argv[1], "--model")) {
+    run_model(argc > 2 ? atoi(argv[2]) : 1);
+    return 0;
+  }
   if (argc > 1) {
-    fprintf(stderr, "usage: %s [--check]\n", argv[0]);
+    fprintf(stderr, "usage: %s [--check | --model [THREADS]]\n", argv[0]);
     return 2;
   }
   run_timing(vars, nv);
