@@ -130,7 +130,7 @@ else
     keng.no_grad(function()
       for _, n in ipairs({o.tokens, 1}) do
         profile.start()
-        gen(n)
+        lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
         runs[#runs + 1] = profile.stop()
       end
     end)
