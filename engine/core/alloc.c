@@ -110,11 +110,12 @@ void *kg_cpu_alloc(size_t nbytes, size_t *rounded) {
   }
   pthread_mutex_unlock(&pool.lock);
   if (!p) {
+    /* posix_memalign, not aligned_alloc: C11 wants the size a multiple of the alignment, and a
+     * size class need not be a multiple of 2 MiB (ASan enforces it) */
     size_t align = *rounded >= HUGE_PAGE ? HUGE_PAGE : 64;
-    p = aligned_alloc(align, *rounded);
-    if (!p) {
+    if (posix_memalign(&p, align, *rounded) != 0) {
       kg_memory_empty_cache(KG_CPU);
-      p = aligned_alloc(align, *rounded);
+      if (posix_memalign(&p, align, *rounded) != 0) p = NULL;
     }
     if (!p) return NULL;
     huge_pages(p, nbytes);
