@@ -302,8 +302,11 @@ static bool tiles_parallel(const geom *g, const tiling *tl) {
         const T *s = src + ih * g->W + off;                                                      \
         /* plain loops, not memset/memcpy: rows of small images are a few elements long */      \
         for (int64_t ow = a; ow < l; ow++) d[ow] = 0;                                            \
+        /* constant strides vectorise (stride 2: the VAE's downsampling convs) */              \
         if (g->sw == 1)                                                                          \
           for (int64_t ow = l; ow < h; ow++) d[ow] = s[ow];                                      \
+        else if (g->sw == 2)                                                                     \
+          for (int64_t ow = l; ow < h; ow++) d[ow] = s[2 * ow];                                  \
         else                                                                                     \
           for (int64_t ow = l; ow < h; ow++) d[ow] = s[ow * g->sw];                              \
         for (int64_t ow = h; ow < e; ow++) d[ow] = 0;                                            \
