@@ -473,6 +473,24 @@ static bool direct_wanted(const geom *g, int isa) {
          g->M >= 16 && g->C >= 16;
 }
 
+/* the AVX-512 direct kernel's weight block: dst[tap][c][l] (32 lanes, zero from mn on) =
+ * src[l][c][tap] (rows of K = C*kk floats), two 16-lane gathers per (tap, c): the scalar
+ * transpose took a quarter of a 13x128x4x4 conv's time */
+__attribute__((target("avx512f"))) static void pack_kernel_avx512(float *dst, const float *src, int64_t K, int64_t kk,
+                                                                   int64_t mn) {
+  int64_t C = K / kk;
+  __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                   _mm512_set1_epi32((int)K));
+  __mmask16 m0 = (__mmask16)(mn >= 16 ? 0xffff : (1u << mn) - 1), m1 = (__mmask16)(mn >= 32 ? 0xffff : mn > 16 ? (1u << (mn - 16)) - 1 : 0);
+  const float *hi = mn > 16 ? src + 16 * K : src;
+  for (int64_t k = 0; k < kk; k++)
+    for (int64_t c = 0; c < C; c++) {
+      float *d = dst + (k * C + c) * 32;
+      _mm512_storeu_ps(d, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m0, idx, src + c * kk + k, 4));
+      _mm512_storeu_ps(d + 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m1, idx, hi + c * kk + k, 4));
+    }
+}
+
 /* col (+ bias) = conv of im with w, by the direct kernel; false when it does not apply (f64,
  * no AVX2, large images, few images) or its buffers cannot be allocated */
 static bool conv_fwd_direct(const geom *g, bool wide, const float *im, const float *w, const float *bias, float *col) {
@@ -511,6 +529,10 @@ static bool conv_fwd_direct(const geom *g, bool wide, const float *im, const flo
       int64_t mn = M - m0 < MB ? M - m0 : MB;
       const float *src = w + (gi * M + m0) * C * kk;
       for (int64_t l = 0; l < MB; l++) bd[l] = l < mn && bias ? bias[gi * M + m0 + l] : 0;
+      if (isa == 2 && C * kk * MB <= INT32_MAX) {
+        pack_kernel_avx512(dst, src, C * kk, kk, mn);
+        continue;
+      }
       /* written in order; read across MB kernel rows, each read sequentially */
       for (int64_t k = 0; k < kk; k++)
         for (int64_t c = 0; c < C; c++) {
