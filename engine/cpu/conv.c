@@ -19,7 +19,9 @@
  * Batches of small f32 images (<= 256 output pixels, >= 4 images, >= 16 channels in and out)
  * skip im2col and the GEMM: fwd (so also the stride-1 data gradient) and bwd_weight run a
  * direct AVX-512 or AVX2+FMA kernel (runtime-checked; KENG_CONV_DIRECT caps it, 0 = off) that
- * skips padding taps; see "direct kernel for small images" below.
+ * skips padding taps; see "direct kernel for small images" below. f32 1x1 convs (unit stride,
+ * no padding) on images of fewer than CONV_TILE pixels run on an AVX-512 kernel of their own
+ * (KENG_CONV_POINTWISE=0 off): "pointwise convs on small images" below.
  * f32 3x3 convs with stride 1, dilation 1 and one group go first to Winograd F(4x4, 3x3)
  * (conv_winograd.c: 36 instead of 144 multiplies per 16 outputs and channel pair) where its
  * measured rule picks it (>= 8 input and >= 16 output channels, >= 64 output pixels per image,
