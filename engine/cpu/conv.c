@@ -19,7 +19,9 @@
  * Batches of small f32 images (<= 256 output pixels, >= 4 images, >= 16 channels in and out)
  * skip im2col and the GEMM: fwd (so also the stride-1 data gradient) and bwd_weight run a
  * direct AVX-512 or AVX2+FMA kernel (runtime-checked; KENG_CONV_DIRECT caps it, 0 = off) that
- * skips padding taps; see "direct kernel for small images" below.
+ * skips padding taps; see "direct kernel for small images" below. f32 1x1 convs (unit stride,
+ * no padding) on images of fewer than CONV_TILE pixels run on an AVX-512 kernel of their own
+ * (KENG_CONV_POINTWISE=0 off): "pointwise convs on small images" below.
  * f32 3x3 convs with stride 1, dilation 1 and one group go first to Winograd F(4x4, 3x3)
  * (conv_winograd.c: 36 instead of 144 multiplies per 16 outputs and channel pair) where its
  * measured rule picks it (>= 8 input and >= 16 output channels, >= 64 output pixels per image,
@@ -302,8 +304,11 @@ static bool tiles_parallel(const geom *g, const tiling *tl) {
         const T *s = src + ih * g->W + off;                                                      \
         /* plain loops, not memset/memcpy: rows of small images are a few elements long */      \
         for (int64_t ow = a; ow < l; ow++) d[ow] = 0;                                            \
+        /* constant strides vectorise (stride 2: the VAE's downsampling convs) */              \
         if (g->sw == 1)                                                                          \
           for (int64_t ow = l; ow < h; ow++) d[ow] = s[ow];                                      \
+        else if (g->sw == 2)                                                                     \
+          for (int64_t ow = l; ow < h; ow++) d[ow] = s[2 * ow];                                  \
         else                                                                                     \
           for (int64_t ow = l; ow < h; ow++) d[ow] = s[ow * g->sw];                              \
         for (int64_t ow = h; ow < e; ow++) d[ow] = 0;                                            \
@@ -470,6 +475,24 @@ static bool direct_wanted(const geom *g, int isa) {
          g->M >= 16 && g->C >= 16;
 }
 
+/* the AVX-512 direct kernel's weight block: dst[tap][c][l] (32 lanes, zero from mn on) =
+ * src[l][c][tap] (rows of K = C*kk floats), two 16-lane gathers per (tap, c): the scalar
+ * transpose took a quarter of a 13x128x4x4 conv's time */
+__attribute__((target("avx512f"))) static void pack_kernel_avx512(float *dst, const float *src, int64_t K, int64_t kk,
+                                                                   int64_t mn) {
+  int64_t C = K / kk;
+  __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                   _mm512_set1_epi32((int)K));
+  __mmask16 m0 = (__mmask16)(mn >= 16 ? 0xffff : (1u << mn) - 1), m1 = (__mmask16)(mn >= 32 ? 0xffff : mn > 16 ? (1u << (mn - 16)) - 1 : 0);
+  const float *hi = mn > 16 ? src + 16 * K : src;
+  for (int64_t k = 0; k < kk; k++)
+    for (int64_t c = 0; c < C; c++) {
+      float *d = dst + (k * C + c) * 32;
+      _mm512_storeu_ps(d, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m0, idx, src + c * kk + k, 4));
+      _mm512_storeu_ps(d + 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m1, idx, hi + c * kk + k, 4));
+    }
+}
+
 /* col (+ bias) = conv of im with w, by the direct kernel; false when it does not apply (f64,
  * no AVX2, large images, few images) or its buffers cannot be allocated */
 static bool conv_fwd_direct(const geom *g, bool wide, const float *im, const float *w, const float *bias, float *col) {
@@ -508,6 +531,10 @@ static bool conv_fwd_direct(const geom *g, bool wide, const float *im, const flo
       int64_t mn = M - m0 < MB ? M - m0 : MB;
       const float *src = w + (gi * M + m0) * C * kk;
       for (int64_t l = 0; l < MB; l++) bd[l] = l < mn && bias ? bias[gi * M + m0 + l] : 0;
+      if (isa == 2 && C * kk * MB <= INT32_MAX) {
+        pack_kernel_avx512(dst, src, C * kk, kk, mn);
+        continue;
+      }
       /* written in order; read across MB kernel rows, each read sequentially */
       for (int64_t k = 0; k < kk; k++)
         for (int64_t c = 0; c < C; c++) {
@@ -654,6 +681,121 @@ static bool conv_bwd_weight_direct(const geom *g, bool wide, const float *im, co
   return true;
 }
 
+/* ---- pointwise convs on small images (f32, AVX-512) ------------------------------------------ */
+
+/* A 1x1 conv with unit stride and no padding is, image by image, y[b] = w[M, C] @ x[b][C, P]
+ * (+ bias). At the UNet's 8x8, 4x4 and 2x2 latents P is 64, 16 or 4: the tile path gathered the
+ * images side by side and ran one OpenBLAS sgemm [M, C] x [C, B*P] of a few MFLOP, on which
+ * OpenBLAS's own threads cost more than they share (2 threads slower than 1) and wait for a
+ * parked thread on a busy machine. Here 8 output channels x 32 columns of accumulators start
+ * from the bias, the weights are broadcast one by one, the 16-column vectors read in place
+ * (P a multiple of 16: each vector lies in one image) or from a gathered copy [C, B*P] (P = 4),
+ * and the blocks are shared by our own threads. Figures: docs/kernels.md "Pointwise convs on
+ * small images". */
+#define PW_ROWS 8
+#define PW_LANES 16
+
+typedef struct {
+  const float *b[2]; /* each column vector's first row (k = 0) */
+  int64_t bld[2];    /* its row stride */
+  float *c[2];       /* its output for the block's first channel */
+  int64_t cld[2];    /* output row stride */
+  __mmask16 mask[2]; /* valid lanes */
+} pw_cols;
+
+/* c[i] (i < rows) = bias[i] + Σ_k A[i][k] b[k] for the two column vectors; rows past `rows`
+ * repeat the last one (computed, not stored) so the accumulators stay a constant 8 x 2 */
+__attribute__((target("avx512f"))) static void pw_block(const float *A, int64_t lda, int64_t K, const float *bias,
+                                                         int rows, const pw_cols *v) {
+  __m512 acc[PW_ROWS][2];
+  const float *a[PW_ROWS];
+  _Pragma("GCC unroll 8") for (int i = 0; i < PW_ROWS; i++) {
+    int r = i < rows ? i : rows - 1;
+    a[i] = A + r * lda;
+    acc[i][0] = acc[i][1] = _mm512_set1_ps(bias ? bias[r] : 0.0f);
+  }
+  const float *b0 = v->b[0], *b1 = v->b[1];
+  int64_t s0 = v->bld[0], s1 = v->bld[1];
+  __mmask16 m0 = v->mask[0], m1 = v->mask[1];
+  for (int64_t k = 0; k < K; k++, b0 += s0, b1 += s1) {
+    __m512 x0 = _mm512_maskz_loadu_ps(m0, b0), x1 = _mm512_maskz_loadu_ps(m1, b1);
+    _Pragma("GCC unroll 8") for (int i = 0; i < PW_ROWS; i++) {
+      __m512 wv = _mm512_set1_ps(a[i][k]);
+      acc[i][0] = _mm512_fmadd_ps(wv, x0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(wv, x1, acc[i][1]);
+    }
+  }
+  /* constant trip count: a variable one made GCC keep acc in memory */
+  _Pragma("GCC unroll 8") for (int i = 0; i < PW_ROWS; i++) {
+    if (i >= rows) break;
+    _mm512_mask_storeu_ps(v->c[0] + i * v->cld[0], m0, acc[i][0]);
+    _mm512_mask_storeu_ps(v->c[1] + i * v->cld[1], m1, acc[i][1]);
+  }
+}
+
+/* col (+ bias) = the pointwise conv of im with w on small images; false when it does not apply
+ * (f64, not 1x1 / unit stride / no padding, images of CONV_TILE+ pixels, no AVX-512,
+ * KENG_CONV_DIRECT=0 or 1, KENG_CONV_POINTWISE=0) or its buffers cannot be allocated */
+static bool conv_fwd_pointwise(const geom *g, bool wide, const float *im, const float *w, const float *bias,
+                               float *col) {
+  int64_t P = npix(g), B = g->B, G = g->G, M = g->M, C = g->C, N = B * P;
+  if (wide || !pointwise(g) || P >= CONV_TILE || N == 0 || M == 0 || direct_isa() != 2 ||
+      !kg_env_bool(KG_ENV_KENG_CONV_POINTWISE))
+    return false;
+  bool inplace = P % PW_LANES == 0;
+  scratch sx = {0}, sy = {0};
+  float *xg = NULL, *yg = NULL;
+  if (!inplace) { /* xg[gi*C + c][b*P + p] = im[b][gi*C + c][p]; yg likewise for the output */
+    xg = scratch_get(&sx, G * C * N, 4), yg = scratch_get(&sy, G * M * N, 4);
+    if (!xg || !yg) {
+      scratch_free(&sx), scratch_free(&sy);
+      return false;
+    }
+  }
+  int64_t ncb = (N + 2 * PW_LANES - 1) / (2 * PW_LANES), nrb = (M + PW_ROWS - 1) / PW_ROWS, jobs = G * ncb * nrb;
+  bool par = 2 * N * G * M * C > CONV_PAR_FLOPS;
+#pragma omp parallel if (par)
+  {
+    if (!inplace) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < G * C; r++)
+        for (int64_t b = 0; b < B; b++) memcpy(xg + r * N + b * P, im + (b * G * C + r) * P, sizeof(float) * (size_t)P);
+    }
+    /* row blocks innermost: a thread's consecutive jobs reuse one column block from L1 */
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < jobs; t++) {
+      int64_t rb = t % nrb, cb = t / nrb % ncb, gi = t / nrb / ncb, m0 = rb * PW_ROWS;
+      pw_cols v = {0};
+      for (int u = 0; u < 2; u++) {
+        int64_t j = (cb * 2 + u) * PW_LANES, n = N - j < PW_LANES ? N - j : PW_LANES;
+        if (n <= 0) { /* no second vector: masked off, pointers kept valid */
+          v.b[1] = v.b[0], v.bld[1] = v.bld[0], v.c[1] = v.c[0], v.cld[1] = v.cld[0], v.mask[1] = 0;
+          continue;
+        }
+        v.mask[u] = (__mmask16)((1u << n) - 1);
+        if (inplace) {
+          int64_t b = j / P, p = j % P;
+          v.b[u] = im + (b * G + gi) * C * P + p, v.bld[u] = P;
+          v.c[u] = col + (b * G + gi) * M * P + m0 * P + p, v.cld[u] = P;
+        } else {
+          v.b[u] = xg + gi * C * N + j, v.bld[u] = N;
+          v.c[u] = yg + (gi * M + m0) * N + j, v.cld[u] = N;
+        }
+      }
+      int rows = M - m0 < PW_ROWS ? (int)(M - m0) : PW_ROWS;
+      pw_block(w + (gi * M + m0) * C, C, C, bias ? bias + gi * M + m0 : NULL, rows, &v);
+    }
+    if (!inplace) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < G * M; r++)
+        for (int64_t b = 0; b < B; b++) memcpy(col + (b * G * M + r) * P, yg + r * N + b * P, sizeof(float) * (size_t)P);
+    }
+  }
+  scratch_free(&sx), scratch_free(&sy);
+  kg_flop_add((uint64_t)(2 * N * G * M * C));
+  return true;
+}
+
 /* col (+ bias[G*M] when given) = w @ im2col(im), tile by tile */
 static kg_status conv_fwd(const geom *g, bool wide, const void *im, const void *w, const void *bias, void *col) {
   int es = wide ? 8 : 4;
@@ -661,7 +803,7 @@ static kg_status conv_fwd(const geom *g, bool wide, const void *im, const void *
     kg_wino_shape ws = {g->B, g->C, g->H, g->W, g->M, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->G};
     if (kg_cpu_conv_winograd(col, im, w, bias, &ws)) return KG_OK;
   }
-  if (conv_fwd_direct(g, wide, im, w, bias, col)) return KG_OK;
+  if (conv_fwd_direct(g, wide, im, w, bias, col) || conv_fwd_pointwise(g, wide, im, w, bias, col)) return KG_OK;
   int64_t K = kdim(g), P = npix(g), M = g->M;
   tiling tl = make_tiling(g);
   int64_t cols = tl.imgs * (tl.per_img > 1 ? CONV_TILE : P);

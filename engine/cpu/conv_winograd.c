@@ -339,11 +339,11 @@ static bool wino_wanted(const kg_wino_shape *s, int64_t Ho, int64_t Wo) {
   if (s->M < 16 && !(s->M >= 4 && P <= 256)) return false;
   /* at least 64 pixels, most of the tiles' outputs inside the image (6x6: 0.13 vs 0.10 ms and
    * 5x5: 0.28 vs 0.20 against the direct kernel) */
-  if (P >= 64 && 2 * P >= 16 * tiles) return true;
-  /* whole 4x4 tiles with many channels: 13x128x4x4 -> 128 0.40 vs 0.47 ms, 256 -> 128 0.79 vs
-   * 0.92, 26 images 0.66 vs 0.88; 32 or 64 channels (0.050 vs 0.037, 0.130 vs 0.128) and 4
-   * images (0.24 vs 0.23) lose or tie */
-  return Ho % 4 == 0 && Wo % 4 == 0 && s->C >= 128 && s->M >= 128 && s->B * tiles >= 8;
+  /* 4x4 images (one tile each) are left to the direct kernel: alone, with the weights hot, 13
+   * images 128 -> 128 took 0.40 vs 0.47 ms by Winograd, but inside the UNet (sd_predict, 1
+   * thread, cold weights: the transformed kernel is 4x the weight and each of its entries meets
+   * only 13 tiles) 0.65 vs 0.53 ms, 256 -> 128 1.79 vs 1.51, 192 -> 128 1.16 vs 0.65 */
+  return P >= 64 && 2 * P >= 16 * tiles;
 }
 
 bool kg_cpu_conv_winograd(float *y, const float *x, const float *w, const float *bias, const kg_wino_shape *s) {

@@ -263,6 +263,62 @@ describe("conv2d", function()
     end)
   end
 
+  -- f32 1x1 convs (unit stride, no padding) on images of fewer than 256 pixels run on an AVX-512
+  -- kernel of their own (engine/cpu/conv.c, "pointwise convs on small images", when the CPU has
+  -- it): 8 output channels x 32 columns per block, pixel counts that are multiples of 16 read in
+  -- place, others gathered [C, B*P]; the data gradient (a 1x1 conv with the transposed kernel)
+  -- runs through it too. Row tails (37 = 4 x 8 + 5), column tails, groups; against f64.
+  local pointwise = {
+    {name = "13 images 4x4 (in place), 37 output channels", x = {13, 40, 4, 4}, w = {37, 40, 1, 1}},
+    {name = "13 images 2x2 (gathered, 52 columns)", x = {13, 24, 2, 2}, w = {16, 24, 1, 1}},
+    {name = "5 images 1x1, 3 channels in", x = {5, 3, 1, 1}, w = {9, 3, 1, 1}},
+    {name = "one image 5x3, 1 channel out", x = {1, 17, 5, 3}, w = {1, 17, 1, 1}},
+    {name = "3 images 8x8, groups 2", x = {3, 16, 8, 8}, w = {20, 8, 1, 1}, o = {groups = 2}},
+    {name = "no bias", x = {4, 8, 4, 4}, w = {11, 8, 1, 1}, nobias = true},
+    {name = "1x1 with stride 2 (other path)", x = {6, 8, 5, 5}, w = {10, 8, 1, 1}, o = {stride = 2}},
+    {name = "1x1 with padding 1 (other path)", x = {6, 8, 3, 3}, w = {10, 8, 1, 1}, o = {padding = 1}},
+  }
+  for _, c in ipairs(pointwise) do
+    it("f32 pointwise convs on small images match f64 with gradients: " .. c.name, function()
+      keng.manual_seed(17)
+      local o = c.o or {}
+      local x, w, b = H.leaf(c.x), H.leaf(c.w), not c.nobias and H.leaf({c.w[1]}) or nil
+      local ref, shape = ref_conv2d(x, w, b, o)
+      local r = keng.randn(shape, {dtype = "f64"})
+      ;(keng.conv2d(x, w, b, o) * r):sum():backward()
+      local xf, wf, bf = x:detach():float(), w:detach():float(), b and b:detach():float()
+      xf.requires_grad, wf.requires_grad = true, true
+      local y = keng.conv2d(xf, wf, bf, o)
+      same_shape(y, shape)
+      H.close(y, ref, 1e-5, c.name)
+      ;(y * r:float()):sum():backward()
+      H.close(xf.grad, x.grad:float(), 1e-5, c.name .. " dx")
+      H.close(wf.grad, w.grad:float(), 1e-4, c.name .. " dw")
+      local xn = c.x[3] * c.x[4] > 1 and H.noncontig(xf:detach()) or xf:detach() -- a 1x1 view stays contiguous
+      local wn = wf:detach():transpose(1, 2):contiguous():transpose(1, 2) -- [M, C, 1, 1] stored [C, M]
+      H.close(keng.conv2d(xn, wn, bf, o), y, 0, c.name .. " noncontig")
+    end)
+  end
+
+  it("f32 pointwise convs on small images match f64 on one and two threads", function()
+    -- large enough (2.9 MFLOP) that the blocks are shared among the threads
+    keng.manual_seed(18)
+    local x, w, b = keng.randn({13, 96, 4, 4}, {dtype = "f64"}), keng.randn({72, 96, 1, 1}, {dtype = "f64"}),
+      keng.randn({72}, {dtype = "f64"})
+    local ref = keng.conv2d(x, w, b):float()
+    local nt = keng.num_threads()
+    local ok, err = pcall(function()
+      for _, t in ipairs({1, 2}) do
+        keng.set_num_threads(t)
+        H.close(keng.conv2d(x:float(), w:float(), b:float()), ref, 1e-4, t .. " threads")
+        local x2 = keng.randn({13, 96, 2, 2}, {dtype = "f64"})
+        H.close(keng.conv2d(x2:float(), w:float(), b:float()), keng.conv2d(x2, w, b):float(), 1e-4, t .. " threads, 2x2")
+      end
+    end)
+    keng.set_num_threads(nt)
+    assert(ok, err)
+  end)
+
   -- f32 3x3 convs with stride 1 at 8x8 and more output pixels, 8+ input and 16+ output
   -- channels take Winograd F(4x4, 3x3) when the CPU has AVX2+FMA (engine/cpu/conv_winograd.c):
   -- 6x6 input tiles, partial tiles at the right and bottom edges, any padding; the stride-1
