@@ -128,9 +128,9 @@ else
     local profile = require "keng.profile"
     local runs = {}
     keng.no_grad(function()
-      for _, n in ipairs({o.tokens, 1}) do
+      for _, count in ipairs({o.tokens, 1}) do
         profile.start()
-        lm:generate(prompts, {max_new_tokens = n, sampler = "greedy", stop_token_ids = {}})
+        lm:generate(prompts, {max_new_tokens = count, sampler = "greedy", stop_token_ids = {}})
         runs[#runs + 1] = profile.stop()
       end
     end)
