@@ -1,10 +1,11 @@
-/* gemm_f32.c — AVX-512 f32 GEMM: c[N, M] = a[N, K] @ b[K, M] (+ bias), for the ViT/BERT linears
- * and their gradients (K, M of 128-1024, thousands of rows; docs/kernels.md, "keng's f32 GEMM").
+/* gemm_f32.c — AVX-512 f32 GEMM: c[N, M] = a[N, K] @ b[K, M] (+ bias) with a row-major, for the
+ * ViT/BERT linears and their input gradients (K, M of 128-1024, thousands of rows; docs/kernels.md,
+ * "keng's f32 GEMM").
  *
  * b is packed once per call into panels of GF_NR = 64 columns ([K, 64] each, zeros past M): a
  * 128-deep block of one panel is 32 KiB and stays in L1 while GF_MC rows of a stream past it. a is
- * read where it lies (row-major, or transposed for dW = gᵀ x: then the GF_MR values a tile needs
- * at one k are adjacent), never packed. The tile is GF_MR = 6 rows x 64 columns: 24 zmm
+ * read where it lies, never packed (packing it, or a transposed a for dW = gᵀ x, cost a third of
+ * the time of a weight gradient's product: those stay with OpenBLAS). The tile is GF_MR = 6 rows x 64 columns: 24 zmm
  * accumulators, per k 4 loads of b and 6 broadcasts of a for 24 FMAs, so the two FMA ports, not
  * the loads, bound it. K runs in blocks of GF_KC; the first block starts from the bias (or zero),
  * later ones from c. Each output is the k-ordered f32 sum of FMAs (rounding differs from
@@ -20,8 +21,9 @@
 #define GF_KC 128
 #define GF_MC 96 /* rows per block: 16 tiles; their 128-deep a block (48 KiB) stays in L2 */
 
-static int64_t gf_kc = GF_KC;
+static int64_t gf_kc = GF_KC, gf_mc = GF_MC;
 void kg_cpu_gemm_f32_set_kc(int64_t kc) { gf_kc = kc > 0 ? kc : GF_KC; }
+void kg_cpu_gemm_f32_set_mc(int64_t mc) { gf_mc = mc > 0 ? (mc + GF_MR - 1) / GF_MR * GF_MR : GF_MC; }
 
 bool kg_cpu_gemm_f32_ok(void) { return kg_cpu_vector_isa(KG_ENV_KENG_GEMM_F32) >= 2; }
 
@@ -49,19 +51,18 @@ static void pack_panel(float *dst, const float *b, int64_t brs, int64_t bcs, int
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* one GF_MR x 64 tile of c over k in [0, kc): a tile rows at a + r * ars + k * acs (rows past rn
- * repeat the last one and are not stored), bp the panel's k block, nc columns of it valid */
-__attribute__((always_inline, target("avx512f"))) static inline void tile(const float *a, int64_t ars, int64_t acs,
-                                                                          const float *bp, int64_t kc, float *c,
-                                                                          int64_t ldc, int rn, int64_t nc,
-                                                                          const float *bias, bool load_c) {
+/* one GF_MR x 64 tile of c over k in [0, kc): row r of a at a + r * lda (rows past rn repeat the
+ * last one and are not stored), bp the panel's k block, nc columns of it valid; starts from c
+ * (load_c), else from the bias or zero */
+__attribute__((target("avx512f"))) static void tile(const float *a, int64_t lda, const float *bp, int64_t kc, float *c,
+                                                    int64_t ldc, int rn, int64_t nc, const float *bias, bool load_c) {
   __mmask16 m[4];
   for (int v = 0; v < 4; v++) {
     int64_t left = nc - 16 * v;
     m[v] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
   }
   const float *ar[GF_MR];
-  for (int r = 0; r < GF_MR; r++) ar[r] = a + (r < rn ? r : rn - 1) * ars;
+  for (int r = 0; r < GF_MR; r++) ar[r] = a + (r < rn ? r : rn - 1) * lda;
   __m512 acc[GF_MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < GF_MR; r++)
@@ -76,7 +77,7 @@ __attribute__((always_inline, target("avx512f"))) static inline void tile(const 
            b3 = _mm512_loadu_ps(bk + 48);
 #pragma GCC unroll 6
     for (int r = 0; r < GF_MR; r++) {
-      __m512 av = _mm512_set1_ps(ar[r][k * acs]);
+      __m512 av = _mm512_set1_ps(ar[r][k]);
       acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
       acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
       acc[r][2] = _mm512_fmadd_ps(av, b2, acc[r][2]);
@@ -90,21 +91,9 @@ __attribute__((always_inline, target("avx512f"))) static inline void tile(const 
       for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, m[v], acc[r][v]);
 }
 
-/* a row-major (acs == 1) and a transposed (ars == 1): two copies with the constant stride folded */
-__attribute__((target("avx512f"))) static void tile_rows(const float *a, int64_t ars, const float *bp, int64_t kc,
-                                                         float *c, int64_t ldc, int rn, int64_t nc, const float *bias,
-                                                         bool load_c) {
-  tile(a, ars, 1, bp, kc, c, ldc, rn, nc, bias, load_c);
-}
-__attribute__((target("avx512f"))) static void tile_cols(const float *a, int64_t acs, const float *bp, int64_t kc,
-                                                         float *c, int64_t ldc, int rn, int64_t nc, const float *bias,
-                                                         bool load_c) {
-  tile(a, 1, acs, bp, kc, c, ldc, rn, nc, bias, load_c);
-}
-
 /* rows [i0, i1) x panels [p0, p1) of c, all of K */
-static void block(float *c, int64_t ldc, const float *a, int64_t ars, int64_t acs, const float *bp, int64_t i0,
-                  int64_t i1, int64_t p0, int64_t p1, int64_t M, int64_t K, const float *bias) {
+static void block(float *c, int64_t ldc, const float *a, int64_t lda, const float *bp, int64_t i0, int64_t i1,
+                  int64_t p0, int64_t p1, int64_t M, int64_t K, const float *bias) {
   int64_t kcb = gf_kc;
   for (int64_t k0 = 0; k0 < K; k0 += kcb) {
     int64_t kc = K - k0 < kcb ? K - k0 : kcb;
@@ -113,24 +102,20 @@ static void block(float *c, int64_t ldc, const float *a, int64_t ars, int64_t ac
       const float *bk = bp + p * K * GF_NR + k0 * GF_NR, *bb = bias ? bias + j0 : NULL;
       for (int64_t i = i0; i < i1; i += GF_MR) {
         int rn = i1 - i < GF_MR ? (int)(i1 - i) : GF_MR;
-        const float *at = a + i * ars + k0 * acs;
-        float *ct = c + i * ldc + j0;
-        if (acs == 1) tile_rows(at, ars, bk, kc, ct, ldc, rn, nc, bb, k0 > 0);
-        else tile_cols(at, acs, bk, kc, ct, ldc, rn, nc, bb, k0 > 0);
+        tile(a + i * lda + k0, lda, bk, kc, c + i * ldc + j0, ldc, rn, nc, bb, k0 > 0);
       }
     }
   }
 }
 
-kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t brs,
-                          int64_t bcs, int64_t N, int64_t M, int64_t K, const float *bias, int nt) {
+kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t lda, const float *b, int64_t brs, int64_t bcs,
+                          int64_t N, int64_t M, int64_t K, const float *bias, int nt) {
   if (N <= 0 || M <= 0) return KG_OK;
   if (K <= 0) {
     for (int64_t i = 0; i < N; i++)
       for (int64_t j = 0; j < M; j++) c[i * ldc + j] = bias ? bias[j] : 0.0f;
     return KG_OK;
   }
-  if (acs != 1 && ars != 1) return kg_error(KG_ERR_VALUE, "matmul", "gemm_f32: a needs a unit stride");
   int64_t np = (M + GF_NR - 1) / GF_NR;
   size_t bytes;
   float *bp = kg_cpu_alloc((size_t)(np * K * GF_NR) * sizeof(float), &bytes);
@@ -138,7 +123,7 @@ kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t ars, in
   if (nt <= 0) nt = kg_num_threads();
   /* work items: row blocks x panel groups; few row blocks (weight gradients: N = M of the
    * forward) split the panels instead so that every thread has work */
-  int64_t nrb = (N + GF_MC - 1) / GF_MC;
+  int64_t mc = gf_mc, nrb = (N + mc - 1) / mc;
   int64_t ng = nrb >= 4 * nt ? 1 : (np < nt ? np : nt);
   int64_t pg = (np + ng - 1) / ng, items = nrb * ng;
   if (nt > items) nt = (int)items;
@@ -149,9 +134,9 @@ kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t ars, in
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; it++) {
       int64_t rb = it / ng, g = it % ng;
-      int64_t i0 = rb * GF_MC, i1 = i0 + GF_MC < N ? i0 + GF_MC : N;
+      int64_t i0 = rb * mc, i1 = i0 + mc < N ? i0 + mc : N;
       int64_t p0 = g * pg, p1 = p0 + pg < np ? p0 + pg : np;
-      if (p0 < p1) block(c, ldc, a, ars, acs, bp, i0, i1, p0, p1, M, K, bias);
+      if (p0 < p1) block(c, ldc, a, lda, bp, i0, i1, p0, p1, M, K, bias);
     }
   }
   kg_cpu_free(bp, bytes);
@@ -159,9 +144,9 @@ kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t ars, in
 }
 
 #else
-kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t ars, int64_t acs, const float *b, int64_t brs,
-                          int64_t bcs, int64_t N, int64_t M, int64_t K, const float *bias, int nt) {
-  (void)c, (void)ldc, (void)a, (void)ars, (void)acs, (void)b, (void)brs, (void)bcs, (void)N, (void)M, (void)K;
+kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t lda, const float *b, int64_t brs, int64_t bcs,
+                          int64_t N, int64_t M, int64_t K, const float *bias, int nt) {
+  (void)c, (void)ldc, (void)a, (void)lda, (void)b, (void)brs, (void)bcs, (void)N, (void)M, (void)K;
   (void)bias, (void)nt;
   return kg_error(KG_ERR_VALUE, "matmul", "gemm_f32: not an x86-64 build");
 }

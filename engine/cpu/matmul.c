@@ -306,12 +306,13 @@ static bool smallk(const mat *A, const view *b, float *out, int64_t N, int64_t M
 #endif
 }
 
-/* does out = A @ b go to gemm_f32.c? f32 in and out, many rows, and at least one 64-column panel
- * of b: there its 6 x 64 tile runs at 80-85% of the FMA peak where OpenBLAS reaches 60-65%
- * (docs/kernels.md, "keng's f32 GEMM"); narrower products stay with smallk / OpenBLAS */
-static bool f32_fits(const view *b, kg_dtype wt, kg_dtype odt, int64_t N, int64_t M, int64_t K) {
-  return wt == KG_F32 && odt == KG_F32 && b->dt == KG_F32 && N >= GF_MIN_ROWS && M >= GF_MIN_COLS && K >= GF_MIN_K &&
-         kg_cpu_gemm_f32_ok();
+/* does out = A @ b go to gemm_f32.c? f32 in and out, a row-major, many rows, and at least one
+ * 64-column panel of b: there its 6 x 64 tile runs at ~75-85% of the FMA peak where OpenBLAS
+ * reaches 60-70% (docs/kernels.md, "keng's f32 GEMM"). A transposed a (weight gradients gᵀ x)
+ * and narrower products stay with OpenBLAS / smallk. */
+static bool f32_fits(const mat *A, const view *b, kg_dtype wt, kg_dtype odt, int64_t N, int64_t M, int64_t K) {
+  return wt == KG_F32 && odt == KG_F32 && b->dt == KG_F32 && !A->trans && N >= GF_MIN_ROWS && M >= GF_MIN_COLS &&
+         K >= GF_MIN_K && kg_cpu_gemm_f32_ok();
 }
 
 /* one product out[batch..., N, M] = a[batch..., N, K] @ b[batch..., K, M] (+ bias[M] on every
@@ -484,11 +485,9 @@ static kg_status run_product(const product *p, const char *op) {
       st = run_bf16_direct(p, optr, &A, &av, &bv, N, M, K, &cbuf);
       continue;
     }
-    if (f32_fits(&bv, wt, odt, N, M, K)) { /* the ViT/BERT linears and their gradients */
-      bool t = A.trans;
+    if (f32_fits(&A, &bv, wt, odt, N, M, K)) { /* the ViT/BERT linears and their input gradients */
       int nt = 2.0 * (double)N * (double)M * (double)K >= MM_PAR_FLOPS ? kg_num_threads() : 1;
-      st = kg_cpu_gemm_f32((float *)optr, M, A.p, t ? 1 : A.ld, t ? A.ld : 1, (const float *)bv.p, bv.rs, bv.cs, N, M, K,
-                           p->bias, nt);
+      st = kg_cpu_gemm_f32((float *)optr, M, A.p, A.ld, (const float *)bv.p, bv.rs, bv.cs, N, M, K, p->bias, nt);
       continue;
     }
     if (wt == KG_F32 && odt == KG_F32 && smallk(&A, &bv, (float *)optr, N, M, K, p->bias)) continue;
