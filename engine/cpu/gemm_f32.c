@@ -20,6 +20,7 @@
 #define GF_NR 64
 #define GF_KC 128
 #define GF_MC 96 /* rows per block: 16 tiles; their 128-deep a block (48 KiB) stays in L2 */
+#define GF_PACK_BYTES (4 << 20) /* packed b per chunk of panels */
 
 static int64_t gf_kc = GF_KC, gf_mc = GF_MC;
 void kg_cpu_gemm_f32_set_kc(int64_t kc) { gf_kc = kc > 0 ? kc : GF_KC; }
@@ -116,27 +117,34 @@ kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t lda, co
       for (int64_t j = 0; j < M; j++) c[i * ldc + j] = bias ? bias[j] : 0.0f;
     return KG_OK;
   }
-  int64_t np = (M + GF_NR - 1) / GF_NR;
-  size_t bytes;
-  float *bp = kg_cpu_alloc((size_t)(np * K * GF_NR) * sizeof(float), &bytes);
-  if (!bp) return kg_error(KG_ERR_OOM, "matmul", "out of memory packing b (%lld x %lld)", (long long)K, (long long)M);
+  /* b is packed GF_PACK_BYTES at a time (a chunk of panels, at least one per thread) so that a
+   * big weight (an LM head) is not copied whole; a is read once per chunk */
+  int64_t np = (M + GF_NR - 1) / GF_NR, pbytes = K * GF_NR * (int64_t)sizeof(float);
   if (nt <= 0) nt = kg_num_threads();
-  /* work items: row blocks x panel groups; few row blocks (weight gradients: N = M of the
-   * forward) split the panels instead so that every thread has work */
-  int64_t mc = gf_mc, nrb = (N + mc - 1) / mc;
-  int64_t ng = nrb >= 4 * nt ? 1 : (np < nt ? np : nt);
-  int64_t pg = (np + ng - 1) / ng, items = nrb * ng;
-  if (nt > items) nt = (int)items;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
+  int64_t cp = GF_PACK_BYTES / pbytes;
+  cp = cp < nt ? nt : cp > np ? np : cp;
+  size_t bytes;
+  float *bp = kg_cpu_alloc((size_t)(cp * pbytes), &bytes);
+  if (!bp) return kg_error(KG_ERR_OOM, "matmul", "out of memory packing b (%lld x %lld)", (long long)K, (long long)M);
+  for (int64_t q0 = 0; q0 < np; q0 += cp) {
+    int64_t nq = np - q0 < cp ? np - q0 : cp;
+    /* work items: row blocks x panel groups; few row blocks split the panels instead so that
+     * every thread has work */
+    int64_t mc = gf_mc, nrb = (N + mc - 1) / mc;
+    int64_t ng = nrb >= 4 * nt ? 1 : (nq < nt ? nq : nt);
+    int64_t pg = (nq + ng - 1) / ng, items = nrb * ng;
+    int nth = nt > items ? (int)items : nt;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; p++) pack_panel(bp + p * K * GF_NR, b, brs, bcs, K, M, p * GF_NR);
+      for (int64_t p = 0; p < nq; p++) pack_panel(bp + p * K * GF_NR, b, brs, bcs, K, M, (q0 + p) * GF_NR);
 #pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; it++) {
-      int64_t rb = it / ng, g = it % ng;
-      int64_t i0 = rb * mc, i1 = i0 + mc < N ? i0 + mc : N;
-      int64_t p0 = g * pg, p1 = p0 + pg < np ? p0 + pg : np;
-      if (p0 < p1) block(c, ldc, a, lda, bp, i0, i1, p0, p1, M, K, bias);
+      for (int64_t it = 0; it < items; it++) {
+        int64_t rb = it / ng, g = it % ng;
+        int64_t i0 = rb * mc, i1 = i0 + mc < N ? i0 + mc : N;
+        int64_t p0 = g * pg, p1 = p0 + pg < nq ? p0 + pg : nq;
+        if (p0 < p1) block(c + q0 * GF_NR, ldc, a, lda, bp, i0, i1, p0, p1, M - q0 * GF_NR, K, bias ? bias + q0 * GF_NR : NULL);
+      }
     }
   }
   kg_cpu_free(bp, bytes);

@@ -12,9 +12,10 @@
  * number of rows of a bf16 a (its vdpbf16ps kernel). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
  * point at the same matrix. A tall product (>= MM_SPLIT_ROWS rows) is split by rows among our
- * threads (threaded_gemm). An f32 product with a short K (<= 128), few columns (<= 256) and
- * row-major a runs on an AVX-512 kernel instead (smallk: a read in place, b packed once per
- * call). See docs/kernels.md for the figures.
+ * threads (threaded_gemm). An f32 product with row-major a, >= 64 rows, >= 64 columns and K >= 32
+ * runs on keng's AVX-512 GEMM instead (gemm_f32.c: the ViT/BERT linears and their input
+ * gradients); a short K (<= 128) with fewer columns on the short-K kernel (smallk: a read in
+ * place, b packed once per call). See docs/kernels.md for the figures.
  *
  * kg_cpu_linear (y = x wᵀ + b) runs the same product with b = wᵀ (a strided view, no copy) and
  * adds the bias inside the product: each output block in the compute type is first filled with

@@ -89,6 +89,7 @@ static int check(void) {
     n++;
   }
   fails += check_one(130, 520, 1000, false, false, false, 0, 2), n++; /* few rows: panels split among threads */
+  fails += check_one(13, 600, 2100, true, false, true, 0, 2), n++; /* b packed in two chunks (> 4 MiB) */
   kg_cpu_gemm_f32_set_kc(37); /* K and row blocks that do not divide K and N */
   kg_cpu_gemm_f32_set_mc(20);
   fails += check_one(50, 70, 200, true, false, true, 1, 2), n++;
