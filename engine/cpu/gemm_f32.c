@@ -4,8 +4,8 @@
  *
  * b is packed once per call into panels of GF_NR = 64 columns ([K, 64] each, zeros past M): a
  * 128-deep block of one panel is 32 KiB and stays in L1 while GF_MC rows of a stream past it. a is
- * read where it lies, never packed (packing it, or a transposed a for dW = gᵀ x, cost a third of
- * the time of a weight gradient's product: those stay with OpenBLAS). The tile is GF_MR = 6 rows x 64 columns: 24 zmm
+ * read where it lies, never packed (for a weight gradient dW = gᵀ x, packing gᵀ and x took a
+ * third of the time: those products stay with OpenBLAS). The tile is GF_MR = 6 rows x 64 columns: 24 zmm
  * accumulators, per k 4 loads of b and 6 broadcasts of a for 24 FMAs, so the two FMA ports, not
  * the loads, bound it. K runs in blocks of GF_KC; the first block starts from the bias (or zero),
  * later ones from c. Each output is the k-ordered f32 sum of FMAs (rounding differs from
@@ -19,7 +19,7 @@
 #define GF_MR 6
 #define GF_NR 64
 #define GF_KC 128
-#define GF_MC 96 /* rows per block: 16 tiles; their 128-deep a block (48 KiB) stays in L2 */
+#define GF_MC 96                /* rows per block: 16 tiles; their 128-deep a block (48 KiB) stays in L2 */
 #define GF_PACK_BYTES (4 << 20) /* packed b per chunk of panels */
 
 static int64_t gf_kc = GF_KC, gf_mc = GF_MC;
@@ -27,6 +27,9 @@ void kg_cpu_gemm_f32_set_kc(int64_t kc) { gf_kc = kc > 0 ? kc : GF_KC; }
 void kg_cpu_gemm_f32_set_mc(int64_t mc) { gf_mc = mc > 0 ? (mc + GF_MR - 1) / GF_MR * GF_MR : GF_MC; }
 
 bool kg_cpu_gemm_f32_ok(void) { return kg_cpu_vector_isa(KG_ENV_KENG_GEMM_F32) >= 2; }
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 /* b's columns [j0, j0 + 64) as one panel [K, 64], zeros past M */
 static void pack_panel(float *dst, const float *b, int64_t brs, int64_t bcs, int64_t K, int64_t M, int64_t j0) {
@@ -41,16 +44,15 @@ static void pack_panel(float *dst, const float *b, int64_t brs, int64_t bcs, int
   /* columns of b contiguous (b = wᵀ, w row-major) or any strides: read b column by column */
   for (int64_t jj = 0; jj < GF_NR; jj++) {
     if (jj >= nc) {
-      for (int64_t k = 0; k < K; k++) dst[k * GF_NR + jj] = 0.0f;
+      for (int64_t k = 0; k < K; k++)
+        dst[k * GF_NR + jj] = 0.0f;
       continue;
     }
     const float *col = b + (j0 + jj) * bcs;
-    for (int64_t k = 0; k < K; k++) dst[k * GF_NR + jj] = col[k * brs];
+    for (int64_t k = 0; k < K; k++)
+      dst[k * GF_NR + jj] = col[k * brs];
   }
 }
-
-#if defined(__x86_64__)
-#include <immintrin.h>
 
 /* one GF_MR x 64 tile of c over k in [0, kc): row r of a at a + r * lda (rows past rn repeat the
  * last one and are not stored), bp the panel's k block, nc columns of it valid; starts from c
@@ -63,14 +65,17 @@ __attribute__((target("avx512f"))) static void tile(const float *a, int64_t lda,
     m[v] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
   }
   const float *ar[GF_MR];
-  for (int r = 0; r < GF_MR; r++) ar[r] = a + (r < rn ? r : rn - 1) * lda;
+  for (int r = 0; r < GF_MR; r++)
+    ar[r] = a + (r < rn ? r : rn - 1) * lda;
   __m512 acc[GF_MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < GF_MR; r++)
 #pragma GCC unroll 4
     for (int v = 0; v < 4; v++) {
-      if (load_c) acc[r][v] = r < rn ? _mm512_maskz_loadu_ps(m[v], c + r * ldc + 16 * v) : _mm512_setzero_ps();
-      else acc[r][v] = bias ? _mm512_maskz_loadu_ps(m[v], bias + 16 * v) : _mm512_setzero_ps();
+      if (load_c)
+        acc[r][v] = r < rn ? _mm512_maskz_loadu_ps(m[v], c + r * ldc + 16 * v) : _mm512_setzero_ps();
+      else
+        acc[r][v] = bias ? _mm512_maskz_loadu_ps(m[v], bias + 16 * v) : _mm512_setzero_ps();
     }
   for (int64_t k = 0; k < kc; k++) {
     const float *bk = bp + k * GF_NR;
@@ -89,7 +94,8 @@ __attribute__((target("avx512f"))) static void tile(const float *a, int64_t lda,
   for (int r = 0; r < GF_MR; r++)
     if (r < rn)
 #pragma GCC unroll 4
-      for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, m[v], acc[r][v]);
+      for (int v = 0; v < 4; v++)
+        _mm512_mask_storeu_ps(c + r * ldc + 16 * v, m[v], acc[r][v]);
 }
 
 /* rows [i0, i1) x panels [p0, p1) of c, all of K */
@@ -114,7 +120,8 @@ kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t lda, co
   if (N <= 0 || M <= 0) return KG_OK;
   if (K <= 0) {
     for (int64_t i = 0; i < N; i++)
-      for (int64_t j = 0; j < M; j++) c[i * ldc + j] = bias ? bias[j] : 0.0f;
+      for (int64_t j = 0; j < M; j++)
+        c[i * ldc + j] = bias ? bias[j] : 0.0f;
     return KG_OK;
   }
   /* b is packed GF_PACK_BYTES at a time (a chunk of panels, at least one per thread) so that a
@@ -141,13 +148,15 @@ kg_status kg_cpu_gemm_f32(float *c, int64_t ldc, const float *a, int64_t lda, co
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
 #pragma omp for schedule(static)
-      for (int64_t p = 0; p < nq; p++) pack_panel(bp + p * K * GF_NR, b, brs, bcs, K, M, (q0 + p) * GF_NR);
+      for (int64_t p = 0; p < nq; p++)
+        pack_panel(bp + p * K * GF_NR, b, brs, bcs, K, M, (q0 + p) * GF_NR);
 #pragma omp for schedule(static)
       for (int64_t it = 0; it < items; it++) {
         int64_t rb = it / ng, g = it % ng;
         int64_t i0 = rb * mc, i1 = i0 + mc < N ? i0 + mc : N;
         int64_t p0 = g * pg, p1 = p0 + pg < nq ? p0 + pg : nq;
-        if (p0 < p1) block(c + q0 * GF_NR, ldc, a, lda, bp, i0, i1, p0, p1, M - q0 * GF_NR, K, bias ? bias + q0 * GF_NR : NULL);
+        if (p0 < p1)
+          block(c + q0 * GF_NR, ldc, a, lda, bp, i0, i1, p0, p1, M - q0 * GF_NR, K, bias ? bias + q0 * GF_NR : NULL);
       }
     }
   }

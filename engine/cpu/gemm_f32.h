@@ -1,6 +1,6 @@
 /* gemm_f32.h — keng's AVX-512 f32 GEMM for the mid-size products of the ViT/BERT linears
- * (K and M of 128-1024, thousands of rows): the forward x wᵀ + b and the input gradient g w. Used by matmul.c; public so
- * that tests/lab/lab_gemm_f32.c can check and time it against OpenBLAS.
+ * (K and M of 128-1024, thousands of rows): the forward x wᵀ + b and the input gradient g w. Used by matmul.c; public
+ * so that tests/lab/lab_gemm_f32.c can check and time it against OpenBLAS.
  *
  * Shape letters: N rows of a (tokens), K reduction, M output columns. */
 #ifndef KENG_CPU_GEMM_F32_H

@@ -488,8 +488,11 @@ static kg_status run_product(const product *p, const char *op) {
     }
     if (f32_fits(&A, &bv, wt, odt, N, M, K)) { /* the ViT/BERT linears and their input gradients */
       int nt = 2.0 * (double)N * (double)M * (double)K >= MM_PAR_FLOPS ? kg_num_threads() : 1;
-      st = kg_cpu_gemm_f32((float *)optr, M, A.p, A.ld, (const float *)bv.p, bv.rs, bv.cs, N, M, K, p->bias, nt);
-      continue;
+      kg_status s = kg_cpu_gemm_f32((float *)optr, M, A.p, A.ld, (const float *)bv.p, bv.rs, bv.cs, N, M, K, p->bias, nt);
+      if (s != KG_ERR_OOM) { /* out of memory for its packed b: OpenBLAS packs smaller blocks */
+        st = s;
+        continue;
+      }
     }
     if (wt == KG_F32 && odt == KG_F32 && smallk(&A, &bv, (float *)optr, N, M, K, p->bias)) continue;
     bool bdirect = direct(&bv, wt, &B);

@@ -29,7 +29,8 @@ static float frand(void) { /* uniform in [-1, 1) */
 
 static float *rand_buf(int64_t n) {
   float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  for (int64_t i = 0; i < n; i++) p[i] = frand();
+  for (int64_t i = 0; i < n; i++)
+    p[i] = frand();
   return p;
 }
 
@@ -41,7 +42,8 @@ static int check_one(int64_t N, int64_t M, int64_t K, bool bt, bool bstr, bool b
   float *a = rand_buf(N * ars), *b = rand_buf(bt ? M * bcs : K * brs), *bi = rand_buf(M);
   int64_t ldc = M + pad;
   float *c = malloc((size_t)(N * ldc + 1) * sizeof(float));
-  for (int64_t i = 0; i < N * ldc; i++) c[i] = 1e30f; /* padding must stay */
+  for (int64_t i = 0; i < N * ldc; i++)
+    c[i] = 1e30f; /* padding must stay */
   kg_status st = kg_cpu_gemm_f32(c, ldc, a, ars, b, brs, bcs, N, M, K, bias ? bi : NULL, nt);
   double worst = 0;
   int bad = st != KG_OK;
@@ -60,9 +62,8 @@ static int check_one(int64_t N, int64_t M, int64_t K, bool bt, bool bstr, bool b
   }
   if (worst > 4e-7 * (1 + K / 64.0)) bad = 1; /* f32 rounding: ~K ulps of the magnitude sum, far looser than needed */
   if (bad)
-    printf("FAIL N=%lld M=%lld K=%lld b%s%s bias=%d pad=%lld nt=%d: worst rel %.3g st=%d\n", (long long)N,
-           (long long)M, (long long)K, bt ? "T" : "", bstr ? " strided" : "", bias, (long long)pad, nt,
-           worst, st);
+    printf("FAIL N=%lld M=%lld K=%lld b%s%s bias=%d pad=%lld nt=%d: worst rel %.3g st=%d\n", (long long)N, (long long)M,
+           (long long)K, bt ? "T" : "", bstr ? " strided" : "", bias, (long long)pad, nt, worst, st);
   free(a), free(b), free(bi), free(c);
   return bad;
 }
@@ -89,8 +90,8 @@ static int check(void) {
     n++;
   }
   fails += check_one(130, 520, 1000, false, false, false, 0, 2), n++; /* few rows: panels split among threads */
-  fails += check_one(13, 600, 2100, true, false, true, 0, 2), n++; /* b packed in two chunks (> 4 MiB) */
-  kg_cpu_gemm_f32_set_kc(37); /* K and row blocks that do not divide K and N */
+  fails += check_one(13, 600, 2100, true, false, true, 0, 2), n++;    /* b packed in two chunks (> 4 MiB) */
+  kg_cpu_gemm_f32_set_kc(37);                                         /* K and row blocks that do not divide K and N */
   kg_cpu_gemm_f32_set_mc(20);
   fails += check_one(50, 70, 200, true, false, true, 1, 2), n++;
   kg_cpu_gemm_f32_set_kc(0);
@@ -102,15 +103,18 @@ static int check(void) {
 /* 24 independent FMA chains (latency 4 x 2 ports = 8 needed in flight): flops per second of one core */
 __attribute__((target("avx512f"), noinline)) static double peak_run(int64_t iters) {
   __m512 acc[24], x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
-  for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)i);
+  for (int i = 0; i < 24; i++)
+    acc[i] = _mm512_set1_ps((float)i);
   double t0 = lab_wall_seconds();
   for (int64_t it = 0; it < iters; it++) {
 #pragma GCC unroll 24
-    for (int i = 0; i < 24; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+    for (int i = 0; i < 24; i++)
+      acc[i] = _mm512_fmadd_ps(acc[i], x, y);
   }
   double t = lab_wall_seconds() - t0;
   __m512 s = acc[0];
-  for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, acc[i]);
+  for (int i = 1; i < 24; i++)
+    s = _mm512_add_ps(s, acc[i]);
   volatile float sink = _mm512_reduce_add_ps(s);
   (void)sink;
   return (double)iters * 24 * 16 * 2 / t;
@@ -149,7 +153,8 @@ static double gflops(const shape *s, int nt, bool blas) {
     double t0 = lab_wall_seconds();
     if (blas) {
       if (s->bias) /* what matmul.c does: bias rows, then beta = 1 */
-        for (int64_t i = 0; i < N; i++) memcpy(c + i * M, bi, (size_t)M * sizeof(float));
+        for (int64_t i = 0; i < N; i++)
+          memcpy(c + i * M, bi, (size_t)M * sizeof(float));
       cblas_sgemm(CblasRowMajor, s->at ? CblasTrans : CblasNoTrans, s->bt ? CblasTrans : CblasNoTrans, (int)N, (int)M,
                   (int)K, 1.0f, a, s->at ? (int)N : (int)K, b, s->bt ? (int)K : (int)M, s->bias ? 1.0f : 0.0f, c,
                   (int)M);
