@@ -12,9 +12,10 @@
  * number of rows of a bf16 a (its vdpbf16ps kernel). Batch dims over which b is broadcast fold into a's rows
  * (one GEMM, b converted once), and a converted operand is reused across batch entries that
  * point at the same matrix. A tall product (>= MM_SPLIT_ROWS rows) is split by rows among our
- * threads (threaded_gemm). An f32 product with a short K (<= 128), few columns (<= 256) and
- * row-major a runs on an AVX-512 kernel instead (smallk: a read in place, b packed once per
- * call). See docs/kernels.md for the figures.
+ * threads (threaded_gemm). An f32 product with row-major a, >= 64 rows, >= 64 columns and K >= 32
+ * runs on keng's AVX-512 GEMM instead (gemm_f32.c: the ViT/BERT linears and their input
+ * gradients); a short K (<= 128) with fewer columns on the short-K kernel (smallk: a read in
+ * place, b packed once per call). See docs/kernels.md for the figures.
  *
  * kg_cpu_linear (y = x wᵀ + b) runs the same product with b = wᵀ (a strided view, no copy) and
  * adds the bias inside the product: each output block in the compute type is first filled with
@@ -24,6 +25,7 @@
  */
 #include "cpu.h"
 #include "gemm_bf16.h"
+#include "gemm_f32.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -47,6 +49,11 @@
 #define SK_MAX_KM 16384
 #define SK_MIN_ROWS 64
 #define SK_ROWS 6
+
+/* products that go to gemm_f32.c: rows, columns and K at least (measured: docs/kernels.md) */
+#define GF_MIN_ROWS 64
+#define GF_MIN_COLS 64
+#define GF_MIN_K 32
 
 /* an [R, C] operand: base pointer, dtype, element strides */
 typedef struct {
@@ -300,6 +307,15 @@ static bool smallk(const mat *A, const view *b, float *out, int64_t N, int64_t M
 #endif
 }
 
+/* does out = A @ b go to gemm_f32.c? f32 in and out, a row-major, many rows, and at least one
+ * 64-column panel of b: there its 6 x 64 tile runs at ~75-85% of the FMA peak where OpenBLAS
+ * reaches 60-70% (docs/kernels.md, "keng's f32 GEMM"). A transposed a (weight gradients gᵀ x)
+ * and narrower products stay with OpenBLAS / smallk. */
+static bool f32_fits(const mat *A, const view *b, kg_dtype wt, kg_dtype odt, int64_t N, int64_t M, int64_t K) {
+  return wt == KG_F32 && odt == KG_F32 && b->dt == KG_F32 && !A->trans && N >= GF_MIN_ROWS && M >= GF_MIN_COLS &&
+         K >= GF_MIN_K && kg_cpu_gemm_f32_ok();
+}
+
 /* one product out[batch..., N, M] = a[batch..., N, K] @ b[batch..., K, M] (+ bias[M] on every
  * row): out contiguous; a's and b's element strides given per dim of out's shape (broadcast
  * batch dims have stride 0) */
@@ -469,6 +485,14 @@ static kg_status run_product(const product *p, const char *op) {
     if (bf16_direct(&bv, wt, &A, N, p->adt)) { /* read the bf16 weight directly */
       st = run_bf16_direct(p, optr, &A, &av, &bv, N, M, K, &cbuf);
       continue;
+    }
+    if (f32_fits(&A, &bv, wt, odt, N, M, K)) { /* the ViT/BERT linears and their input gradients */
+      int nt = 2.0 * (double)N * (double)M * (double)K >= MM_PAR_FLOPS ? kg_num_threads() : 1;
+      kg_status s = kg_cpu_gemm_f32((float *)optr, M, A.p, A.ld, (const float *)bv.p, bv.rs, bv.cs, N, M, K, p->bias, nt);
+      if (s != KG_ERR_OOM) { /* out of memory for its packed b: OpenBLAS packs smaller blocks */
+        st = s;
+        continue;
+      }
     }
     if (wt == KG_F32 && odt == KG_F32 && smallk(&A, &bv, (float *)optr, N, M, K, p->bias)) continue;
     bool bdirect = direct(&bv, wt, &B);

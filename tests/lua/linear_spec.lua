@@ -103,7 +103,7 @@ describe("linear values", function()
     local function f64ref(x, w, b) return keng.linear(x:double(), w:double(), b and b:double()) end
     for _, threads in ipairs({1, 3}) do
       keng.set_num_threads(threads)
-      for _, K in ipairs({1, 32, 64, 128}) do            -- K 128 x M 256: past SK_MAX_KM, OpenBLAS
+      for _, K in ipairs({1, 32, 64, 128}) do            -- M 256 with K >= 32: gemm_f32.c
         for _, M in ipairs({1, 16, 17, 33, 256}) do
           local N = M == 256 and 3001 or M == 17 and 1003 or 67       -- not whole 6-row blocks; 3001: threaded
           local w, b = keng.randn({M, K}), keng.randn({M})
@@ -122,6 +122,63 @@ describe("linear values", function()
     H.close(keng.linear(x, w:bf16(), b), ref(x, w:bf16(), b), 1e-5, "bf16 w")
     local x2, bm = keng.randn({70, 20}), keng.randn({20, 24})
     H.close(x2:matmul(bm), ref(x2, bm.T:contiguous()), 1e-5, "matmul [70, 20] @ [20, 24]")
+  end)
+
+  it("mid-size f32 products (keng's AVX-512 GEMM, gemm_f32.c): odd N/M/K, layouts, bias, threads, gradients", function()
+    keng.manual_seed(23)
+    local nt = keng.num_threads()
+    -- worst |got - want| / (1 + |want|) against an f64 product of the same values, in keng ops (no
+    -- Lua tables: the products have up to 10^6 elements)
+    local function check(got, want, tol, msg)
+      local err = ((got:double() - want):abs() / (want:abs() + 1)):max():item()
+      assert(err <= tol, string.format("%s: worst error %.3g > %.3g", msg, err, tol))
+    end
+    local function f64ref(x, w, b) return keng.linear(x:double(), w:double(), b and b:double()) end
+    for _, threads in ipairs({1, 2, 3}) do
+      keng.set_num_threads(threads)
+      -- row tails of the 6-row tile, column tails of the 64- and 16-column panels, K blocks of 128
+      for _, d in ipairs({{64, 64, 32}, {67, 65, 33}, {301, 130, 129}, {97, 200, 300}, {4099, 128, 128},
+                         {1031, 79, 512}}) do
+        local N, M, K = d[1], d[2], d[3]
+        local w, b = keng.randn({M, K}), keng.randn({M})
+        local x = keng.randn({N, K})
+        local msg = string.format("[%d, %d] x [%d, %d]ᵀ on %d threads", N, K, M, K, threads)
+        local tol = 2e-6 * math.sqrt(K) + 1e-6                     -- f32 sums of K terms
+        check(keng.linear(x, w, b), f64ref(x, w, b), tol, msg .. " with bias")
+        check(keng.linear(x, w), f64ref(x, w), tol, msg .. " without bias")
+        local xs = keng.randn({N, K + 5}):narrow(2, 3, K)          -- rows strided
+        check(keng.linear(xs, w, b), f64ref(xs, w, b), tol, msg .. " strided rows")
+        local xt = keng.randn({K, N}).T                             -- x transposed (the dW layout gᵀ·x)
+        check(keng.linear(xt, w, b), f64ref(xt, w, b), tol, msg .. " transposed x")
+        local wc = keng.randn({K, M}).T                             -- w column-major
+        check(keng.linear(x, wc, b), f64ref(x, wc, b), tol, msg .. " column-major w")
+        local wn = keng.randn({M, 2 * K}):narrow(2, 1, K)           -- w rows strided
+        check(keng.linear(x, wn), f64ref(x, wn), tol, msg .. " strided w")
+        -- matmul: x @ b with b row-major (dx = g·w), strided columns of b, gᵀ·x (dW)
+        local bm = keng.randn({K, M})
+        check(x:matmul(bm), x:double():matmul(bm:double()), tol, msg .. " matmul")
+        local bs = keng.randn({K, 2 * M}):narrow(2, 2, M)
+        check(x:matmul(bs), x:double():matmul(bs:double()), tol, msg .. " matmul strided b")
+        local g = keng.randn({K, M})                               -- [rows, out] of a dW = gᵀ·x with N = K rows
+        local xk = keng.randn({K, N})
+        check(g.T:matmul(xk), g.T:double():matmul(xk:double()), 2e-6 * math.sqrt(N) + 1e-6, msg .. " gᵀ·x")
+      end
+    end
+    keng.set_num_threads(nt)
+    -- the gradients of a BERT-shaped f32 linear (dx = g·w and dw = gᵀ·x on the kernel) against f64
+    local x, w, b = keng.randn({2, 130, 96}), keng.randn({192, 96}), keng.randn({192})
+    local g = keng.randn({2, 130, 192})
+    local function grads(dt)
+      local xl, wl, bl = x:to(dt):detach(), w:to(dt):detach(), b:to(dt):detach()
+      xl.requires_grad, wl.requires_grad, bl.requires_grad = true, true, true
+      (keng.linear(xl, wl, bl) * g:to(dt)):sum():backward()
+      return xl.grad, wl.grad, bl.grad
+    end
+    local dx, dw, db = grads("f32")
+    local dx64, dw64, db64 = grads("f64")
+    check(dx, dx64, 3e-5, "dx")
+    check(dw, dw64, 5e-5, "dw")
+    check(db, db64, 5e-5, "db")
   end)
 
   it("bf16 past 32 rows, or 16 with a small weight (the packed vdpbf16ps kernel with AVX512_BF16)", function()
