@@ -57,7 +57,7 @@ for r in $(seq "$rounds"); do
       for c in $configs; do
         run "$mode" "${bins[$b]}" "$c" | while IFS=$'\t' read -r row ms; do
           printf '%s\t%s\t%s\t%s\t%s\n' "$b" "$c" "$row" "$mode" "$ms" >> "$out/all"
-          printf '  round %s %-4s %-28s %-8s %-26s %8s ms\n' "$r" "$mode" "$(basename "${bins[$b]}")" "$c" "$row" "$ms" >&2
+          printf '  round %s %-4s %-28s %-8s %-26s %8s ms\n' "$r" "$mode" "${bins[$b]}" "$c" "$row" "$ms" >&2
         done
       done
     done
@@ -75,7 +75,7 @@ for b in "${!bins[@]}"; do
           sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
         idle=$(med idle) busy=$(med busy)
         ratio=$(awk -v i="$idle" -v b="$busy" 'BEGIN { if (i + 0 > 0 && b + 0 > 0) printf "%.2f", b / i; else print "-" }')
-        echo "| $(basename "${bins[$b]}") | $c | $row | $idle | $busy | $ratio |"
+        echo "| ${bins[$b]} | $c | $row | $idle | $busy | $ratio |"
       done
   done
 done
