@@ -7,14 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(cond)                                                                                                    \
-  do {                                                                                                                 \
-    if (!(cond)) {                                                                                                     \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                         \
-      failures++;                                                                                                      \
-    }                                                                                                                  \
-  } while (0)
+#include "check.h"
 #define HAS(s) (strstr(kg_last_error(), s) != NULL)
 
 int main(void) {

@@ -8,14 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-static int failures;
-#define CHECK(cond)                                                                                                    \
-  do {                                                                                                                 \
-    if (!(cond)) {                                                                                                     \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                         \
-      failures++;                                                                                                      \
-    }                                                                                                                  \
-  } while (0)
+#include "check.h"
 
 static double fake_now;
 static double fake_clock(void) { return fake_now; }

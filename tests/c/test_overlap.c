@@ -10,14 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(cond)                                                                \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
-      failures++;                                                                  \
-    }                                                                              \
-  } while (0)
+#include "check.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static int64_t rnd(int64_t n) { /* [0, n) */

@@ -9,14 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 
-static int failures;
-#define CHECK(cond)                                                                                                    \
-  do {                                                                                                                 \
-    if (!(cond)) {                                                                                                     \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                         \
-      failures++;                                                                                                      \
-    }                                                                                                                  \
-  } while (0)
+#include "check.h"
 
 static void set4(int64_t *st, int64_t a, int64_t b, int64_t c, int64_t d) {
   st[0] = a, st[1] = b, st[2] = c, st[3] = d;

@@ -6,14 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 
-static int failures;
-#define CHECK(cond)                                                                                                    \
-  do {                                                                                                                 \
-    if (!(cond)) {                                                                                                     \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                         \
-      failures++;                                                                                                      \
-    }                                                                                                                  \
-  } while (0)
+#include "check.h"
 #define NEAR(a, b) (fabs((a) - (b)) < 1e-9)
 
 /* one window of 0.25 s from a state */
