@@ -68,6 +68,17 @@ local function shape_is(t, shape)
   for i = 1, #shape do assert(t.shape[i] == shape[i], "shape [" .. table.concat(t.shape, ",") .. "]") end
 end
 
+
+-- the scalar reference of max/min along a row: the first NaN wins, else the first of equal extremes
+local function first_extremes(row)
+  local bmax, bmin = 1, 1
+  for j = 2, #row do
+    if row[bmax] == row[bmax] and (row[j] ~= row[j] or row[j] > row[bmax]) then bmax = j end
+    if row[bmin] == row[bmin] and (row[j] ~= row[j] or row[j] < row[bmin]) then bmin = j end
+  end
+  return bmax, bmin
+end
+
 describe("sum, mean, var", function()
   keng.manual_seed(1)
   local x = keng.randn({2, 3, 4})
@@ -480,11 +491,7 @@ describe("row kernels on contiguous f32 rows", function()
         local am, an = x:argmax(-1), x:argmin(-1)
         for r = 1, 4 do
           local row = rows[r]
-          local bmax, bmin = 1, 1
-          for j = 2, n do
-            if row[bmax] == row[bmax] and (row[j] ~= row[j] or row[j] > row[bmax]) then bmax = j end
-            if row[bmin] == row[bmin] and (row[j] ~= row[j] or row[j] < row[bmin]) then bmin = j end
-          end
+          local bmax, bmin = first_extremes(row)
           local msg = dt .. " n " .. n .. " row " .. r
           assert.are.equal(bmax - 1, i[r]:item(), "max index " .. msg)
           assert.are.equal(bmax - 1, am[r]:item(), "argmax " .. msg)
@@ -528,11 +535,7 @@ describe("row kernels on contiguous f32 rows", function()
       local sam, san = sx:argmax(-1), sx:argmin(-1)
       for r = 1, 8 do
         local row = rows[r]
-        local bmax, bmin = 1, 1
-        for j = 2, n do
-          if row[bmax] == row[bmax] and (row[j] ~= row[j] or row[j] > row[bmax]) then bmax = j end
-          if row[bmin] == row[bmin] and (row[j] ~= row[j] or row[j] < row[bmin]) then bmin = j end
-        end
+        local bmax, bmin = first_extremes(row)
         local msg = "n " .. n .. " row " .. r
         assert.are.equal(bmax - 1, am[r]:item(), "argmax " .. msg)
         assert.are.equal(bmin - 1, an[r]:item(), "argmin " .. msg)
